@@ -1,0 +1,163 @@
+"""pilotfish-control: the control plane server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from control import logsetup
+
+logger = logging.getLogger("control")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT")
+    return value
+
+
+def _positive(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if f < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return f
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pilotfish-control",
+        description=(
+            "The Pilotfish control plane: reads Istio-style YAML config, computes Envoy "
+            "configuration per proxy and serves it over ADS (state-of-the-world and delta)."
+        ),
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="YAML file or directory (recursive); repeatable; watched and hot-reloaded",
+    )
+    p.add_argument(
+        "--xds-address",
+        type=_address,
+        default="127.0.0.1:15010",
+        help="plaintext gRPC address for ADS (default %(default)s)",
+    )
+    p.add_argument(
+        "--secure-xds-address",
+        type=_address,
+        default="127.0.0.1:15012",
+        help="TLS gRPC address for ADS + CA (not served yet: arrives with the CA)",
+    )
+    p.add_argument(
+        "--http-address",
+        type=_address,
+        default="127.0.0.1:15014",
+        help="HTTP address for /ready, /metrics, /debug/* (default %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir", default="./pilotfish-state", help="CA and token keys (default %(default)s)"
+    )
+    p.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
+    p.add_argument("--id", default=socket.gethostname(), help="this replica's identity")
+    p.add_argument(
+        "--debounce-after",
+        type=_positive,
+        default=0.1,
+        metavar="SECONDS",
+        help="quiet period before a push (default %(default)s)",
+    )
+    p.add_argument(
+        "--debounce-max",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="longest a change waits for a push (default %(default)s)",
+    )
+    p.add_argument(
+        "--workload-grace",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long an auto-registered workload outlives its last stream (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-concurrent-pushes",
+        type=int,
+        default=100,
+        help="streams being pushed to at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--connection-rate",
+        type=_positive,
+        default=200.0,
+        help="new xDS streams admitted per second after a burst of twice as many",
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    return p
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from control.app import ControlPlane, ControlPlaneOptions
+    from control.config.errors import ConfigError
+    from control.xds.server import XdsOptions
+
+    opts = ControlPlaneOptions(
+        config_paths=tuple(args.config),
+        xds_address=args.xds_address,
+        http_address=args.http_address,
+        trust_domain=args.trust_domain,
+        id=args.id,
+        debounce_quiet=args.debounce_after,
+        debounce_max=args.debounce_max,
+        workload_grace=args.workload_grace,
+        xds=XdsOptions(
+            control_plane_id=args.id,
+            max_concurrent_pushes=max(1, args.max_concurrent_pushes),
+            connection_rate=max(1.0, args.connection_rate),
+            connection_burst=max(1.0, 2 * args.connection_rate),
+        ),
+    )
+    cp = ControlPlane(opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await cp.start()
+    except ConfigError as e:
+        print(f"pilotfish-control: {e}", file=sys.stderr)
+        await cp.close(0)
+        return 1
+    except (OSError, RuntimeError) as e:
+        print(f"pilotfish-control: {e}", file=sys.stderr)
+        await cp.close(0)
+        return 1
+    await stop.wait()
+    logger.info("shutting down")
+    await cp.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logsetup.setup(args.log_level, args.log_format)
+    import uvloop
+
+    sys.exit(uvloop.run(_run(args)))
+
+
+if __name__ == "__main__":
+    main()

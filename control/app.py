@@ -1,0 +1,220 @@
+"""The control plane, wired: config source → mesh index → generators → ADS server, plus the
+debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and runs this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import grpc
+
+from control.config.watcher import ConfigWatcher
+from control.debug import DebugServer
+from control.generate import GENERATORS
+from control.generate.context import GenContext
+from control.metrics import Metrics
+from control.model.index import MeshIndex
+from control.model.proxy import Proxy
+from control.model.types import MeshConfig
+from control.registry.autoregister import WorkloadRegistry
+from control.xds.cache import EMPTY, ResourceCache, ResourceSet
+from control.xds.push import PushLoop
+from control.xds.server import XdsOptions, XdsServer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneOptions:
+    config_paths: tuple[str, ...] = ()
+    xds_address: str = "127.0.0.1:15010"
+    http_address: str = "127.0.0.1:15014"
+    trust_domain: str = "cluster.local"
+    id: str = "pilotfish"
+    debounce_quiet: float = 0.1
+    debounce_max: float = 10.0
+    workload_grace: float = 10.0
+    config_poll_interval: float = 0.25
+    xds: XdsOptions = field(default_factory=XdsOptions)
+
+
+class ControlPlane:
+    """Owns every long-lived part of the control plane; use `async with ControlPlane(opts)`."""
+
+    def __init__(self, options: ControlPlaneOptions, metrics: Metrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or Metrics()
+        self.cache = ResourceCache()
+        self.registry = WorkloadRegistry(grace=options.workload_grace)
+        self.watcher = ConfigWatcher(
+            list(options.config_paths),
+            self._on_config,
+            debounce=options.debounce_quiet,
+            poll_interval=options.config_poll_interval,
+            domain=options.trust_domain,
+        )
+        self.xds = XdsServer(
+            self,
+            self.metrics,
+            options.xds,
+            on_connect=self._on_proxy_connect,
+            on_disconnect=self._on_proxy_disconnect,
+        )
+        self.push_loop = PushLoop(
+            self._push, quiet=options.debounce_quiet, max_delay=options.debounce_max
+        )
+        self.debug = DebugServer(self)
+        self.pushes = 0
+        self._index_version = 0
+        self._ctx = GenContext(MeshIndex(MeshConfig()), self.cache)
+        self._push_started = time.monotonic()
+        self._grpc: grpc.aio.Server | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
+        self._expiry_wake = asyncio.Event()
+        self.xds_port = 0
+        self.http_port = 0
+        self.ready = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.watcher.start()  # raises ConfigError on a bad file at startup
+        self._rebuild()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_concurrent_streams", 1 << 20),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 256 << 20),
+            ]
+        )
+        self.xds.add_to(server)
+        self.xds_port = server.add_insecure_port(self.options.xds_address)
+        if self.xds_port == 0:
+            raise OSError(f"cannot listen on --xds-address {self.options.xds_address}")
+        await server.start()
+        self._grpc = server
+        await self.push_loop.start()
+        self._expiry_task = asyncio.create_task(self._expire_workloads(), name="workload-expiry")
+        self.http_port = await self.debug.start(self.options.http_address)
+        self.ready = True
+        logger.info(
+            "control plane %s ready: xds %s, http %s",
+            self.options.id,
+            _with_port(self.options.xds_address, self.xds_port),
+            _with_port(self.options.http_address, self.http_port),
+        )
+
+    async def close(self, grace: float = 1.0) -> None:
+        self.ready = False
+        await self.debug.close()
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        await self.push_loop.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+            self._grpc = None
+        await self.watcher.close()
+
+    async def __aenter__(self) -> ControlPlane:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- ResourceSource (for the xDS server) -----------------------------------------------
+
+    def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
+        ctx = self._ctx
+        before = self.cache.serializations
+        out: dict[str, ResourceSet] = {}
+        for t in type_urls:
+            gen = GENERATORS.get(t)
+            out[t] = gen(ctx, proxy) if gen is not None else EMPTY
+        made = self.cache.serializations - before
+        if made:
+            self.metrics.serializations.inc(made)
+        return out
+
+    def push_started_at(self) -> float:
+        return self._push_started
+
+    @property
+    def index(self) -> MeshIndex:
+        return self._ctx.index
+
+    # --- pushes ----------------------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        self._index_version += 1
+        index = MeshIndex(
+            self.watcher.current,
+            self.registry.workloads(),
+            trust_domain=self.options.trust_domain,
+            version=self._index_version,
+        )
+        self.cache.next_generation()
+        self.cache.sweep()
+        self._ctx = GenContext(index, self.cache)
+        self.metrics.services.set(len(index.services))
+        self.metrics.config_errors.set(len(self.watcher.errors))
+
+    async def _push(self, reasons: set[str], waited: float) -> None:
+        self.metrics.debounce.observe(waited)
+        for r in reasons or {"unknown"}:
+            self.metrics.push_triggers.labels(r).inc()
+        self.push_now()
+
+    def push_now(self) -> int:
+        """Rebuild the index from the current config and workloads and push to every stream
+        (skips the debounce; benchmarks and tests use it). Returns the streams marked."""
+        self._push_started = time.monotonic()
+        self._rebuild()
+        self.pushes += 1
+        return self.xds.push_all()
+
+    async def _on_config(self, config: MeshConfig) -> None:
+        del config
+        self.push_loop.notify("config")
+
+    def _on_proxy_connect(self, proxy: Proxy) -> None:
+        if self.registry.connect(proxy):
+            self.push_loop.notify("registry")
+
+    def _on_proxy_disconnect(self, proxy: Proxy) -> None:
+        self.registry.disconnect(proxy, time.monotonic())
+        self._expiry_wake.set()
+
+    async def _expire_workloads(self) -> None:
+        while True:
+            deadline = self.registry.next_expiry()
+            if deadline is None:
+                await self._expiry_wake.wait()
+                self._expiry_wake.clear()
+                continue
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._expiry_wake.wait(), timeout=delay)
+                    self._expiry_wake.clear()
+                except TimeoutError:
+                    pass
+                continue
+            removed = self.registry.expire(time.monotonic())
+            if removed:
+                logger.info("workloads removed after grace: %s", [w.address for w in removed])
+                self.push_loop.notify("registry")
+
+
+def _with_port(address: str, port: int) -> str:
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"

@@ -1,0 +1,59 @@
+"""Which files a set of `--config` paths stands for."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from control.config.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def discover(paths: Iterable[str], *, missing_ok: bool = False) -> list[str]:
+    """Config files named by `paths`, sorted by path.
+
+    A file is taken whatever its name; a directory is searched recursively for *.yaml, *.yml
+    and *.json. Hidden files and directories (a leading '.') are skipped: editors keep swap
+    files there, and Kubernetes ConfigMap volumes keep the real files under `..data/` behind
+    visible symlinks, which would otherwise be loaded twice. A file reached twice (by two paths
+    or through symlinks) is listed once. A path that does not exist is a ConfigError unless
+    `missing_ok` (the watcher's rescans, where it simply has no files yet).
+    """
+    found: dict[str, str] = {}  # real path -> path as shown to the user
+    for path in paths:
+        path = os.path.normpath(path)
+        if os.path.isdir(path):
+            for file in _walk(path):
+                found.setdefault(os.path.realpath(file), file)
+        elif os.path.exists(path):
+            found.setdefault(os.path.realpath(path), path)
+        elif not missing_ok:
+            raise ConfigError(path, 1, "no such file or directory")
+    return sorted(found.values())
+
+
+def _walk(top: str) -> list[str]:
+    out: list[str] = []
+    visited: set[str] = set()
+
+    def on_error(exc: OSError) -> None:
+        logger.debug("cannot list %s: %s", exc.filename, exc.strerror)
+
+    for dirpath, dirnames, filenames in os.walk(top, onerror=on_error, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:  # a symlink loop, or a directory reached twice
+            dirnames[:] = []
+            continue
+        visited.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.startswith(".") or not name.lower().endswith(CONFIG_SUFFIXES):
+                continue
+            file = os.path.join(dirpath, name)
+            if os.path.isfile(file):
+                out.append(file)
+    return out

@@ -1,0 +1,71 @@
+"""Errors raised for bad config files.
+
+Every problem a user can cause (unreadable file, YAML syntax, a bad field value) is reported as a
+`ConfigError` that says where it is (`file:line`) and what is wrong, so the CLI can print one line
+and exit, and the watcher can log one line and keep serving the last good config.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A config file could not be loaded: `file:line: reason` (line is 1-based)."""
+
+    def __init__(self, file: str, line: int, reason: str) -> None:
+        super().__init__(file, line, reason)
+        self.file = file
+        self.line = line
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConfigError):
+            return NotImplemented
+        return (type(self), self.file, self.line, self.reason) == (
+            type(other),
+            other.file,
+            other.line,
+            other.reason,
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.file, self.line, self.reason))
+
+
+class DuplicateObjectError(ConfigError):
+    """Two config objects have the same kind, namespace and name.
+
+    `file`/`line` point to the later definition (in file, line order); `first_file`/`first_line`
+    to the one that came first. Both places are named in the message.
+    """
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        reason: str,
+        *,
+        first_file: str,
+        first_line: int,
+        what: str = "",
+    ) -> None:
+        super().__init__(file, line, reason)
+        self.first_file = first_file
+        self.first_line = first_line
+        self.what = what  # the object, e.g. "Service default/backend"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _make_duplicate,
+            (self.file, self.line, self.reason, self.first_file, self.first_line, self.what),
+        )
+
+
+def _make_duplicate(
+    file: str, line: int, reason: str, first_file: str, first_line: int, what: str
+) -> DuplicateObjectError:
+    return DuplicateObjectError(
+        file, line, reason, first_file=first_file, first_line=first_line, what=what
+    )

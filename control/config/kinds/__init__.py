@@ -1,0 +1,37 @@
+"""Kind converters: validate one raw object and convert it to the model.
+
+Each supported kind has a module with `API_VERSIONS` and `convert(ctx, domain)`. Objects of
+other kinds (or other API versions) are not errors: they are reported once as ignored, so a
+directory of mixed manifests (Deployments next to Services) loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from control.config.fields import Context
+from control.config.kinds import service, serviceentry, sidecar, workloadentry
+from control.config.manifest import RawObject
+from control.config.objects import ConfigObject, Converted
+from control.model.types import ConfigWarning
+
+Converter = Callable[[Context, str], ConfigObject]
+
+CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
+    "Service": (service.API_VERSIONS, service.convert),
+    "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
+    "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
+    "Sidecar": (sidecar.API_VERSIONS, sidecar.convert),
+}
+
+
+def convert(obj: RawObject, domain: str) -> Converted:
+    """Validate and convert one object; raises ConfigError for invalid objects."""
+    entry = CONVERTERS.get(obj.kind)
+    if entry is None or obj.api_version not in entry[0]:
+        message = f"kind {obj.kind} (apiVersion {obj.api_version}) is not supported; ignored"
+        return Converted(None, (ConfigWarning(obj.source, message),))
+    _, converter = entry
+    ctx = Context(obj)
+    result = converter(ctx, domain)
+    return Converted(result, tuple(ctx.warnings))

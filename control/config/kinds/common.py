@@ -1,0 +1,74 @@
+"""Pieces shared by the kind converters: the envelope, selectors, addresses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from control.config import formats
+from control.config.fields import Context, Fields
+from control.model.types import Labels, labels_of
+
+ISTIO_NETWORKING_VERSIONS = (
+    "networking.istio.io/v1",
+    "networking.istio.io/v1beta1",
+    "networking.istio.io/v1alpha3",
+)
+
+# Metadata that has no effect on the mesh (bookkeeping written by tools and the API server).
+_METADATA_KEYS = (
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "ownerReferences",
+    "finalizers",
+    "selfLink",
+)
+
+
+def spec_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
+    """Check the envelope of an object and return its `spec` (required).
+
+    Unknown top-level keys are reported; `status` is output-only and skipped silently.
+    """
+    root = ctx.root()
+    root.ignore("apiVersion", "kind", "status")
+    metadata = root.need_map("metadata")
+    metadata.ignore(*_METADATA_KEYS)
+    if problem := check_name(ctx.obj.name):
+        metadata.fail("name", problem)
+    metadata.finish()
+    spec = root.need_map("spec")
+    root.finish()
+    return spec
+
+
+def selector_labels(spec: Fields, key: str = "workloadSelector") -> Labels | None:
+    """An Istio `workloadSelector: {labels: {...}}`; None when absent."""
+    selector = spec.get_map(key)
+    if selector is None:
+        return None
+    labels = selector.get_labels("labels")
+    selector.finish()
+    return labels_of(labels)
+
+
+def check_endpoint_address(f: Fields, key: str, value: str, *, allow_hostname: bool) -> None:
+    """An endpoint address: an IP, a hostname (when allowed) or a `unix://` socket path."""
+    if formats.is_ip(value):
+        return
+    if value.startswith("unix://"):
+        if value.startswith(("unix:///", "unix://@")) and len(value) > len("unix:///"):
+            return
+        f.fail(key, f"unix socket address {value!r} must be unix:///absolute/path")
+    if allow_hostname and formats.is_hostname(value):
+        return
+    expected = "an IP address or a hostname" if allow_hostname else "an IP address"
+    f.fail(key, f"must be {expected} (got {value!r})")

@@ -1,0 +1,106 @@
+"""Merging the objects of all files into one MeshConfig snapshot.
+
+Objects are taken in (file, line) order, which makes every tie-break deterministic: for two
+services with the same hostname the first one wins (and a warning names both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from control.config.errors import DuplicateObjectError
+from control.config.objects import ConfigObject, FileConfig
+from control.model.types import (
+    ConfigWarning,
+    MeshConfig,
+    Service,
+    SidecarScope,
+    SourceRef,
+)
+
+
+def _where(source: SourceRef) -> str:
+    return f"{source.file}:{source.line}"
+
+
+def merge(files: Sequence[FileConfig]) -> MeshConfig:
+    """One MeshConfig from the objects of all files.
+
+    Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
+    error points at the later one and names the first.
+    """
+    objects = sorted(
+        (obj for f in files for obj in f.objects),
+        key=lambda o: (o.source.file, o.source.line),
+    )
+    check_duplicates(objects)
+    warnings: list[ConfigWarning] = [
+        w for f in sorted(files, key=lambda f: f.path) for w in f.warnings
+    ]
+
+    services: list[Service] = []
+    by_host: dict[str, Service] = {}
+    for obj in objects:
+        for service in obj.services:
+            first = by_host.get(service.hostname)
+            if first is None:
+                by_host[service.hostname] = service
+                services.append(service)
+                continue
+            warnings.append(
+                ConfigWarning(
+                    service.source,
+                    f"host {service.hostname} is already defined by {first.source}; "
+                    "this definition is ignored",
+                )
+            )
+    sidecars = [sc for obj in objects for sc in obj.sidecars]
+    warnings.extend(_namespace_wide_sidecars(sidecars))
+    return MeshConfig(
+        services=tuple(services),
+        workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
+        sidecars=tuple(sidecars),
+        raw=tuple((obj.source, obj.raw) for obj in objects),
+        warnings=tuple(dict.fromkeys(warnings)),
+    )
+
+
+def check_duplicates(objects: Sequence[ConfigObject]) -> None:
+    """Raise for the first object (in the given order) whose key was seen before."""
+    seen: dict[tuple[str, str, str], ConfigObject] = {}
+    for obj in objects:
+        first = seen.setdefault(obj.key, obj)
+        if first is obj:
+            continue
+        kind, namespace, name = obj.key
+        what = f"{kind} {namespace}/{name}"
+        raise DuplicateObjectError(
+            obj.source.file,
+            obj.source.line,
+            f"duplicate {what}: already defined at {_where(first.source)}",
+            first_file=first.source.file,
+            first_line=first.source.line,
+            what=what,
+        )
+
+
+def _namespace_wide_sidecars(sidecars: Sequence[SidecarScope]) -> list[ConfigWarning]:
+    """Istio allows one Sidecar without workloadSelector per namespace; the first by name is
+    used (as MeshIndex picks it), the others are reported."""
+    by_namespace: dict[str, list[SidecarScope]] = {}
+    for sc in sidecars:
+        if sc.workload_selector is None:
+            by_namespace.setdefault(sc.namespace, []).append(sc)
+    out: list[ConfigWarning] = []
+    for scopes in by_namespace.values():
+        used = min(scopes, key=lambda s: s.name)
+        out.extend(
+            ConfigWarning(
+                sc.source,
+                f"namespace {sc.namespace} has more than one Sidecar without workloadSelector; "
+                f"only {used.source} is used",
+            )
+            for sc in scopes
+            if sc is not used
+        )
+    return out

@@ -1,0 +1,42 @@
+"""What loading produces: validated objects converted to the model, grouped per file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from control.model.types import ConfigWarning, Service, SidecarScope, SourceRef, Workload
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigObject:
+    """One loaded config object: where it came from, the raw object, what it became."""
+
+    source: SourceRef
+    raw: Mapping[str, Any] = field(compare=False)
+    services: tuple[Service, ...] = ()
+    workloads: tuple[Workload, ...] = ()
+    sidecars: tuple[SidecarScope, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Identity for duplicate detection: (kind, namespace, name)."""
+        return (self.source.kind, self.source.namespace, self.source.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Converted:
+    """A kind converter's result: the object (None when the kind is ignored) and warnings."""
+
+    object: ConfigObject | None
+    warnings: tuple[ConfigWarning, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileConfig:
+    """All objects of one file, in file order, and the warnings found while loading it."""
+
+    path: str
+    objects: tuple[ConfigObject, ...] = ()
+    warnings: tuple[ConfigWarning, ...] = ()

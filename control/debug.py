@@ -1,0 +1,126 @@
+"""HTTP server for health, metrics and debug views (`--http-address`).
+
+Endpoints: /ready, /metrics, /debug/syncz, /debug/configz, /debug/config_dump?proxyID=,
+/debug/connections. Everything is read-only; it binds only where `--http-address` says.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+# Imported for their side effect: the Any payloads in config_dump decode through the default
+# descriptor pool, which must know every type we generate (including nested typed_config).
+from envoy.config.cluster.v3 import cluster_pb2  # noqa: F401
+from envoy.config.endpoint.v3 import endpoint_pb2  # noqa: F401
+from envoy.config.listener.v3 import listener_pb2  # noqa: F401
+from envoy.config.route.v3 import route_pb2  # noqa: F401
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
+    http_connection_manager_pb2,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: F401
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import any_pb2, json_format
+
+from protos import typeurls
+
+if TYPE_CHECKING:
+    from control.app import ControlPlane
+
+logger = logging.getLogger(__name__)
+
+_DUMP_TYPES = (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, indent=2, sort_keys=False) + "\n",
+        status=status,
+        content_type="application/json",
+    )
+
+
+class DebugServer:
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, address: str) -> int:
+        app = web.Application()
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/debug/syncz", self._syncz)
+        app.router.add_get("/debug/configz", self._configz)
+        app.router.add_get("/debug/config_dump", self._config_dump)
+        app.router.add_get("/debug/connections", self._connections)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, _, port = address.rpartition(":")
+        site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else int(port)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self._cp.ready:
+            return web.Response(text="ready\n")
+        return web.Response(text="not ready\n", status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self._cp.metrics.render()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _syncz(self, request: web.Request) -> web.Response:
+        return _json(self._cp.xds.syncz())
+
+    async def _connections(self, request: web.Request) -> web.Response:
+        return _json(self._cp.xds.connections_view())
+
+    async def _configz(self, request: web.Request) -> web.Response:
+        config = self._cp.watcher.current
+        objects = [
+            {"source": {"file": ref.file, "line": ref.line}, **dict(obj)} for ref, obj in config.raw
+        ]
+        errors = {path: str(err) for path, err in self._cp.watcher.errors.items()}
+        warnings = [str(w) for w in config.warnings]
+        return _json({"objects": objects, "errors": errors, "warnings": warnings})
+
+    async def _config_dump(self, request: web.Request) -> web.Response:
+        proxy_id = request.query.get("proxyID", "")
+        if not proxy_id:
+            return _json({"error": "proxyID query parameter is required"}, status=400)
+        conn = next(
+            (
+                c
+                for c in self._cp.xds.connections.values()
+                if proxy_id in (c.proxy.id, f"{c.proxy.pod_name}.{c.proxy.namespace}")
+            ),
+            None,
+        )
+        if conn is None:
+            return _json({"error": f"no connected proxy {proxy_id!r}"}, status=404)
+        sets = self._cp.resources(conn.proxy, _DUMP_TYPES)
+        out: dict[str, Any] = {"proxy": conn.proxy.id, "resources": {}}
+        for type_url, rs in sets.items():
+            decoded = []
+            for name in sorted(rs):
+                any_msg = any_pb2.Any.FromString(rs[name].any_bytes)
+                decoded.append(
+                    {
+                        "name": name,
+                        "version": rs[name].version,
+                        "resource": json_format.MessageToDict(any_msg),
+                    }
+                )
+            out["resources"][typeurls.SHORT_NAMES.get(type_url, type_url)] = decoded
+        return _json(out)

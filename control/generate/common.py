@@ -1,0 +1,424 @@
+"""What the per-type generators share: type URLs, Istio's resource names, address helpers and
+the per-scope "plans" (which clusters and listener ports a set of visible services implies).
+
+Clusters, endpoints, listeners and routes must agree exactly on these decisions (a listener
+must never name a cluster that CDS did not send, every EDS cluster needs a CLA), so they are
+made once here and memoized per push instead of being re-derived in each module.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Final
+
+from envoy.config.cluster.v3.cluster_pb2 import Cluster
+from envoy.config.core.v3.address_pb2 import Address, Pipe, SocketAddress
+from envoy.config.core.v3.base_pb2 import Locality
+from envoy.config.core.v3.config_source_pb2 import (
+    AggregatedConfigSource,
+    ApiVersion,
+    ConfigSource,
+)
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    Endpoint as EnvoyEndpoint,
+)
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from google.protobuf.any_pb2 import Any as AnyProto
+from google.protobuf.message import Message
+from google.protobuf.wrappers_pb2 import UInt32Value
+
+from control.generate.context import GenContext
+from control.model.proxy import Proxy
+from control.model.types import (
+    Endpoint,
+    IngressListener,
+    Protocol,
+    Resolution,
+    Service,
+    ServicePort,
+    SidecarScope,
+)
+from control.xds.cache import Resource
+
+log = logging.getLogger(__name__)
+
+_PREFIX: Final = "type.googleapis.com/"
+CLUSTER_TYPE: Final[str] = _PREFIX + Cluster.DESCRIPTOR.full_name
+ENDPOINT_TYPE: Final[str] = _PREFIX + ClusterLoadAssignment.DESCRIPTOR.full_name
+LISTENER_TYPE: Final[str] = _PREFIX + Listener.DESCRIPTOR.full_name
+ROUTE_TYPE: Final[str] = _PREFIX + RouteConfiguration.DESCRIPTOR.full_name
+
+BLACKHOLE_CLUSTER: Final = "BlackHoleCluster"
+PASSTHROUGH_CLUSTER: Final = "PassthroughCluster"
+CONNECT_TIMEOUT_SECONDS: Final = 10
+# Istio's answer when a Sidecar ingress has no defaultEndpoint: the app on loopback. The pod IP
+# (Istio's newer default) cannot work in interception mode NONE, where the inbound listener
+# itself is bound there.
+DEFAULT_INBOUND_HOST: Final = "127.0.0.1"
+
+
+def outbound_cluster_name(port: int, hostname: str) -> str:
+    return f"outbound|{port}||{hostname}"
+
+
+def inbound_cluster_name(port: int) -> str:
+    return f"inbound|{port}||"
+
+
+def listener_name(address: str, port: int) -> str:
+    return f"{address}_{port}"
+
+
+def pack(message: Message) -> AnyProto:
+    """Wrap a message in an Any with deterministic bytes: the enclosing resource is serialized
+    deterministically, but Any.value is opaque to that and must be made so here."""
+    packed = AnyProto()
+    packed.Pack(message, deterministic=True)
+    return packed
+
+
+def ads_config_source() -> ConfigSource:
+    return ConfigSource(ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3)
+
+
+# --- addresses -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where a connection goes: host:port, or a Unix socket when `pipe` is set."""
+
+    host: str = ""
+    port: int = 0
+    pipe: str = ""
+
+    def address(self) -> Address:
+        if self.pipe:
+            return Address(pipe=Pipe(path=self.pipe))
+        return socket_address(self.host, self.port)
+
+    def __str__(self) -> str:
+        return f"unix://{self.pipe}" if self.pipe else f"{self.host}:{self.port}"
+
+
+def socket_address(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
+
+
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_default_endpoint(value: str, proxy_ip: str, port: int) -> Upstream | None:
+    """Istio's `ingress[].defaultEndpoint`: `0.0.0.0:PORT` is the app at the pod IP,
+    `unix:///path` a Unix socket, any other `IP:PORT` literal. None when malformed."""
+    if not value:
+        return Upstream(DEFAULT_INBOUND_HOST, port)
+    if value.startswith("unix://"):
+        path = value.removeprefix("unix://")
+        return Upstream(pipe=path) if path else None
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    host = host.removeprefix("[").removesuffix("]")
+    if not is_ip(host):
+        return None
+    if host in ("0.0.0.0", "::"):
+        host = proxy_ip
+    return Upstream(host, int(port_text))
+
+
+# --- endpoints -------------------------------------------------------------------------------
+
+# What a load assignment reads from an endpoint; the cache key of CLAs and DNS clusters. Labels,
+# service account and sidecar presence do not reach these bytes (yet), so they stay out of the
+# key and a relabelled workload does not cost a re-serialization.
+EndpointKey = tuple[str, int, int, str]  # address, port, weight, locality
+
+
+def endpoint_keys(endpoints: tuple[Endpoint, ...]) -> tuple[EndpointKey, ...]:
+    return tuple((e.address, e.port, e.weight, e.locality) for e in endpoints)
+
+
+def parse_locality(value: str) -> Locality:
+    region, _, rest = value.partition("/")
+    zone, _, sub_zone = rest.partition("/")
+    return Locality(region=region, zone=zone, sub_zone=sub_zone)
+
+
+def locality_endpoints(
+    cluster: str, endpoints: tuple[EndpointKey, ...], *, dns: bool
+) -> list[LocalityLbEndpoints]:
+    """Group endpoints by locality (sorted, so equal inputs give equal bytes).
+
+    An address Envoy cannot use for the cluster's kind is left out with a warning instead of
+    being sent: Envoy rejects the whole resource for one bad address, which would take every
+    other endpoint of the cluster down with it. EDS takes IPs and Unix sockets; a DNS cluster
+    takes IPs and hostnames (to resolve) but no sockets.
+    """
+    groups: dict[str, list[LbEndpoint]] = {}
+    for address, port, weight, locality in sorted(endpoints):
+        if address.startswith("unix://"):
+            usable = not dns
+            addr = Upstream(pipe=address.removeprefix("unix://")).address()
+        else:
+            usable = dns or is_ip(address)
+            addr = socket_address(address, port)
+        if not usable:
+            warn_once(
+                ("unusable-endpoint", cluster, address),
+                "cluster %s: endpoint address %s cannot be used by a%s cluster; left out",
+                cluster,
+                address,
+                " DNS" if dns else "n EDS",
+            )
+            continue
+        lb = LbEndpoint(endpoint=EnvoyEndpoint(address=addr))
+        if weight > 0:
+            lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+        groups.setdefault(locality, []).append(lb)
+    out = []
+    for locality in sorted(groups):
+        group = LocalityLbEndpoints(lb_endpoints=groups[locality])
+        if locality:
+            group.locality.CopyFrom(parse_locality(locality))
+        out.append(group)
+    return out
+
+
+# --- outbound plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OutboundCluster:
+    name: str
+    service: Service
+    port: ServicePort
+    eds: bool  # False: STRICT_DNS with its load assignment inline
+    endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OutboundPort:
+    """The services that share one port number, split by how a listener can tell them apart:
+    HTTP by Host/authority, TLS by SNI, plain TCP not at all."""
+
+    number: int
+    http: tuple[OutboundCluster, ...]
+    tls: tuple[OutboundCluster, ...]
+    tcp: tuple[OutboundCluster, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OutboundPlan:
+    # Holding the visible-services tuple keeps its id() unique for the whole push, which is what
+    # makes `id(visible)` a sound memo key.
+    visible: tuple[Service, ...]
+    clusters: tuple[OutboundCluster, ...]
+    ports: tuple[OutboundPort, ...]
+
+
+def _uses_eds(service: Service, endpoints: tuple[Endpoint, ...]) -> bool:
+    # Resolution NONE would be ORIGINAL_DST in Istio, which needs traffic capture; without it
+    # EDS is the only way to reach the endpoints. A DNS entry with a wildcard host and no
+    # endpoints has nothing to resolve, so it degrades to an (empty) EDS cluster too.
+    if service.resolution is not Resolution.DNS:
+        return True
+    return not endpoints and service.hostname.startswith("*")
+
+
+def outbound_plan(ctx: GenContext, proxy: Proxy) -> OutboundPlan:
+    visible = ctx.index.visible_services(proxy)
+    # MeshIndex memoizes visible_services per scope, so proxies with the same scope hand us the
+    # same tuple object: keying on its identity avoids hashing every service for every proxy.
+    plan = ctx.memo(("outbound-plan", id(visible)), lambda: _build_plan(ctx, visible))
+    assert plan.visible is visible
+    return plan
+
+
+def _build_plan(ctx: GenContext, visible: tuple[Service, ...]) -> OutboundPlan:
+    clusters: list[OutboundCluster] = []
+    by_port: dict[int, list[OutboundCluster]] = {}
+    for service in sorted(visible, key=lambda s: s.hostname):
+        for port in sorted(service.ports, key=lambda p: p.port):
+            # Cluster contents do not depend on the scope, so scopes share the objects.
+            cluster = ctx.memo(
+                ("outbound-cluster", service.hostname, port.port),
+                functools.partial(_outbound_cluster, ctx, service, port),
+            )
+            clusters.append(cluster)
+            by_port.setdefault(port.port, []).append(cluster)
+    ports = []
+    for number in sorted(by_port):
+        members = by_port[number]
+        ports.append(
+            OutboundPort(
+                number=number,
+                http=tuple(c for c in members if c.port.protocol.is_http),
+                tls=tuple(c for c in members if c.port.protocol in (Protocol.TLS, Protocol.HTTPS)),
+                tcp=tuple(
+                    c
+                    for c in members
+                    if not c.port.protocol.is_http
+                    and c.port.protocol not in (Protocol.TLS, Protocol.HTTPS)
+                ),
+            )
+        )
+    return OutboundPlan(visible, tuple(clusters), tuple(ports))
+
+
+def _outbound_cluster(ctx: GenContext, service: Service, port: ServicePort) -> OutboundCluster:
+    endpoints = ctx.index.endpoints(service, port)
+    return OutboundCluster(
+        name=outbound_cluster_name(port.port, service.hostname),
+        service=service,
+        port=port,
+        eds=_uses_eds(service, endpoints),
+        endpoints=endpoints,
+    )
+
+
+# --- inbound plan ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPort:
+    number: int
+    protocol: Protocol
+    bind: str
+    upstream: Upstream
+
+    @property
+    def cluster(self) -> str:
+        return inbound_cluster_name(self.number)
+
+    @property
+    def listener(self) -> str:
+        return listener_name(self.bind, self.number)
+
+
+def sidecar_of(ctx: GenContext, proxy: Proxy) -> SidecarScope | None:
+    # The Sidecar is chosen by namespace and labels only; proxies of one deployment share it.
+    return ctx.memo(
+        ("sidecar", proxy.namespace, proxy.labels), lambda: ctx.index.sidecar_for(proxy)
+    )
+
+
+def inbound_ports(ctx: GenContext, proxy: Proxy) -> tuple[InboundPort, ...]:
+    """The proxy's inbound ports from its Sidecar's ingress listeners. In interception mode
+    NONE nothing else can reach the pod through the sidecar, so no Sidecar means no inbound."""
+    sidecar = sidecar_of(ctx, proxy)
+    if sidecar is None or not sidecar.ingress:
+        return ()
+    return ctx.memo(
+        ("inbound-ports", proxy.ip, sidecar.ingress),
+        lambda: _build_inbound(sidecar, sidecar.ingress, proxy.ip),
+    )
+
+
+def _build_inbound(
+    sidecar: SidecarScope, ingress: tuple[IngressListener, ...], proxy_ip: str
+) -> tuple[InboundPort, ...]:
+    out: list[InboundPort] = []
+    seen: set[int] = set()
+    for listener in ingress:
+        number = listener.port.number
+        bind = listener.bind or proxy_ip
+        upstream = parse_default_endpoint(listener.default_endpoint, proxy_ip, number)
+        if upstream is None:
+            warn_once(
+                ("bad-default-endpoint", sidecar.source, number),
+                "%s: ingress port %d: defaultEndpoint %r is not IP:PORT or unix:///path; "
+                "port skipped",
+                sidecar.source,
+                number,
+                listener.default_endpoint,
+            )
+            continue
+        if not upstream.pipe and (upstream.host, upstream.port) == (bind, number):
+            warn_once(
+                ("inbound-loop", sidecar.source, proxy_ip, number),
+                "%s: ingress port %d would forward to its own listener %s:%d; port skipped",
+                sidecar.source,
+                number,
+                bind,
+                number,
+            )
+            continue
+        if number in seen:
+            # Both would be named inbound|PORT||: the cluster name has no room for the bind.
+            warn_once(
+                ("inbound-dup", sidecar.source, number),
+                "%s: ingress port %d declared twice; the first one is used",
+                sidecar.source,
+                number,
+            )
+            continue
+        seen.add(number)
+        out.append(InboundPort(number, listener.port.protocol, bind, upstream))
+    return tuple(out)
+
+
+def egress_bind(sidecar: SidecarScope | None, port: int, proxy_ip: str) -> str:
+    """Address of the outbound listener for `port`: the bind of a Sidecar egress listener for
+    that port, else of the port-less (catch-all) egress listener, else the pod IP."""
+    if sidecar is None:
+        return proxy_ip
+    for egress in sidecar.egress:
+        if egress.port is not None and egress.port.number == port and egress.bind:
+            return egress.bind
+    for egress in sidecar.egress:
+        if egress.port is None and egress.bind:
+            return egress.bind
+    return proxy_ip
+
+
+# --- cache helpers ---------------------------------------------------------------------------
+
+
+def variant_resource(
+    ctx: GenContext, type_url: str, name: str, key: Hashable, build: Callable[[], Message]
+) -> Resource:
+    """A resource whose content under one name legitimately differs between proxies: inbound
+    clusters that point at each pod's IP, RDS routes that depend on the client's namespace.
+    Each content variant gets its own cache slot (the key is the variant), so proxies with
+    equal inputs share bytes and alternating proxies do not evict each other (rule 8)."""
+    return ctx.resource(type_url, name, key, build, variant=key)
+
+
+class _WarnOnce:
+    """Logs a warning the first time its key is seen: generators run on every push, and a
+    config problem that persists should not flood the log. Bounded so churn cannot leak."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._seen: set[Hashable] = set()
+        self._limit = limit
+
+    def __call__(self, key: Hashable, msg: str, *args: object) -> None:
+        if key in self._seen:
+            return
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(key)
+        log.warning(msg, *args)
+
+    def clear(self) -> None:
+        """Forget what was reported, so every problem is logged again once."""
+        self._seen.clear()
+
+
+warn_once = _WarnOnce()

@@ -1,0 +1,98 @@
+"""A connected proxy, as its node identity and metadata describe it (Istio conventions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from control.model.types import Labels, SourceRef, Workload, labels_of
+
+
+class NodeError(ValueError):
+    """The node sent by a client cannot identify a proxy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    id: str
+    type: str  # "sidecar", "router", ...
+    ip: str
+    ips: tuple[str, ...]
+    pod_name: str
+    namespace: str
+    labels: Labels
+    service_account: str
+    interception_mode: str = "NONE"  # NONE or REDIRECT
+    generator: str = ""  # "" (Envoy sidecar) or "grpc" (proxyless)
+    cluster_id: str = ""
+    dns_domain: str = ""
+    # When true, the proxy registers itself as a workload (auto-registration).
+    auto_register: bool = True
+
+    @property
+    def is_grpc(self) -> bool:
+        return self.generator == "grpc"
+
+    def as_workload(self) -> Workload:
+        """The workload this proxy stands for (WorkloadGroup-style auto-registration)."""
+        return Workload(
+            name=self.pod_name,
+            namespace=self.namespace,
+            address=self.ip,
+            labels=self.labels,
+            service_account=self.service_account,
+            source=SourceRef("Proxy", self.namespace, self.pod_name),
+            has_sidecar=not self.is_grpc,
+        )
+
+
+def _str(meta: Mapping[str, Any], key: str) -> str:
+    value = meta.get(key, "")
+    return value if isinstance(value, str) else ""
+
+
+def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
+    """Build a Proxy from an Envoy node id and its metadata (as a plain dict).
+
+    The id has Istio's form `type~ip~pod.namespace~namespace.svc.cluster.local`; metadata keys
+    (INSTANCE_IPS, NAMESPACE, LABELS, SERVICE_ACCOUNT, INTERCEPTION_MODE, GENERATOR, NAME, ...)
+    win over what the id says.
+    """
+    if not node_id:
+        raise NodeError("node id is empty")
+    parts = node_id.split("~")
+    if len(parts) != 4:
+        raise NodeError(f"node id {node_id!r} is not of the form type~ip~pod.namespace~domain")
+    ptype, id_ip, pod_ns, domain = parts
+    pod_name, _, id_namespace = pod_ns.partition(".")
+    ips_meta = _str(metadata, "INSTANCE_IPS")
+    ips = tuple(i.strip() for i in ips_meta.split(",") if i.strip()) or ((id_ip,) if id_ip else ())
+    if not ips:
+        raise NodeError(f"node id {node_id!r} has no IP and INSTANCE_IPS is not set")
+    namespace = _str(metadata, "NAMESPACE") or id_namespace or "default"
+    raw_labels = metadata.get("LABELS") or {}
+    labels = (
+        labels_of({str(k): str(v) for k, v in raw_labels.items()})
+        if isinstance(raw_labels, Mapping)
+        else ()
+    )
+    mode = (_str(metadata, "INTERCEPTION_MODE") or "NONE").upper()
+    generator = _str(metadata, "GENERATOR")
+    if not generator and ptype == "proxyless":
+        generator = "grpc"
+    return Proxy(
+        id=node_id,
+        type=ptype,
+        ip=ips[0],
+        ips=ips,
+        pod_name=_str(metadata, "NAME") or pod_name or ips[0],
+        namespace=namespace,
+        labels=labels,
+        service_account=_str(metadata, "SERVICE_ACCOUNT") or "default",
+        interception_mode=mode,
+        generator=generator,
+        cluster_id=_str(metadata, "CLUSTER_ID"),
+        dns_domain=domain,
+        auto_register=_str(metadata, "AUTO_REGISTER").lower() != "false",
+    )

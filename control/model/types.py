@@ -1,0 +1,236 @@
+"""The typed mesh model: what the config sources produce and the generators consume.
+
+Everything here is a frozen dataclass so objects can be shared between pushes, used as cache
+keys (rule 8: resources are serialized once per version of their inputs) and compared cheaply.
+Mappings are stored as sorted tuples of pairs for the same reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def labels_of(mapping: Mapping[str, str] | None) -> Labels:
+    """Freeze a label mapping into the sorted tuple form used throughout the model."""
+    return tuple(sorted((mapping or {}).items()))
+
+
+def selector_matches(selector: Labels, labels: Labels) -> bool:
+    """Kubernetes equality-based selector semantics; an empty selector matches nothing here,
+    because a Service without a selector has no automatically managed endpoints."""
+    if not selector:
+        return False
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in selector)
+
+
+def workload_selector_matches(selector: Labels, labels: Labels) -> bool:
+    """Istio `workloadSelector` semantics: an empty selector selects every workload."""
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in selector)
+
+
+class Protocol(enum.StrEnum):
+    HTTP = "HTTP"
+    HTTP2 = "HTTP2"
+    GRPC = "GRPC"
+    TCP = "TCP"
+    TLS = "TLS"
+    HTTPS = "HTTPS"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def is_http(self) -> bool:
+        return self in (Protocol.HTTP, Protocol.HTTP2, Protocol.GRPC)
+
+    @property
+    def is_http2(self) -> bool:
+        return self in (Protocol.HTTP2, Protocol.GRPC)
+
+
+class Resolution(enum.StrEnum):
+    NONE = "NONE"
+    STATIC = "STATIC"
+    DNS = "DNS"
+
+
+class CaptureMode(enum.StrEnum):
+    DEFAULT = "DEFAULT"
+    IPTABLES = "IPTABLES"
+    NONE = "NONE"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a config object came from, for errors, warnings and /debug/configz."""
+
+    kind: str
+    namespace: str
+    name: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        where = f" ({self.file}:{self.line})" if self.file else ""
+        return f"{self.kind} {self.namespace}/{self.name}{where}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    name: str
+    port: int
+    protocol: Protocol
+    # Port on the endpoint: a number, a named port (resolved per workload), or None = same as port.
+    target_port: int | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A v1 Service or a ServiceEntry host, normalized. One Service per hostname."""
+
+    hostname: str  # FQDN, e.g. backend.default.svc.cluster.local or api.example.com
+    namespace: str
+    name: str  # the Kubernetes name (or the ServiceEntry's name)
+    ports: tuple[ServicePort, ...]
+    source: SourceRef = field(compare=False)  # moving an object in its file is no change
+    # Kubernetes services select workloads by labels; None means no selector at all.
+    selector: Labels | None = None
+    addresses: tuple[str, ...] = ()  # cluster IP / ServiceEntry addresses (VIPs)
+    mesh_external: bool = False
+    resolution: Resolution = Resolution.STATIC
+    # "Kubernetes" for v1 Service, "External" for ServiceEntry (as Istio's registry names).
+    registry: str = "Kubernetes"
+    # ServiceEntry static endpoints (already resolved into the model).
+    static_endpoints: tuple[WorkloadEndpointSpec, ...] = ()
+    # ServiceEntry workloadSelector (selects WorkloadEntries and registered proxies).
+    workload_selector: Labels | None = None
+    export_to: tuple[str, ...] = ("*",)
+
+    def port_by_number(self, number: int) -> ServicePort | None:
+        for p in self.ports:
+            if p.port == number:
+                return p
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadEndpointSpec:
+    """An endpoint stated inline in a ServiceEntry (`spec.endpoints[]`)."""
+
+    address: str
+    ports: tuple[tuple[str, int], ...] = ()  # port name -> endpoint port
+    labels: Labels = ()
+    service_account: str = ""
+    network: str = ""
+    locality: str = ""
+    weight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A workload instance: a WorkloadEntry, or a connected proxy (auto-registered)."""
+
+    name: str
+    namespace: str
+    address: str
+    labels: Labels
+    service_account: str
+    source: SourceRef = field(compare=False)
+    ports: tuple[tuple[str, int], ...] = ()  # WorkloadEntry port name -> port
+    # True when the workload runs a sidecar (a connected proxy, or the Istio tlsMode label).
+    has_sidecar: bool = False
+    locality: str = ""
+    weight: int = 0
+
+    def port_for(self, port: ServicePort) -> int:
+        """The port this workload serves `port` on (Kubernetes targetPort semantics)."""
+        named = dict(self.ports)
+        if port.name in named:
+            return named[port.name]
+        if isinstance(port.target_port, int):
+            return port.target_port
+        if isinstance(port.target_port, str) and port.target_port in named:
+            return named[port.target_port]
+        return port.port
+
+    @property
+    def spiffe_account(self) -> tuple[str, str]:
+        return (self.namespace, self.service_account or "default")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One address:port backing one service port, as EDS will state it."""
+
+    address: str
+    port: int
+    labels: Labels = ()
+    service_account: str = ""
+    namespace: str = ""
+    has_sidecar: bool = False
+    locality: str = ""
+    weight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarPort:
+    number: int
+    protocol: Protocol
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IngressListener:
+    port: SidecarPort
+    bind: str = ""  # empty: the pod IP
+    default_endpoint: str = ""  # "127.0.0.1:8080", "0.0.0.0:8080" (app at pod IP) or unix://
+    capture_mode: CaptureMode = CaptureMode.DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class EgressListener:
+    hosts: tuple[str, ...]  # "ns/host" forms, e.g. "./*", "istio-system/*", "*/foo.example.com"
+    port: SidecarPort | None = None
+    bind: str = ""
+    capture_mode: CaptureMode = CaptureMode.DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarScope:
+    """An Istio `Sidecar` object."""
+
+    namespace: str
+    name: str
+    source: SourceRef = field(compare=False)
+    workload_selector: Labels | None = None  # None: applies to the whole namespace
+    ingress: tuple[IngressListener, ...] = ()
+    egress: tuple[EgressListener, ...] = ()
+    outbound_traffic_policy: str = "ALLOW_ANY"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigWarning:
+    """A problem found while loading config that did not reject the file (e.g. an unsupported
+    field that was ignored). Reported once per (source, message)."""
+
+    source: SourceRef
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class MeshConfig:
+    """One consistent snapshot of all config objects from every source."""
+
+    services: tuple[Service, ...] = ()
+    workload_entries: tuple[Workload, ...] = ()
+    sidecars: tuple[SidecarScope, ...] = ()
+    # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
+    raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
+    warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

@@ -1,0 +1,80 @@
+"""Workloads registered by connected proxies (Istio WorkloadGroup-style auto-registration).
+
+A proxy's first stream registers its workload; the workload stays while any stream of that
+proxy is open and is removed `grace` seconds after the last one closes, so a proxy that
+reconnects (control-plane restart, network blip) never flaps out of its services' endpoints.
+
+The bookkeeping is sans-IO (`now` in, changes out); `expire()` is called by a timer in the
+server adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from control.model.proxy import Proxy
+from control.model.types import Workload
+
+
+@dataclass(slots=True)
+class _Entry:
+    workload: Workload
+    streams: int
+    closed_at: float | None = None
+
+
+class WorkloadRegistry:
+    def __init__(self, grace: float = 10.0) -> None:
+        self.grace = grace
+        self._by_key: dict[tuple[str, str], _Entry] = {}
+        self.version = 0  # bumped on every change of the workload set
+
+    @staticmethod
+    def _key(proxy: Proxy) -> tuple[str, str]:
+        return (proxy.ip, proxy.id)
+
+    def connect(self, proxy: Proxy) -> bool:
+        """A stream of `proxy` opened. Returns True when the workload set changed."""
+        if not proxy.auto_register:
+            return False
+        key = self._key(proxy)
+        wl = proxy.as_workload()
+        entry = self._by_key.get(key)
+        if entry is None:
+            self._by_key[key] = _Entry(wl, 1)
+            self.version += 1
+            return True
+        entry.streams += 1
+        entry.closed_at = None
+        if entry.workload != wl:
+            entry.workload = wl
+            self.version += 1
+            return True
+        return False
+
+    def disconnect(self, proxy: Proxy, now: float) -> None:
+        entry = self._by_key.get(self._key(proxy))
+        if entry is None:
+            return
+        entry.streams = max(0, entry.streams - 1)
+        if entry.streams == 0:
+            entry.closed_at = now
+
+    def next_expiry(self) -> float | None:
+        times = [e.closed_at + self.grace for e in self._by_key.values() if e.closed_at is not None]
+        return min(times) if times else None
+
+    def expire(self, now: float) -> list[Workload]:
+        """Drop workloads whose last stream closed at least `grace` ago; returns them."""
+        gone = [
+            k
+            for k, e in self._by_key.items()
+            if e.closed_at is not None and now - e.closed_at >= self.grace
+        ]
+        removed = [self._by_key.pop(k).workload for k in gone]
+        if removed:
+            self.version += 1
+        return removed
+
+    def workloads(self) -> tuple[Workload, ...]:
+        return tuple(e.workload for _, e in sorted(self._by_key.items()))

@@ -1,0 +1,151 @@
+"""Serialized-resource cache (DESIGN wire rule 8).
+
+Each resource is serialized once per version of its inputs and the bytes are shared by every
+proxy that receives it. A generator names the inputs of a resource with a hashable `key` (frozen
+model objects); when the key is unchanged the cached bytes are reused, and when it changes the
+resource is built and serialized once. The version of a resource is a digest of its bytes, so a
+rebuild that produces identical bytes does not count as a change (rule 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from protos import wire
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One serialized xDS resource, ready to be placed in a response without re-encoding."""
+
+    name: str
+    version: str
+    type_url: str
+    any_bytes: bytes  # a serialized google.protobuf.Any
+
+    def delta_bytes(self) -> bytes:
+        """The resource wrapped as envoy.service.discovery.v3.Resource (delta xDS)."""
+        return wire.delta_resource(self.name, self.version, self.any_bytes)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+class ResourceSet(Mapping[str, Resource]):
+    """The resources of one type for one proxy (or a group of proxies that share them).
+
+    Immutable after construction. `digest` identifies the whole set, so "did anything change"
+    is one string comparison per stream on a push.
+    """
+
+    __slots__ = ("_by_name", "_digest")
+
+    def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
+        if isinstance(resources, Mapping):
+            self._by_name: dict[str, Resource] = dict(resources)
+        else:
+            self._by_name = {r.name: r for r in resources}
+        self._digest: str | None = None
+
+    def __getitem__(self, name: str) -> Resource:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            h = hashlib.blake2b(digest_size=8)
+            for name in sorted(self._by_name):
+                h.update(name.encode())
+                h.update(b"\0")
+                h.update(self._by_name[name].version.encode())
+                h.update(b"\0")
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def versions(self) -> dict[str, str]:
+        return {n: r.version for n, r in self._by_name.items()}
+
+
+EMPTY = ResourceSet(())
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: Hashable
+    resource: Resource
+    generation: int
+
+
+class ResourceCache:
+    """Long-lived cache of serialized resources, keyed by (type URL, name, variant).
+
+    Not thread-safe: it is used from the event loop only. `sweep()` drops entries that no push
+    has asked for during the last `keep` generations, so removed services do not leak.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str, Hashable], _Entry] = {}
+        self.generation = 0
+        self.serializations = 0  # how many times a resource was actually serialized
+
+    def get(
+        self,
+        type_url: str,
+        name: str,
+        key: Hashable,
+        build: Callable[[], Message],
+        variant: Hashable = None,
+    ) -> Resource:
+        """The resource `name` built from inputs `key`, serialized only if `key` is new.
+
+        `variant` separates resources that share a name but legitimately differ between
+        proxies (an inbound cluster pointing at each pod's IP, routes that depend on the
+        client's namespace): each variant has its own slot, so proxies that alternate do not
+        evict each other's bytes.
+        """
+        slot = (type_url, name, variant)
+        entry = self._entries.get(slot)
+        if entry is not None and entry.key == key:
+            entry.generation = self.generation
+            return entry.resource
+        msg = build()
+        value = msg.SerializeToString(deterministic=True)
+        self.serializations += 1
+        version = digest(value)
+        if entry is not None and entry.resource.version == version:
+            # Same bytes from new inputs: keep the old object so identity checks stay cheap.
+            entry.key = key
+            entry.generation = self.generation
+            return entry.resource
+        res = Resource(name, version, type_url, wire.any_bytes(type_url, value))
+        self._entries[slot] = _Entry(key, res, self.generation)
+        return res
+
+    def next_generation(self) -> int:
+        self.generation += 1
+        return self.generation
+
+    def sweep(self, keep: int = 2) -> int:
+        """Forget entries unused for `keep` generations; returns how many were dropped."""
+        floor = self.generation - keep
+        stale = [slot for slot, e in self._entries.items() if e.generation < floor]
+        for slot in stale:
+            del self._entries[slot]
+        return len(stale)
+
+    def __len__(self) -> int:
+        return len(self._entries)

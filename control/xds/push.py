@@ -1,0 +1,145 @@
+"""Push debouncing (wire rule 9) and admission control for connection storms.
+
+`Debouncer` and `TokenBucket` are sans-IO: they take `now` and answer when to act.
+`PushLoop` is the asyncio adapter: it waits for the debouncer, then calls the push callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Debouncer:
+    """Coalesce change events: fire once `quiet` seconds pass with no new event, or once
+    `max_delay` seconds have passed since the first unflushed event, whichever comes first."""
+
+    quiet: float = 0.1
+    max_delay: float = 10.0
+    _first: float | None = None
+    _last: float | None = None
+    events: int = 0
+    reasons: set[str] | None = None
+
+    def event(self, now: float, reason: str = "") -> None:
+        if self._first is None:
+            self._first = now
+            self.reasons = set()
+        self._last = now
+        self.events += 1
+        if reason and self.reasons is not None:
+            self.reasons.add(reason)
+
+    @property
+    def pending(self) -> bool:
+        return self._first is not None
+
+    def deadline(self) -> float | None:
+        """When the pending events should be flushed, or None when nothing is pending."""
+        if self._first is None or self._last is None:
+            return None
+        return min(self._last + self.quiet, self._first + self.max_delay)
+
+    def flush(self, now: float) -> tuple[int, set[str], float] | None:
+        """If due at `now`: (event count, reasons, time since first event) and reset."""
+        deadline = self.deadline()
+        if deadline is None or now < deadline or self._first is None:
+            return None
+        result = (self.events, self.reasons or set(), now - self._first)
+        self._first = self._last = None
+        self.events = 0
+        self.reasons = None
+        return result
+
+
+@dataclass
+class TokenBucket:
+    """Admission for new streams: `rate` per second with bursts of `burst`."""
+
+    rate: float
+    burst: float
+    _tokens: float | None = None  # None until first use; negative = tokens already reserved
+    _at: float = 0.0
+
+    def take(self, now: float) -> float:
+        """Take one token; returns 0 when admitted now, else seconds to wait (token reserved)."""
+        if self._tokens is None:
+            self._tokens, self._at = self.burst, now
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        self._tokens -= 1.0
+        if self._tokens >= 0:
+            return 0.0
+        return -self._tokens / self.rate
+
+
+class PushLoop:
+    """Runs `on_push(reasons)` after debounced change notifications."""
+
+    def __init__(
+        self,
+        on_push: Callable[[set[str], float], Awaitable[None]],
+        *,
+        quiet: float = 0.1,
+        max_delay: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._debouncer = Debouncer(quiet=quiet, max_delay=max_delay)
+        self._on_push = on_push
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def notify(self, reason: str = "") -> None:
+        self._debouncer.event(self._clock(), reason)
+        self._wake.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="push-debounce")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def __aenter__(self) -> PushLoop:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self) -> None:
+        while True:
+            deadline = self._debouncer.deadline()
+            if deadline is None:
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            delay = deadline - self._clock()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    self._wake.clear()
+                except TimeoutError:
+                    pass
+                continue
+            flushed = self._debouncer.flush(self._clock())
+            if flushed is None:
+                continue
+            count, reasons, waited = flushed
+            logger.debug("push after %d events (%.3fs): %s", count, waited, sorted(reasons))
+            try:
+                await self._on_push(reasons, waited)
+            except Exception:
+                logger.exception("push failed")

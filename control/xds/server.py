@@ -1,0 +1,394 @@
+"""The ADS server: a thin grpc.aio adapter around the sans-IO stream state machines.
+
+Per stream there are two tasks. The reader decodes requests and feeds them to the state
+machine at once (the request direction never waits for writes). The sender (the handler
+coroutine itself) wakes when a request needs an answer or a push is pending, asks the
+generators for the resource sets of the subscribed types, lets the state machine decide what
+to send, and writes the pre-assembled bytes (each resource was serialized once, in the cache;
+here it is only framed, never re-encoded). Pushes are coalesced: a stream that is still
+writing when the next push arrives sends the newest state once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+from envoy.config.core.v3.base_pb2 import ControlPlane
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
+from envoy.service.status.v3 import csds_pb2
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from control.metrics import Metrics
+from control.model.proxy import NodeError, Proxy, proxy_from_node
+from control.xds.cache import Resource, ResourceSet, digest
+from control.xds.delta import DeltaStream
+from control.xds.push import TokenBucket
+from control.xds.sotw import SotwResponse, SotwStream
+from control.xds.state import RequestKind, RequestOutcome, TypeStatus
+from protos import typeurls, wire
+
+logger = logging.getLogger(__name__)
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+
+class ResourceSource(Protocol):
+    """What the server needs from the rest of the control plane (the generators)."""
+
+    def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
+        """Current resource sets of the given types for one proxy."""
+        ...
+
+    def push_started_at(self) -> float:
+        """Monotonic time at which the current resources' push started."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class XdsOptions:
+    control_plane_id: str = "pilotfish"
+    max_concurrent_pushes: int = 100
+    connection_rate: float = 200.0  # new streams admitted per second ...
+    connection_burst: float = 400.0  # ... after an initial burst of this many
+    send_timeout: float = 30.0  # a stream that cannot take a response this long is closed
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+class _StreamError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(eq=False)
+class Connection:
+    """One ADS stream and what the server tracks about it."""
+
+    id: str
+    proxy: Proxy
+    delta: bool
+    state: SotwStream | DeltaStream
+    peer: str
+    connected_at: float  # wall clock, for /debug/connections
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    respond_types: set[str] = field(default_factory=set)
+    push_pending: bool = False
+    closed: bool = False
+    error: _StreamError | None = None
+    # type_url -> (nonce, push start) for convergence time of pushed responses.
+    push_nonces: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def status(self) -> list[TypeStatus]:
+        return self.state.status()
+
+
+class XdsServer:
+    """Serves SotW and delta ADS. Register it on a grpc.aio server with `add_to(server)`."""
+
+    def __init__(
+        self,
+        source: ResourceSource,
+        metrics: Metrics,
+        options: XdsOptions = XdsOptions(),
+        *,
+        on_connect: Callable[[Proxy], None] | None = None,
+        on_disconnect: Callable[[Proxy], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._metrics = metrics
+        self._options = options
+        self._on_connect = on_connect
+        self._on_disconnect = on_disconnect
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._admission = TokenBucket(options.connection_rate, options.connection_burst)
+        self._push_slots = asyncio.Semaphore(options.max_concurrent_pushes)
+        self.connections: dict[str, Connection] = {}
+        self._control_plane = ControlPlane(
+            identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
+        ).SerializeToString()
+        self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
+
+    # --- wiring ----------------------------------------------------------------------------
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        handlers = {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self._sotw, request_deserializer=_identity, response_serializer=_identity
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self._delta, request_deserializer=_identity, response_serializer=_identity
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
+        )
+
+    def push_all(self) -> int:
+        """Mark every stream for a push of the current resources; returns how many."""
+        for conn in self.connections.values():
+            conn.push_pending = True
+            conn.wake.set()
+        return len(self.connections)
+
+    # --- handlers --------------------------------------------------------------------------
+
+    async def _sotw(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._serve(requests, context, delta=False)
+
+    async def _delta(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._serve(requests, context, delta=True)
+
+    async def _serve(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, delta: bool
+    ) -> None:
+        it = requests.__aiter__()
+        try:
+            first_raw = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        try:
+            first = _decode(first_raw, delta)
+            proxy = _proxy_of(first)
+        except _StreamError as e:
+            await context.abort(e.code, e.message)
+            return
+        wait = self._admission.take(self._clock())
+        if wait > 0:
+            self._metrics.rate_limited.inc()
+            await asyncio.sleep(wait)
+        conn_id = f"{proxy.id}-{next(self._ids)}"
+        state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
+        conn = Connection(conn_id, proxy, delta, state, context.peer(), time.time())
+        self.connections[conn_id] = conn
+        self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
+        if self._on_connect is not None:
+            self._on_connect(proxy)
+        logger.info(
+            "stream %s opened (%s) from %s", conn_id, "delta" if delta else "sotw", conn.peer
+        )
+        reader = asyncio.create_task(self._read(conn, first, it), name=f"xds-read-{conn_id}")
+        try:
+            await self._send_loop(conn, context)
+            if conn.error is not None:
+                self._metrics.stream_errors.labels("bad_request").inc()
+                await context.abort(conn.error.code, conn.error.message)
+        finally:
+            reader.cancel()
+            conn.closed = True
+            self.connections.pop(conn_id, None)
+            self._metrics.xds_clients.labels("delta" if delta else "sotw").dec()
+            if self._on_disconnect is not None:
+                self._on_disconnect(proxy)
+            logger.info("stream %s closed", conn_id)
+
+    async def _read(self, conn: Connection, first: Any, it: AsyncIterator[bytes]) -> None:
+        try:
+            self._handle_request(conn, first)
+            async for raw in it:
+                self._handle_request(conn, _decode(raw, conn.delta))
+        except _StreamError as e:
+            conn.error = e
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as e:
+            logger.debug("stream %s read ended: %s", conn.id, e.code())
+        except Exception:
+            logger.exception("stream %s: unexpected error reading requests", conn.id)
+            self._metrics.stream_errors.labels("unexpected").inc()
+        conn.closed = True
+        conn.wake.set()
+
+    def _handle_request(self, conn: Connection, req: Any) -> None:
+        if not req.type_url:
+            raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
+        outcome: RequestOutcome = conn.state.receive(req)
+        short = typeurls.SHORT_NAMES.get(req.type_url, req.type_url)
+        if outcome.kind is RequestKind.ACK:
+            self.acks += 1
+            pushed = conn.push_nonces.get(req.type_url)
+            if pushed is not None and pushed[0] == req.response_nonce:
+                self._metrics.convergence.observe(self._clock() - pushed[1])
+                del conn.push_nonces[req.type_url]
+        elif outcome.kind is RequestKind.NACK:
+            self._metrics.rejects.labels(short).inc()
+            logger.warning("%s NACKed %s: %s", conn.proxy.id, short, outcome.error_message)
+        elif outcome.kind is RequestKind.STALE:
+            self._metrics.stale_requests.labels(short).inc()
+        if outcome.must_respond:
+            conn.respond_types.add(req.type_url)
+            conn.wake.set()
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def _send_loop(self, conn: Connection, context: grpc.aio.ServicerContext) -> None:
+        while True:
+            await conn.wake.wait()
+            conn.wake.clear()
+            if conn.closed or conn.error is not None:
+                return
+            async with self._push_slots:
+                frames = self._collect(conn)
+                for type_url, data in frames:
+                    try:
+                        await asyncio.wait_for(context.write(data), self._options.send_timeout)
+                    except TimeoutError:
+                        self._metrics.push_errors.labels(_short(type_url)).inc()
+                        logger.warning("stream %s: send timed out; closing it", conn.id)
+                        conn.error = _StreamError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
+                        )
+                        return
+                    self._metrics.pushes.labels(_short(type_url)).inc()
+                    self._metrics.config_size.labels(_short(type_url)).observe(len(data))
+
+    def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
+        """Decide what to send now; returns encoded responses in order."""
+        forced = conn.respond_types
+        conn.respond_types = set()
+        push = conn.push_pending
+        conn.push_pending = False
+        state = conn.state
+        subscribed = [t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ]
+        wanted = set(subscribed) if push else {t for t in forced if t != typeurls.DEBUG_SYNCZ}
+        sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
+        if typeurls.DEBUG_SYNCZ in forced:
+            sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources()
+        started = self._source.push_started_at()
+        frames: list[tuple[str, bytes]] = []
+        answered: set[str] = set()
+        if push:
+            for resp in state.push(sets):
+                frames.append((resp.type_url, self._encode(resp)))
+                conn.push_nonces[resp.type_url] = (resp.nonce, started)
+                answered.add(resp.type_url)
+        for type_url in sorted(forced - answered):
+            answer = state.respond(type_url, sets.get(type_url, ResourceSet(())), force=True)
+            if answer is not None:
+                frames.append((type_url, self._encode(answer)))
+        return frames
+
+    def _encode(self, resp: Any) -> bytes:
+        if isinstance(resp, SotwResponse):
+            return wire.discovery_response(
+                resp.version_info,
+                [r.any_bytes for r in resp.resources],
+                resp.type_url,
+                resp.nonce,
+                self._control_plane,
+            )
+        return wire.delta_discovery_response(
+            resp.system_version_info,
+            [r.delta_bytes() for r in resp.resources],
+            resp.type_url,
+            list(resp.removed),
+            resp.nonce,
+            self._control_plane,
+        )
+
+    # --- debug -----------------------------------------------------------------------------
+
+    def syncz(self) -> list[dict[str, Any]]:
+        """One entry per connected stream (for /debug/syncz)."""
+        out = []
+        for conn in sorted(self.connections.values(), key=lambda c: c.id):
+            out.append(
+                {
+                    "proxy": conn.proxy.id,
+                    "stream": conn.id,
+                    "istiod": self._options.control_plane_id,
+                    "protocol": "delta" if conn.delta else "sotw",
+                    "types": {
+                        s.type_url: {
+                            "status": s.status.value,
+                            "sent_version": s.sent_version,
+                            "sent_nonce": s.sent_nonce,
+                            "acked_nonce": s.acked_nonce,
+                            "last_nack": s.last_nack,
+                            "resources": s.resource_count,
+                        }
+                        for s in conn.status()
+                        if s.type_url != typeurls.DEBUG_SYNCZ
+                    },
+                }
+            )
+        return out
+
+    def syncz_resources(self) -> ResourceSet:
+        """syncz as xDS resources (envoy.service.status.v3.ClientConfig, as Istio serves it)."""
+        type_url = "type.googleapis.com/envoy.service.status.v3.ClientConfig"
+        out: list[Resource] = []
+        for entry in self.syncz():
+            cc = csds_pb2.ClientConfig()
+            cc.node.id = entry["proxy"]
+            cc.node.metadata.update(
+                {"CONTROL_PLANE_ID": entry["istiod"], "STREAM": entry["stream"]}
+            )
+            for t, row in entry["types"].items():
+                g = cc.generic_xds_configs.add()
+                g.type_url = t
+                g.version_info = row["sent_version"]
+                g.config_status = csds_pb2.ConfigStatus.Value(row["status"])
+                if row["last_nack"]:
+                    g.error_state.details = row["last_nack"]
+            value = cc.SerializeToString(deterministic=True)
+            out.append(
+                Resource(entry["stream"], digest(value), type_url, wire.any_bytes(type_url, value))
+            )
+        return ResourceSet(out)
+
+    def connections_view(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": c.id,
+                "proxy": c.proxy.id,
+                "ip": c.proxy.ip,
+                "namespace": c.proxy.namespace,
+                "peer": c.peer,
+                "protocol": "delta" if c.delta else "sotw",
+                "connected_at": c.connected_at,
+                "subscribed": sorted(c.state.subscribed_types),
+            }
+            for c in sorted(self.connections.values(), key=lambda c: c.id)
+        ]
+
+
+def _short(type_url: str) -> str:
+    return typeurls.SHORT_NAMES.get(type_url, type_url)
+
+
+def _decode(raw: bytes, delta: bool) -> DiscoveryRequest | DeltaDiscoveryRequest:
+    try:
+        return DeltaDiscoveryRequest.FromString(raw) if delta else DiscoveryRequest.FromString(raw)
+    except DecodeError as e:
+        raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}") from e
+
+
+def _proxy_of(first: DiscoveryRequest | DeltaDiscoveryRequest) -> Proxy:
+    """Rule 1: the node comes from the first request; a stream without one is refused."""
+    if not first.HasField("node") or not first.node.id:
+        raise _StreamError(
+            grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id"
+        )
+    metadata: Mapping[str, Any] = json_format.MessageToDict(first.node.metadata)
+    try:
+        return proxy_from_node(first.node.id, metadata)
+    except NodeError as e:
+        raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e

@@ -1,0 +1,79 @@
+"""Pieces shared by the SotW and delta stream state machines: per-type sync status and the
+push order (wire rule 6)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from protos import typeurls
+
+
+class SyncStatus(enum.StrEnum):
+    SYNCED = "SYNCED"
+    STALE = "STALE"
+    NOT_SENT = "NOT_SENT"
+    ERROR = "ERROR"
+
+
+class RequestKind(enum.StrEnum):
+    """How a request was classified; for logs, metrics and tests."""
+
+    INITIAL = "initial"  # first request for a type on this stream
+    ACK = "ack"
+    NACK = "nack"
+    STALE = "stale"  # SotW: nonce is not the last one sent for the type; ignored
+    UPDATE = "update"  # subscription change without a response nonce
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    type_url: str
+    kind: RequestKind
+    # True when the server must answer now even if nothing changed (new names, first request).
+    must_respond: bool
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeStatus:
+    """One row of syncz for one type on one stream."""
+
+    type_url: str
+    status: SyncStatus
+    sent_version: str
+    sent_nonce: str
+    acked_nonce: str
+    last_nack: str
+    resource_count: int
+
+
+# Make-before-break: clusters and endpoints first, then listeners and routes that use them;
+# types outside this list (NDS, ProxyConfig, ...) come after in name order.
+PUSH_ORDER: tuple[str, ...] = (
+    typeurls.CLUSTER,
+    typeurls.ENDPOINT,
+    typeurls.LISTENER,
+    typeurls.ROUTE,
+    typeurls.SECRET,
+)
+
+
+def ordered(type_urls: Iterable[str]) -> list[str]:
+    rank = {t: i for i, t in enumerate(PUSH_ORDER)}
+    return sorted(type_urls, key=lambda t: (rank.get(t, len(PUSH_ORDER)), t))
+
+
+class NonceSource:
+    """Nonces unique within a stream (a counter; the stream id keeps them unique in logs)."""
+
+    __slots__ = ("_n", "_prefix")
+
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix
+        self._n = 0
+
+    def next(self) -> str:
+        self._n += 1
+        return f"{self._prefix}{self._n}"

@@ -1,0 +1,1 @@
+"""Pilotfish wire definitions: our .proto sources, their generated code, and xDS helpers."""

@@ -1,0 +1,165 @@
+"""Hand-rolled protobuf encoding for xDS responses built from pre-serialized resources.
+
+The control plane serializes each resource (as a ``google.protobuf.Any``) once and shares
+those bytes between every stream. These helpers frame them into ``DiscoveryResponse`` /
+``DeltaDiscoveryResponse`` bytes without building or re-serializing protobuf messages.
+
+Proto3 rules apply: empty scalar strings/bytes are omitted; elements of repeated fields are
+always written; ``control_plane=None`` means "absent" (``b""`` is an empty, present message).
+Fields are written in field-number order, as protobuf does. Field numbers are those of
+``envoy.service.discovery.v3`` (checked against the descriptors in tests/unit/test_protos.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+_U64: Final = (1 << 64) - 1
+_ONE_BYTE: Final = tuple(bytes((i,)) for i in range(0x80))
+_MAX_FIELD: Final = (1 << 29) - 1
+_LEN: Final = 2  # wire type "length-delimited"
+
+# google.protobuf.Any
+ANY_TYPE_URL: Final = 1
+ANY_VALUE: Final = 2
+# envoy.service.discovery.v3.DiscoveryResponse
+DR_VERSION_INFO: Final = 1
+DR_RESOURCES: Final = 2
+DR_TYPE_URL: Final = 4
+DR_NONCE: Final = 5
+DR_CONTROL_PLANE: Final = 6
+# envoy.service.discovery.v3.DeltaDiscoveryResponse
+DDR_SYSTEM_VERSION_INFO: Final = 1
+DDR_RESOURCES: Final = 2
+DDR_TYPE_URL: Final = 4
+DDR_NONCE: Final = 5
+DDR_REMOVED_RESOURCES: Final = 6
+DDR_CONTROL_PLANE: Final = 7
+# envoy.service.discovery.v3.Resource
+RES_VERSION: Final = 1
+RES_RESOURCE: Final = 2
+RES_NAME: Final = 3
+
+
+def varint(n: int) -> bytes:
+    """Base-128 varint; negative numbers are encoded as 64-bit two's complement (int64)."""
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0:
+        n &= _U64
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(field_number: int) -> bytes:
+    if not 1 <= field_number <= _MAX_FIELD:
+        raise ValueError(f"invalid protobuf field number {field_number}")
+    return varint((field_number << 3) | _LEN)
+
+
+_T_ANY_TYPE_URL: Final = _tag(ANY_TYPE_URL)
+_T_ANY_VALUE: Final = _tag(ANY_VALUE)
+_T_DR_VERSION_INFO: Final = _tag(DR_VERSION_INFO)
+_T_DR_RESOURCES: Final = _tag(DR_RESOURCES)
+_T_DR_TYPE_URL: Final = _tag(DR_TYPE_URL)
+_T_DR_NONCE: Final = _tag(DR_NONCE)
+_T_DR_CONTROL_PLANE: Final = _tag(DR_CONTROL_PLANE)
+_T_DDR_SYSTEM_VERSION_INFO: Final = _tag(DDR_SYSTEM_VERSION_INFO)
+_T_DDR_RESOURCES: Final = _tag(DDR_RESOURCES)
+_T_DDR_TYPE_URL: Final = _tag(DDR_TYPE_URL)
+_T_DDR_NONCE: Final = _tag(DDR_NONCE)
+_T_DDR_REMOVED_RESOURCES: Final = _tag(DDR_REMOVED_RESOURCES)
+_T_DDR_CONTROL_PLANE: Final = _tag(DDR_CONTROL_PLANE)
+_T_RES_VERSION: Final = _tag(RES_VERSION)
+_T_RES_RESOURCE: Final = _tag(RES_RESOURCE)
+_T_RES_NAME: Final = _tag(RES_NAME)
+
+
+def field_bytes(field_number: int, payload: bytes) -> bytes:
+    """One length-delimited field (always written, even when payload is empty)."""
+    return b"".join((_tag(field_number), varint(len(payload)), payload))
+
+
+def field_string(field_number: int, s: str) -> bytes:
+    """One UTF-8 string field (always written, even when s is empty)."""
+    return field_bytes(field_number, s.encode())
+
+
+def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
+    parts += (tag, varint(len(payload)), payload)
+
+
+def _put_str(parts: list[bytes], tag: bytes, s: str) -> None:
+    """Append a singular string field, omitted when empty (proto3 default)."""
+    if s:
+        b = s.encode()
+        parts += (tag, varint(len(b)), b)
+
+
+def _put_repeated(parts: list[bytes], tag: bytes, payloads: Iterable[bytes]) -> None:
+    for p in payloads:
+        parts += (tag, varint(len(p)), p)
+
+
+def any_bytes(type_url: str, value: bytes) -> bytes:
+    """A serialized ``google.protobuf.Any``."""
+    parts: list[bytes] = []
+    _put_str(parts, _T_ANY_TYPE_URL, type_url)
+    if value:
+        _put(parts, _T_ANY_VALUE, value)
+    return b"".join(parts)
+
+
+def discovery_response(
+    version_info: str,
+    resources: Iterable[bytes],
+    type_url: str,
+    nonce: str,
+    control_plane: bytes | None = None,
+) -> bytes:
+    """A serialized ``DiscoveryResponse``; each resource is a serialized ``Any``."""
+    parts: list[bytes] = []
+    _put_str(parts, _T_DR_VERSION_INFO, version_info)
+    _put_repeated(parts, _T_DR_RESOURCES, resources)
+    _put_str(parts, _T_DR_TYPE_URL, type_url)
+    _put_str(parts, _T_DR_NONCE, nonce)
+    if control_plane is not None:
+        _put(parts, _T_DR_CONTROL_PLANE, control_plane)
+    return b"".join(parts)
+
+
+def delta_resource(name: str, version: str, any_payload: bytes) -> bytes:
+    """A serialized delta ``Resource``; an empty any_payload leaves ``resource`` unset."""
+    parts: list[bytes] = []
+    _put_str(parts, _T_RES_VERSION, version)
+    if any_payload:
+        _put(parts, _T_RES_RESOURCE, any_payload)
+    _put_str(parts, _T_RES_NAME, name)
+    return b"".join(parts)
+
+
+def delta_discovery_response(
+    system_version_info: str,
+    resources: Iterable[bytes],
+    type_url: str,
+    removed_resources: Iterable[str],
+    nonce: str,
+    control_plane: bytes | None = None,
+) -> bytes:
+    """A serialized ``DeltaDiscoveryResponse``; each resource is a serialized ``Resource``."""
+    if isinstance(removed_resources, str):
+        raise TypeError("removed_resources must be a collection of names, not a str")
+    parts: list[bytes] = []
+    _put_str(parts, _T_DDR_SYSTEM_VERSION_INFO, system_version_info)
+    _put_repeated(parts, _T_DDR_RESOURCES, resources)
+    _put_str(parts, _T_DDR_TYPE_URL, type_url)
+    _put_str(parts, _T_DDR_NONCE, nonce)
+    _put_repeated(parts, _T_DDR_REMOVED_RESOURCES, (n.encode() for n in removed_resources))
+    if control_plane is not None:
+        _put(parts, _T_DDR_CONTROL_PLANE, control_plane)
+    return b"".join(parts)

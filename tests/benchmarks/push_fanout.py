@@ -1,0 +1,239 @@
+"""Benchmark: push fan-out to N SotW ADS streams, against a bare grpc.aio floor.
+
+Ours: the real control plane (in this process) with S services x E endpoints; N simulated
+Envoys (a separate process, ads_clients.py) subscribe to CDS and EDS. One endpoint changes;
+we time from push start (debounce excluded: the push is triggered directly) until every
+stream has ACKed the new EDS response, and count how many resources were serialized.
+
+Floor, same run: a bare grpc.aio server that pushes the same pre-serialized EDS response
+bytes to N streams of the same client process and waits for the ACKs.
+
+Prints one line per figure; ratios are what to read (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from control.app import ControlPlane, ControlPlaneOptions
+from control.xds.server import XdsOptions
+from protos import typeurls, wire
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def mesh_yaml(services: int, endpoints: int, changed: bool) -> str:
+    docs = []
+    for s in range(services):
+        docs.append(
+            f"apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: default}}\n"
+            f"spec:\n  selector: {{app: svc-{s}}}\n"
+            f"  ports: [{{name: http, port: 9080, targetPort: 8080}}]\n"
+        )
+        for e in range(endpoints):
+            last = 10 + e + (100 if changed and s == 0 and e == 0 else 0)
+            docs.append(
+                "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\n"
+                f"metadata: {{name: svc-{s}-{e}, namespace: default}}\n"
+                f'spec: {{address: "10.{s // 250}.{s % 250}.{last}", labels: {{app: svc-{s}}}}}\n'
+            )
+    return "---\n".join(docs)
+
+
+class Clients:
+    """The simulated Envoys, in their own process."""
+
+    def __init__(self, target: str, streams: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("ads_clients.py")), target, str(streams)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    async def ready(self, timeout: float = 300) -> None:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+        if line.strip() != "ready":
+            raise RuntimeError(f"clients failed: {line!r}")
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def wait_acks(counter: object, attr: str, target: int, timeout: float = 120) -> float:
+    deadline = time.monotonic() + timeout
+    while getattr(counter, attr) < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{attr}={getattr(counter, attr)} < {target}")
+        await asyncio.sleep(0.001)
+    return time.monotonic()
+
+
+async def run_ours(
+    streams: int, services: int, endpoints: int, rounds: int
+) -> tuple[list[float], list[int], float, bytes]:
+    tmp = Path(tempfile.mkdtemp(prefix="pf-bench-"))
+    mesh = tmp / "mesh.yaml"
+    mesh.write_text(mesh_yaml(services, endpoints, changed=False))
+    opts = ControlPlaneOptions(
+        config_paths=(str(mesh),),
+        xds_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        debounce_quiet=3600,  # pushes are triggered by hand: debounce excluded
+        debounce_max=3600,
+        config_poll_interval=0.05,
+        xds=XdsOptions(connection_rate=10_000, connection_burst=10_000),
+    )
+    cp = ControlPlane(opts)
+    await cp.start()
+    rss0 = rss_bytes()
+    clients = Clients(f"127.0.0.1:{cp.xds_port}", streams)
+    await clients.ready()
+    await asyncio.sleep(0.5)
+    rss_per_stream = (rss_bytes() - rss0) / streams
+    times: list[float] = []
+    serialized: list[int] = []
+    eds_bytes = b""
+    for r in range(rounds):
+        mesh.write_text(mesh_yaml(services, endpoints, changed=(r % 2 == 0)))
+        version = cp.watcher.reloads
+        while cp.watcher.reloads == version:
+            await asyncio.sleep(0.01)
+        before_ser = cp.cache.serializations
+        before_acks = cp.xds.acks
+        t0 = time.monotonic()
+        cp.push_now()
+        t1 = await wait_acks(cp.xds, "acks", before_acks + streams)
+        times.append(t1 - t0)
+        serialized.append(cp.cache.serializations - before_ser)
+    # The EDS response one stream received, to push the very same bytes from the floor.
+    conn = next(iter(cp.xds.connections.values()))
+    sets = cp.resources(conn.proxy, [typeurls.ENDPOINT])
+    eds = sets[typeurls.ENDPOINT]
+    eds_bytes = wire.discovery_response(
+        "v", [eds[n].any_bytes for n in sorted(eds)], typeurls.ENDPOINT, "n"
+    )
+    clients.close()
+    await cp.close(0)
+    return times, serialized, rss_per_stream, eds_bytes
+
+
+class FloorServer:
+    """A bare grpc.aio ADS server: pre-serialized bytes, no state beyond a queue per stream."""
+
+    def __init__(self, cds: bytes, eds: bytes) -> None:
+        self.cds, self.eds = cds, eds
+        self.queues: list[asyncio.Queue[bytes]] = []
+        self.acks = 0
+        self.ready = 0
+
+    async def handler(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        q: asyncio.Queue[bytes] = asyncio.Queue()
+        self.queues.append(q)
+
+        async def read() -> None:
+            async for raw in requests:
+                req = DiscoveryRequest.FromString(raw)
+                if req.response_nonce:
+                    self.acks += 1
+                elif req.type_url == typeurls.CLUSTER:
+                    q.put_nowait(self.cds)
+                else:
+                    q.put_nowait(self.eds)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                await context.write(await q.get())
+        finally:
+            reader.cancel()
+
+
+async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> list[float]:
+    floor = FloorServer(cds, eds)
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+    ident = lambda b: b  # noqa: E731
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "envoy.service.discovery.v3.AggregatedDiscoveryService",
+                {
+                    "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                        floor.handler, request_deserializer=ident, response_serializer=ident
+                    )
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    clients = Clients(f"127.0.0.1:{port}", streams)
+    await clients.ready()
+    await asyncio.sleep(0.5)
+    times = []
+    for _ in range(rounds):
+        before = floor.acks
+        t0 = time.monotonic()
+        for q in floor.queues:
+            q.put_nowait(eds)
+        t1 = await wait_acks(floor, "acks", before + streams)
+        times.append(t1 - t0)
+    clients.close()
+    await server.stop(0)
+    return times
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--services", type=int, default=100)
+    ap.add_argument("--endpoints", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    times, serialized, rss_per_stream, eds_bytes = await run_ours(
+        args.streams, args.services, args.endpoints, args.rounds
+    )
+    cds_bytes = wire.discovery_response("v", [], typeurls.CLUSTER, "c")
+    floor = await run_floor(args.streams, cds_bytes, eds_bytes, args.rounds)
+    ours_p50, floor_p50 = statistics.median(times), statistics.median(floor)
+    print(f"streams: {args.streams}, services: {args.services} x {args.endpoints} endpoints")
+    ours_all = [round(t * 1000) for t in times]
+    floor_all = [round(t * 1000) for t in floor]
+    print(f"push_fanout ours  p50: {ours_p50 * 1000:.1f} ms  (all: {ours_all})")
+    print(f"push_fanout floor p50: {floor_p50 * 1000:.1f} ms  (all: {floor_all})")
+    print(f"push_fanout ratio ours/floor: {ours_p50 / floor_p50:.2f}  (target <= 2.0)")
+    print(f"serializations per push (one endpoint changed): {serialized}  (target: 1 each)")
+    print(f"server RSS per stream: {rss_per_stream / 1024:.1f} KB  (target <= 30 KB)")
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(main())

@@ -1,0 +1,38 @@
+"""Small real HTTP backends for tests and the demo: each answers with its own name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class EchoApp:
+    """An HTTP server that replies `{"app": name, "host": ..., "path": ...}`."""
+
+    name: str
+    host: str
+    port: int
+    requests: int = 0
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        self.headers_seen.append(dict(request.headers))
+        body = {"app": self.name, "host": request.host, "path": request.path}
+        return web.Response(text=json.dumps(body), content_type="application/json")

@@ -1,0 +1,52 @@
+"""Start an in-process control plane on ephemeral ports for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from control.app import ControlPlane, ControlPlaneOptions
+from control.xds.server import XdsOptions
+
+
+@asynccontextmanager
+async def running_control_plane(
+    config_dir: Path, *, grace: float = 10.0, **xds: Any
+) -> AsyncIterator[ControlPlane]:
+    opts = ControlPlaneOptions(
+        config_paths=(str(config_dir),),
+        xds_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        id="test-cp",
+        debounce_quiet=0.05,
+        debounce_max=1.0,
+        workload_grace=grace,
+        config_poll_interval=0.05,
+        xds=XdsOptions(control_plane_id="test-cp", **xds),
+    )
+    cp = ControlPlane(opts)
+    await cp.start()
+    try:
+        yield cp
+    finally:
+        await cp.close(0.2)
+
+
+async def eventually(
+    check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll `check` (sync or async) until it returns a truthy value; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
