@@ -39,6 +39,8 @@ class ControlPlaneOptions:
     debounce_max: float = 10.0
     workload_grace: float = 10.0
     config_poll_interval: float = 0.25
+    # Files must be quiet this long before they are re-read (a writer may still be writing).
+    config_settle: float = 0.05
     xds: XdsOptions = field(default_factory=XdsOptions)
 
 
@@ -53,7 +55,7 @@ class ControlPlane:
         self.watcher = ConfigWatcher(
             list(options.config_paths),
             self._on_config,
-            debounce=options.debounce_quiet,
+            debounce=options.config_settle,
             poll_interval=options.config_poll_interval,
             domain=options.trust_domain,
         )

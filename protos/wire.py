@@ -123,9 +123,33 @@ def discovery_response(
     control_plane: bytes | None = None,
 ) -> bytes:
     """A serialized ``DiscoveryResponse``; each resource is a serialized ``Any``."""
+    return discovery_response_block(
+        version_info, resources_block(resources), type_url, nonce, control_plane
+    )
+
+
+def resources_block(resources: Iterable[bytes]) -> bytes:
+    """The encoded ``DiscoveryResponse.resources`` field for serialized ``Any`` payloads.
+
+    Many streams receive the same resources with different nonces: encode this block once
+    and reuse it with ``discovery_response_block``.
+    """
+    parts: list[bytes] = []
+    _put_repeated(parts, _T_DR_RESOURCES, resources)
+    return b"".join(parts)
+
+
+def discovery_response_block(
+    version_info: str,
+    block: bytes,
+    type_url: str,
+    nonce: str,
+    control_plane: bytes | None = None,
+) -> bytes:
+    """A serialized ``DiscoveryResponse`` around a block from ``resources_block``."""
     parts: list[bytes] = []
     _put_str(parts, _T_DR_VERSION_INFO, version_info)
-    _put_repeated(parts, _T_DR_RESOURCES, resources)
+    parts.append(block)
     _put_str(parts, _T_DR_TYPE_URL, type_url)
     _put_str(parts, _T_DR_NONCE, nonce)
     if control_plane is not None:

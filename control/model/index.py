@@ -6,11 +6,12 @@ work of answering "which endpoints back this port" is done once per push, not on
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from control.model.proxy import Proxy
 from control.model.types import (
     Endpoint,
+    Labels,
     MeshConfig,
     Service,
     ServicePort,
@@ -42,6 +43,16 @@ class MeshIndex:
         self.workloads: tuple[Workload, ...] = tuple(config.workload_entries) + tuple(registered)
         self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
         self._visible: dict[tuple[str, str, str], tuple[Service, ...]] = {}
+        self._selected: dict[str, list[Workload]] = {}
+        self._sidecars: dict[tuple[str, Labels], SidecarScope | None] = {}
+        # Inverted index (namespace, label key, label value) -> workloads, so selecting the
+        # workloads of a service costs the size of its smallest label bucket, not the mesh.
+        self._by_label: dict[tuple[str, str, str], list[Workload]] = {}
+        self._by_namespace: dict[str, list[Workload]] = {}
+        for wl in self.workloads:
+            self._by_namespace.setdefault(wl.namespace, []).append(wl)
+            for k, v in wl.labels:
+                self._by_label.setdefault((wl.namespace, k, v), []).append(wl)
 
     # --- endpoints -------------------------------------------------------------------------
 
@@ -88,19 +99,31 @@ class MeshIndex:
         return result
 
     def workloads_selected_by(self, service: Service) -> list[Workload]:
+        """Workloads in the service's namespace that its selector (Kubernetes Service) or
+        workloadSelector (ServiceEntry) matches, in registration order."""
+        cached = self._selected.get(service.hostname)
+        if cached is not None:
+            return cached
         out: list[Workload] = []
-        for wl in self.workloads:
-            if service.registry == "Kubernetes":
-                if wl.namespace != service.namespace or service.selector is None:
-                    continue
-                if selector_matches(service.selector, wl.labels):
-                    out.append(wl)
-            elif service.workload_selector is not None:
-                if wl.namespace == service.namespace and workload_selector_matches(
-                    service.workload_selector, wl.labels
-                ):
-                    out.append(wl)
+        if service.registry == "Kubernetes":
+            if service.selector:
+                out = self._select(service.namespace, service.selector, selector_matches)
+        elif service.workload_selector is not None:
+            out = self._select(
+                service.namespace, service.workload_selector, workload_selector_matches
+            )
+        self._selected[service.hostname] = out
         return out
+
+    def _select(
+        self, namespace: str, selector: Labels, matches: Callable[[Labels, Labels], bool]
+    ) -> list[Workload]:
+        if selector:
+            buckets = [self._by_label.get((namespace, k, v), []) for k, v in selector]
+            candidates = min(buckets, key=len)
+        else:
+            candidates = self._by_namespace.get(namespace, [])
+        return [wl for wl in candidates if matches(selector, wl.labels)]
 
     def services_of_workload(self, workload: Workload) -> list[Service]:
         """Services the workload backs (used for inbound config)."""
@@ -112,19 +135,24 @@ class MeshIndex:
         """The Sidecar that applies to a proxy: one with a matching workloadSelector first,
         then the namespace-wide one (no selector), as Istio picks them. Ties go to the oldest
         name in sort order so the result is deterministic."""
+        key = (proxy.namespace, proxy.labels)
+        if key in self._sidecars:
+            return self._sidecars[key]
         candidates = sorted(
             (s for s in self.config.sidecars if s.namespace == proxy.namespace),
             key=lambda s: s.name,
         )
-        for sc in candidates:
-            if sc.workload_selector and workload_selector_matches(
-                sc.workload_selector, proxy.labels
-            ):
-                return sc
-        for sc in candidates:
-            if sc.workload_selector is None:
-                return sc
-        return None
+        found = next(
+            (
+                sc
+                for sc in candidates
+                if sc.workload_selector
+                and workload_selector_matches(sc.workload_selector, proxy.labels)
+            ),
+            None,
+        ) or next((sc for sc in candidates if sc.workload_selector is None), None)
+        self._sidecars[key] = found
+        return found
 
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         """Services a proxy may reach: all of them, or what its Sidecar's egress hosts allow."""

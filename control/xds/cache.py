@@ -36,6 +36,41 @@ def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+def view_version(by_name: Mapping[str, Resource]) -> str:
+    """A version for a group of resources: a digest over their names and versions, so two
+    proxies that receive the same resources see the same version_info."""
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(by_name):
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(by_name[name].version.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class View:
+    """An immutable selection of resources (what one SotW response holds), with its version
+    and its encoded `resources` field computed once and shared by every stream that gets the
+    same selection."""
+
+    __slots__ = ("_block", "by_name", "resources", "version")
+
+    def __init__(self, by_name: Mapping[str, Resource], version: str | None = None) -> None:
+        self.by_name: Mapping[str, Resource] = by_name
+        self.resources: tuple[Resource, ...] = tuple(by_name[n] for n in sorted(by_name))
+        self.version: str = version if version is not None else view_version(by_name)
+        self._block: bytes | None = None
+
+    @property
+    def block(self) -> bytes:
+        if self._block is None:
+            self._block = wire.resources_block(r.any_bytes for r in self.resources)
+        return self._block
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+
 class ResourceSet(Mapping[str, Resource]):
     """The resources of one type for one proxy (or a group of proxies that share them).
 
@@ -43,7 +78,7 @@ class ResourceSet(Mapping[str, Resource]):
     is one string comparison per stream on a push.
     """
 
-    __slots__ = ("_by_name", "_digest")
+    __slots__ = ("_by_name", "_digest", "_views")
 
     def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
         if isinstance(resources, Mapping):
@@ -51,6 +86,21 @@ class ResourceSet(Mapping[str, Resource]):
         else:
             self._by_name = {r.name: r for r in resources}
         self._digest: str | None = None
+        self._views: dict[frozenset[str] | None, View] = {}
+
+    def view(self, names: frozenset[str] | None) -> View:
+        """The resources among `names` (None: all of them), memoized per set of names, so
+        proxies with the same subscription share the selection, its version and its bytes."""
+        v = self._views.get(names)
+        if v is None:
+            if names is None:
+                v = View(self._by_name, self.digest)
+            else:
+                by_name = self._by_name
+                v = View({n: by_name[n] for n in names if n in by_name})
+            if len(self._views) < 64:  # bounded: odd subscriptions are not worth keeping
+                self._views[names] = v
+        return v
 
     def __getitem__(self, name: str) -> Resource:
         return self._by_name[name]

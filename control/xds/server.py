@@ -72,7 +72,7 @@ class _StreamError(Exception):
         self.message = message
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Connection:
     """One ADS stream and what the server tracks about it."""
 
@@ -121,6 +121,7 @@ class XdsServer:
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
+        self._by_type: dict[str, tuple[Any, Any]] = {}
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -204,6 +205,7 @@ class XdsServer:
             self._handle_request(conn, first)
             async for raw in it:
                 self._handle_request(conn, _decode(raw, conn.delta))
+                del raw  # do not hold the last request's bytes while waiting for the next
         except _StreamError as e:
             conn.error = e
         except asyncio.CancelledError:
@@ -245,19 +247,45 @@ class XdsServer:
             if conn.closed or conn.error is not None:
                 return
             async with self._push_slots:
-                frames = self._collect(conn)
-                for type_url, data in frames:
-                    try:
-                        await asyncio.wait_for(context.write(data), self._options.send_timeout)
-                    except TimeoutError:
-                        self._metrics.push_errors.labels(_short(type_url)).inc()
-                        logger.warning("stream %s: send timed out; closing it", conn.id)
-                        conn.error = _StreamError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
-                        )
-                        return
-                    self._metrics.pushes.labels(_short(type_url)).inc()
-                    self._metrics.config_size.labels(_short(type_url)).observe(len(data))
+                if not await self._send(conn, context, self._collect(conn)):
+                    return
+
+    async def _send(
+        self,
+        conn: Connection,
+        context: grpc.aio.ServicerContext,
+        frames: list[tuple[str, bytes]],
+    ) -> bool:
+        """Write frames in order; False when the stream must close. A separate coroutine so
+        that the encoded bytes are released as soon as they are written, not kept by an idle
+        stream until its next push."""
+        for type_url, data in frames:
+            try:
+                async with asyncio.timeout(self._options.send_timeout):
+                    await context.write(data)
+            except TimeoutError:
+                self._metrics.push_errors.labels(_short(type_url)).inc()
+                logger.warning("stream %s: send timed out; closing it", conn.id)
+                conn.error = _StreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
+                )
+                return False
+            pushes, sizes = self._type_metrics(type_url)
+            pushes.inc()
+            sizes.observe(len(data))
+        return True
+
+    def _type_metrics(self, type_url: str) -> tuple[Any, Any]:
+        """The per-type metric children, looked up once (labels() is slow on a hot path)."""
+        found = self._by_type.get(type_url)
+        if found is None:
+            short = _short(type_url)
+            found = (
+                self._metrics.pushes.labels(short),
+                self._metrics.config_size.labels(short),
+            )
+            self._by_type[type_url] = found
+        return found
 
     def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
         """Decide what to send now; returns encoded responses in order."""
@@ -287,12 +315,8 @@ class XdsServer:
 
     def _encode(self, resp: Any) -> bytes:
         if isinstance(resp, SotwResponse):
-            return wire.discovery_response(
-                resp.version_info,
-                [r.any_bytes for r in resp.resources],
-                resp.type_url,
-                resp.nonce,
-                self._control_plane,
+            return wire.discovery_response_block(
+                resp.view.version, resp.view.block, resp.type_url, resp.nonce, self._control_plane
             )
         return wire.delta_discovery_response(
             resp.system_version_info,

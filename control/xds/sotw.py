@@ -16,13 +16,13 @@ routes that stopped using them (6).
 
 from __future__ import annotations
 
-import hashlib
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
-from control.xds.cache import Resource, ResourceSet
+from control.xds.cache import Resource, ResourceSet, View
 from control.xds.state import (
     NonceSource,
     RequestKind,
@@ -39,19 +39,27 @@ WILDCARD = "*"
 @dataclass(frozen=True, slots=True)
 class SotwResponse:
     type_url: str
-    version_info: str
     nonce: str
-    resources: tuple[Resource, ...]
+    view: View
+
+    @property
+    def version_info(self) -> str:
+        return self.view.version
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return self.view.resources
 
 
 @dataclass(slots=True)
 class _TypeState:
     type_url: str
-    names: set[str] = field(default_factory=set)
+    # A frozenset: its hash is computed once and keys the shared views of a ResourceSet.
+    names: frozenset[str] = frozenset()
+    raw_names: tuple[str, ...] = ()  # as last requested, to spot an unchanged list cheaply
     legacy_wildcard: bool = False
-    # What the last response held (name -> Resource) and its version string.
-    sent: dict[str, Resource] | None = None
-    sent_version: str = ""
+    # What the last response held.
+    sent: View | None = None
     sent_nonce: str = ""
     acked_nonce: str = ""
     acked_version: str = ""
@@ -62,11 +70,15 @@ class _TypeState:
     def wildcard(self) -> bool:
         return WILDCARD in self.names or (self.legacy_wildcard and not self.names)
 
-    def view(self, resources: Mapping[str, Resource]) -> dict[str, Resource]:
+    @property
+    def sent_version(self) -> str:
+        return self.sent.version if self.sent is not None else ""
+
+    def view(self, resources: Mapping[str, Resource]) -> View:
         """The part of `resources` this subscription covers."""
-        if self.wildcard:
-            return dict(resources)
-        return {n: resources[n] for n in self.names if n in resources}
+        if not isinstance(resources, ResourceSet):
+            resources = ResourceSet(resources)
+        return resources.view(None if self.wildcard else self.names)
 
     def status(self) -> SyncStatus:
         if self.sent is None:
@@ -78,16 +90,12 @@ class _TypeState:
         return SyncStatus.STALE
 
 
-def view_version(view: Mapping[str, Resource]) -> str:
-    """A version string for a whole response: a digest over the names and versions it holds,
-    so two proxies that receive the same resources see the same version_info."""
-    h = hashlib.blake2b(digest_size=8)
-    for name in sorted(view):
-        h.update(name.encode())
-        h.update(b"\0")
-        h.update(view[name].version.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+@functools.lru_cache(maxsize=4096)
+def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """One copy of each distinct subscription, shared by every stream that sends it: a
+    thousand Envoys asking for the same hundred clusters hold one tuple and one frozenset
+    instead of a thousand copies of the names."""
+    return raw, frozenset(raw)
 
 
 class SotwStream:
@@ -108,9 +116,14 @@ class SotwStream:
         self.requests += 1
         type_url = req.type_url
         st = self._types.get(type_url)
-        names = set(req.resource_names)
+        raw_names = tuple(req.resource_names)
+        if st is not None and raw_names == st.raw_names:
+            # Unchanged (the common ACK): keep the shared tuple, frozenset and its hash.
+            raw_names, names = st.raw_names, st.names
+        else:
+            raw_names, names = _shared_names(raw_names)
         if st is None:
-            st = _TypeState(type_url, names=names, legacy_wildcard=not names)
+            st = _TypeState(type_url, names=names, raw_names=raw_names, legacy_wildcard=not names)
             self._types[type_url] = st
             if req.error_detail.message or req.error_detail.code:
                 # A NACK as the very first request (the client restarted mid-NACK): record it.
@@ -123,7 +136,7 @@ class SotwStream:
         if not nonce:
             # The client (re)starts this subscription, e.g. after it lost the stream's state:
             # answer with what it asks for whatever we believe it has.
-            st.names = names
+            st.names, st.raw_names = names, raw_names
             # Legacy wildcard holds only while the client has never named a resource (xDS
             # spec); a later empty list unsubscribes from everything.
             st.legacy_wildcard = st.legacy_wildcard and not names
@@ -131,7 +144,7 @@ class SotwStream:
             return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
 
         added = names - st.names
-        st.names = names
+        st.names, st.raw_names = names, raw_names
         if names:
             st.legacy_wildcard = False
         if req.HasField("error_detail"):
@@ -165,22 +178,15 @@ class SotwStream:
         if st is None:
             return None  # never subscribed: nothing to send
         view = st.view(resources)
-        version = (
-            resources.digest
-            if st.wildcard and isinstance(resources, ResourceSet)
-            else view_version(view)
-        )
-        if not force and st.sent is not None and version == st.sent_version:
+        if not force and st.sent is not None and view.version == st.sent.version:
             return None
-        return self._emit(st, view, version)
+        return self._emit(st, view)
 
-    def _emit(self, st: _TypeState, view: dict[str, Resource], version: str) -> SotwResponse:
+    def _emit(self, st: _TypeState, view: View) -> SotwResponse:
         nonce = self._nonces.next()
         st.sent = view
-        st.sent_version = version
         st.sent_nonce = nonce
-        ordered_view = tuple(view[n] for n in sorted(view))
-        return SotwResponse(st.type_url, version, nonce, ordered_view)
+        return SotwResponse(st.type_url, nonce, view)
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[SotwResponse]:
         """Responses for a push of new resource sets, in make-before-break order.
@@ -198,9 +204,11 @@ class SotwStream:
             resources = sets[type_url]
             if type_url == typeurls.CLUSTER and st.sent is not None:
                 view = st.view(resources)
-                removed = {n: r for n, r in st.sent.items() if n not in view}
+                if view.version == st.sent.version:
+                    continue  # unchanged: nothing to send, nothing removed
+                removed = {n: r for n, r in st.sent.by_name.items() if n not in view.by_name}
                 if removed and _others_change(self, sets):
-                    transitional = {**removed, **view}
+                    transitional = View({**removed, **view.by_name})
                     resp = self._respond_view(st, transitional)
                     if resp is not None:
                         out.append(resp)
@@ -215,11 +223,10 @@ class SotwStream:
                 out.append(resp)
         return out
 
-    def _respond_view(self, st: _TypeState, view: dict[str, Resource]) -> SotwResponse | None:
-        version = view_version(view)
-        if st.sent is not None and version == st.sent_version:
+    def _respond_view(self, st: _TypeState, view: View) -> SotwResponse | None:
+        if st.sent is not None and view.version == st.sent.version:
             return None
-        return self._emit(st, view, version)
+        return self._emit(st, view)
 
     # --- introspection ---------------------------------------------------------------------
 
@@ -240,7 +247,7 @@ class SotwStream:
                 sent_nonce=st.sent_nonce,
                 acked_nonce=st.acked_nonce,
                 last_nack=st.nack_message,
-                resource_count=len(st.sent or ()),
+                resource_count=len(st.sent) if st.sent is not None else 0,
             )
             for t, st in self._types.items()
         ]
