@@ -14,7 +14,7 @@ import grpc
 
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
-from control.generate import GENERATORS
+from control.generate import generators_for
 from control.generate.context import GenContext
 from control.metrics import Metrics
 from control.model.index import MeshIndex
@@ -139,8 +139,9 @@ class ControlPlane:
         ctx = self._ctx
         before = self.cache.serializations
         out: dict[str, ResourceSet] = {}
+        generators = generators_for(proxy)
         for t in type_urls:
-            gen = GENERATORS.get(t)
+            gen = generators.get(t)
             out[t] = gen(ctx, proxy) if gen is not None else EMPTY
         made = self.cache.serializations - before
         if made:

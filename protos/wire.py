@@ -187,3 +187,51 @@ def delta_discovery_response(
     if control_plane is not None:
         _put(parts, _T_DDR_CONTROL_PLANE, control_plane)
     return b"".join(parts)
+
+
+def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:
+    """Top-level string fields of a serialized message, without decoding the rest.
+
+    The agent routes responses by type URL and ACKs them by nonce; reading those two fields
+    this way lets it forward a multi-megabyte CDS response without parsing its resources.
+    Raises ValueError on malformed input.
+    """
+    out: dict[int, str] = {}
+    i, n = 0, len(data)
+    while i < n:
+        key, i = _read_varint(data, i)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == _LEN:
+            length, i = _read_varint(data, i)
+            end = i + length
+            if end > n:
+                raise ValueError("truncated length-delimited field")
+            if number in wanted:
+                out[number] = data[i:end].decode()
+            i = end
+        elif wire_type == 0:
+            _, i = _read_varint(data, i)
+        elif wire_type == 1:
+            i += 8
+        elif wire_type == 5:
+            i += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+    if i > n:
+        raise ValueError("truncated field")
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if i >= len(data):
+            raise ValueError("truncated varint")
+        b = data[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")

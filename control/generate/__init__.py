@@ -1,6 +1,8 @@
 """Envoy configuration generators, one module per xDS type.
 
-`GENERATORS` maps a type URL to the function that computes that type's resources for a proxy.
+`GENERATORS` maps a type URL to the function that computes that type's resources for an Envoy
+proxy; `GRPC_GENERATORS` does the same for proxyless gRPC clients (node metadata
+`GENERATOR: grpc`), which need api_listeners named after the target they dial instead.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from control.generate import clusters, endpoints, listeners, routes
+from control.generate import clusters, endpoints, grpc, listeners, routes
 from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
@@ -23,4 +25,17 @@ GENERATORS: Final[dict[str, Generator]] = {
     ROUTE_TYPE: routes.generate,
 }
 
-__all__ = ["GENERATORS", "Generator"]
+GRPC_GENERATORS: Final[dict[str, Generator]] = {
+    CLUSTER_TYPE: grpc.generate_clusters,
+    ENDPOINT_TYPE: grpc.generate_endpoints,
+    LISTENER_TYPE: grpc.generate_listeners,
+    ROUTE_TYPE: grpc.generate_routes,
+}
+
+
+def generators_for(proxy: Proxy) -> dict[str, Generator]:
+    """The generator table that speaks the proxy's dialect."""
+    return GRPC_GENERATORS if proxy.is_grpc else GENERATORS
+
+
+__all__ = ["GENERATORS", "GRPC_GENERATORS", "Generator", "generators_for"]

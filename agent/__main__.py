@@ -1,0 +1,50 @@
+"""pilotfish-agent: the node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from agent import logsetup
+from agent.config import AgentConfigError, build_parser, config_from_args
+
+logger = logging.getLogger("agent")
+
+
+async def _run(args: object) -> int:
+    from agent.app import Agent
+    from agent.envoy.process import EnvoyError
+
+    try:
+        cfg = config_from_args(args)  # type: ignore[arg-type]
+    except AgentConfigError as e:
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(cfg, log_level=getattr(args, "log_level", "info"))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.request_stop)
+    try:
+        await agent.start()
+    except (OSError, RuntimeError, EnvoyError) as e:
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        await agent.close()
+        return 1
+    code = await agent.run()
+    logger.info("shutting down (draining for up to %.1fs)", cfg.drain_duration)
+    await agent.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logsetup.setup(args.log_level, args.log_format)
+    import uvloop
+
+    sys.exit(uvloop.run(_run(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The agent, wired: upstream channel → xDS proxy (relay + agent stream + handlers) → Envoy,
+plus the status server. Each part is its own component with start/close; this module only
+connects them and decides readiness and shutdown order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+import grpc
+
+from agent.config import AgentConfig
+from agent.envoy.bootstrap import from_agent_config, write_bootstrap
+from agent.envoy.process import EnvoySupervisor
+from agent.metrics import AgentMetrics
+from agent.status import StatusServer
+from agent.xdsproxy.agentstream import AgentStream
+from agent.xdsproxy.handlers import HandlerRegistry
+from agent.xdsproxy.relay import RelayStats
+from agent.xdsproxy.server import DownstreamServer
+from agent.xdsproxy.upstream import UpstreamChannel
+
+logger = logging.getLogger(__name__)
+
+
+def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
+    """The bootstrap for proxyless gRPC clients: xDS through the agent's socket."""
+    meta = cfg.node_metadata()
+    meta["GENERATOR"] = "grpc"
+    return {
+        "xds_servers": [
+            {
+                "server_uri": f"unix://{cfg.xds_socket.resolve()}",
+                "channel_creds": [{"type": "insecure"}],
+                "server_features": ["xds_v3"],
+            }
+        ],
+        "node": {"id": cfg.node_id, "metadata": meta, "locality": {}},
+    }
+
+
+class Agent:
+    def __init__(
+        self, cfg: AgentConfig, handlers: HandlerRegistry | None = None, log_level: str = "info"
+    ) -> None:
+        self.cfg = cfg
+        self.handlers = handlers or HandlerRegistry()
+        self.metrics = AgentMetrics()
+        self.stats = RelayStats()
+        self.upstream = UpstreamChannel(list(cfg.control_plane))
+        self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
+        self.agent_stream = AgentStream(
+            self.upstream,
+            self.handlers,
+            self.stats,
+            node_id=cfg.node_id,
+            metadata={**cfg.node_metadata(), "AGENT_STREAM": "true"},
+        )
+        self.envoy: EnvoySupervisor | None = None
+        admin = f"http://{cfg.ip}:{cfg.envoy_admin_port}"
+        self._admin = admin
+        if not cfg.proxy_only:
+            self.envoy = EnvoySupervisor(
+                cfg.envoy_binary,
+                cfg.workdir / "envoy-rev.json",
+                admin_url=admin,
+                drain_duration=cfg.drain_duration,
+                log_level="warning" if log_level != "debug" else "info",
+            )
+        self.status = StatusServer(
+            cfg.ip,
+            cfg.status_port,
+            readiness=self.readiness,
+            metrics=self.metrics,
+            envoy_stats_url=None if cfg.proxy_only else admin + "/stats/prometheus",
+            on_quit=self.request_stop,
+            on_drain=self._start_drain,
+            ndsz=lambda: {},
+        )
+        self.stop_requested = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._started_at = time.monotonic()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.cfg.workdir.mkdir, parents=True, exist_ok=True)
+        loaded = self.handlers.load_entry_points()
+        if loaded:
+            logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
+        await self.upstream.start()
+        await self.downstream.start()
+        await self.agent_stream.start()
+        await self.status.start()
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        if self.envoy is None:
+            path = self.cfg.workdir / "grpc-bootstrap.json"
+            text = json.dumps(grpc_bootstrap(self.cfg), indent=2)
+            await asyncio.to_thread(_write_atomic, path, text)
+            logger.info("proxy-only: gRPC bootstrap at %s", path)
+        else:
+            opts = from_agent_config(self.cfg)
+            await asyncio.to_thread(write_bootstrap, self.cfg.workdir / "envoy-rev.json", opts)
+            await self.envoy.start()
+        logger.info(
+            "agent %s up: control plane %s, xDS socket %s, status %s:%d",
+            self.cfg.node_id,
+            self.upstream.target,
+            self.cfg.xds_socket,
+            self.cfg.ip,
+            self.cfg.status_port,
+        )
+
+    async def run(self) -> int:
+        """Until asked to stop (exit 0) or until Envoy dies on its own (exit 1)."""
+        waits = [asyncio.create_task(self.stop_requested.wait())]
+        if self.envoy is not None:
+            waits.append(asyncio.create_task(self.envoy.exited.wait()))
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        if self.envoy is not None and self.envoy.exited.is_set() and not self.envoy.stopping:
+            logger.error("envoy exited unexpectedly with code %s", self.envoy.returncode)
+            return 1
+        return 0
+
+    async def close(self) -> None:
+        """Drain Envoy's listeners, stop Envoy, then the rest (reverse start order)."""
+        if self.envoy is not None:
+            if not self.envoy.exited.is_set():
+                await self.envoy.drain()
+            await self.envoy.close()
+        await self.status.close()
+        await self.agent_stream.close()
+        await self.downstream.close()
+        await self.upstream.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    async def _start_drain(self) -> None:
+        if self.envoy is not None:
+            await self.envoy.start_drain()
+
+    # --- readiness -------------------------------------------------------------------------
+
+    async def readiness(self) -> str | None:
+        """None when ready; otherwise why not (DESIGN: Envoy has accepted LDS and CDS, or in
+        proxy-only mode the upstream channel is up)."""
+        if self.envoy is None:
+            state = self.upstream.state()
+            if state is not grpc.ChannelConnectivity.READY:
+                return f"upstream channel is {state.name}"
+            return None
+        if not self.envoy.running:
+            return "envoy is not running"
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self._admin + "/stats?filter=^(cluster_manager.cds|listener_manager.lds)"
+                ".update_success$"
+            ) as r:
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"envoy admin not reachable: {e}"
+        values = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        missing = [
+            kind
+            for kind, stat in (
+                ("CDS", "cluster_manager.cds.update_success"),
+                ("LDS", "listener_manager.lds.update_success"),
+            )
+            if int(values.get(stat, "0") or 0) < 1
+        ]
+        if missing:
+            return "envoy has not accepted " + " and ".join(missing) + " yet"
+        return None
+
+
+def _write_atomic(path: os.PathLike[str], text: str) -> None:
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

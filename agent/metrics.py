@@ -1,0 +1,74 @@
+"""Agent metrics, with Istio's `istio_agent_*` names where one exists.
+
+One `AgentMetrics` per agent, passed to the components that record into it (no module globals,
+so tests can run several agents in one process). prometheus_client adds `_total` to counter
+names in the exposition (`istio_agent_xds_proxy_requests_total`), as the control plane's
+metrics do. Metrics Istio's agent does not have are named `pilotfish_agent_*`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+# What `render()` returns (Prometheus text format 0.0.4).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.xds_proxy_requests = Counter(
+            "istio_agent_xds_proxy_requests",
+            "xDS requests relayed from downstream streams to the control plane, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.xds_proxy_responses = Counter(
+            "istio_agent_xds_proxy_responses",
+            "xDS responses received from the control plane, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.xds_upstream_errors = Counter(
+            "pilotfish_agent_xds_upstream_errors",
+            "Upstream streams or channel attempts that failed, by class (expected|unexpected).",
+            ["class"],
+            registry=r,
+        )
+        self.xds_upstream_reconnects = Counter(
+            "pilotfish_agent_xds_upstream_reconnects",
+            "Times the upstream channel to the control plane was re-established.",
+            registry=r,
+        )
+        self.xds_downstream_streams = Gauge(
+            "pilotfish_agent_xds_downstream_streams",
+            "Open downstream xDS streams (Envoy and proxyless gRPC clients).",
+            registry=r,
+        )
+        self.handler_nacks = Counter(
+            "pilotfish_agent_handler_nacks",
+            "Responses NACKed by an agent-side ResponseHandler, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.startup_duration = Gauge(
+            "istio_agent_startup_duration_seconds",
+            "Seconds from the agent's start until it was first ready.",
+            registry=r,
+        )
+        # Istio's names for the /stats/prometheus merge; `type` is the source ("envoy").
+        self.scrapes = Counter(
+            "istio_agent_scrapes",
+            "Scrapes of the merged /stats/prometheus endpoint.",
+            registry=r,
+        )
+        self.scrape_failures = Counter(
+            "istio_agent_scrape_failures",
+            "Sources that could not be fetched while serving /stats/prometheus, by type.",
+            ["type"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

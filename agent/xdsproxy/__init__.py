@@ -1,0 +1,1 @@
+"""The agent's xDS proxy: one upstream channel, many relayed streams, ResponseHandlers."""

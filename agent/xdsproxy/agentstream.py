@@ -1,0 +1,120 @@
+"""The agent's own ADS stream: subscriptions the agent consumes itself (NameTable,
+ProxyConfig, ...), on the shared upstream channel, answered by ResponseHandlers.
+
+It reconnects with jittered exponential backoff when the stream ends and re-subscribes to
+every handler type; a response is ACKed after its handler returns and NACKed with the
+handler's error when it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+
+import grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from google.protobuf import struct_pb2
+
+from agent.xdsproxy.backoff import Backoff, classify
+from agent.xdsproxy.handlers import HandlerError, HandlerRegistry
+from agent.xdsproxy.handlers import serialize as _serialize
+from agent.xdsproxy.relay import RelayStats
+from agent.xdsproxy.upstream import UpstreamChannel
+
+logger = logging.getLogger(__name__)
+
+
+class AgentStream:
+    def __init__(
+        self,
+        upstream: UpstreamChannel,
+        handlers: HandlerRegistry,
+        stats: RelayStats,
+        *,
+        node_id: str,
+        metadata: Mapping[str, object],
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._handlers = handlers
+        self._stats = stats
+        self._node_id = node_id
+        self._metadata = metadata
+        self._backoff = backoff or Backoff()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.received: dict[str, int] = {}  # responses handled per type (for readiness)
+
+    async def start(self) -> None:
+        if self._handlers.type_urls:
+            self._task = asyncio.create_task(self._run(), name="agent-stream")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> AgentStream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _initial_requests(self) -> list[bytes]:
+        out = []
+        for i, type_url in enumerate(self._handlers.type_urls):
+            req = DiscoveryRequest(type_url=type_url)
+            if i == 0:
+                req.node.id = self._node_id
+                meta = struct_pb2.Struct()
+                meta.update(dict(self._metadata))
+                req.node.metadata.CopyFrom(meta)
+            out.append(req.SerializeToString())
+        return out
+
+    async def _run(self) -> None:
+        while True:
+            call = self._upstream.ads(delta=False)
+            try:
+                for raw in self._initial_requests():
+                    await call.write(raw)
+                async for raw in call:
+                    self.connected.set()
+                    self._backoff.reset()
+                    await call.write(await self._answer(raw))
+                code, details = grpc.StatusCode.UNAVAILABLE, "stream closed by the control plane"
+            except grpc.aio.AioRpcError as e:
+                code, details = e.code(), e.details() or ""
+            finally:
+                call.cancel()
+            self.connected.clear()
+            kind = classify(code, details)
+            self._stats.errors[kind] += 1
+            delay = self._backoff.next_delay()
+            log = logger.info if kind == "expected" else logger.warning
+            log("agent stream ended (%s: %s); retrying in %.1fs", code, details, delay)
+            await asyncio.sleep(delay)
+
+    async def _answer(self, raw: bytes) -> bytes:
+        resp = DiscoveryResponse.FromString(raw)
+        req = DiscoveryRequest(
+            type_url=resp.type_url, version_info=resp.version_info, response_nonce=resp.nonce
+        )
+        if resp.type_url not in self._handlers:
+            return _serialize(req)  # nothing to do with it; keep the stream in sync
+        self._stats.handled += 1
+        try:
+            await self._handlers.dispatch(resp.type_url, list(resp.resources))
+            self.received[resp.type_url] = self.received.get(resp.type_url, 0) + 1
+        except HandlerError as e:
+            self._stats.nacks += 1
+            logger.warning("handler rejected %s: %s", resp.type_url, e)
+            req.version_info = ""
+            req.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            req.error_detail.message = str(e)
+        return _serialize(req)

@@ -1,0 +1,108 @@
+"""The downstream xDS server on `<workdir>/XDS`: Envoy and proxyless gRPC clients connect
+here; each stream is relayed upstream (see relay.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from agent.xdsproxy.handlers import HandlerRegistry
+from agent.xdsproxy.relay import Relay, RelayStats
+from agent.xdsproxy.upstream import UpstreamChannel
+
+logger = logging.getLogger(__name__)
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+class DownstreamServer:
+    def __init__(
+        self,
+        socket_path: Path,
+        upstream: UpstreamChannel,
+        handlers: HandlerRegistry,
+        stats: RelayStats,
+    ) -> None:
+        self.socket_path = socket_path
+        self._upstream = upstream
+        self._handlers = handlers
+        self._stats = stats
+        self._server: grpc.aio.Server | None = None
+        self._ids = itertools.count(1)
+        self.active = 0
+
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()  # a stale socket from a previous run
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 256 << 20),
+            ]
+        )
+        handlers = {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self._sotw, request_deserializer=_identity, response_serializer=_identity
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self._delta, request_deserializer=_identity, response_serializer=_identity
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
+        )
+        server.add_insecure_port(f"unix:{self.socket_path.resolve()}")
+        await server.start()
+        # Only this pod's processes (same user or group) may talk to the control plane as us.
+        os.chmod(self.socket_path, 0o660)
+        self._server = server
+        logger.info("xDS proxy listening on %s", self.socket_path)
+
+    async def close(self, grace: float = 0.5) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def __aenter__(self) -> DownstreamServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _sotw(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._relay(requests, context, delta=False)
+
+    async def _delta(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._relay(requests, context, delta=True)
+
+    async def _relay(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, delta: bool
+    ) -> None:
+        name = f"{'delta' if delta else 'sotw'}-{next(self._ids)}"
+        self.active += 1
+        logger.debug("downstream stream %s opened", name)
+        try:
+            await Relay(self._upstream, self._handlers, self._stats, delta=delta, name=name).run(
+                requests, context
+            )
+        finally:
+            self.active -= 1
+            logger.debug("downstream stream %s closed", name)

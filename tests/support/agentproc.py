@@ -1,0 +1,81 @@
+"""Run `pilotfish-agent` as a real subprocess for tests (one per pod IP)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AgentProcess:
+    def __init__(
+        self,
+        control_plane: str,
+        workdir: Path,
+        ip: str,
+        pod: str,
+        labels: str = "",
+        *extra: str,
+    ) -> None:
+        self.ip = ip
+        self.workdir = workdir
+        self.log_path = workdir.parent / f"{pod}-agent.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "agent",
+            "--control-plane",
+            control_plane,
+            "--workdir",
+            str(workdir),
+            "--ip",
+            ip,
+            "--pod-name",
+            pod,
+            "--labels",
+            labels,
+            "--drain-duration",
+            "1",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def terminate(self, timeout: float = 20) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
