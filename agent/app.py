@@ -17,7 +17,7 @@ import grpc
 from agent.config import AgentConfig
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.process import EnvoySupervisor
-from agent.metrics import AgentMetrics
+from agent.metrics import AgentMetrics, MetricsObserver
 from agent.status import StatusServer
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
@@ -51,7 +51,7 @@ class Agent:
         self.cfg = cfg
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
-        self.stats = RelayStats()
+        self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         self.upstream = UpstreamChannel(list(cfg.control_plane))
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(

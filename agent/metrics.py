@@ -72,3 +72,30 @@ class AgentMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MetricsObserver:
+    """Feeds the xDS proxy's events into `AgentMetrics` (see relay.RelayObserver)."""
+
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self._m = metrics
+
+    def request(self, type_url: str) -> None:
+        self._m.xds_proxy_requests.labels(_short(type_url)).inc()
+
+    def response(self, type_url: str) -> None:
+        self._m.xds_proxy_responses.labels(_short(type_url)).inc()
+
+    def upstream_error(self, kind: str) -> None:
+        self._m.xds_upstream_errors.labels(kind).inc()
+
+    def nack(self, type_url: str) -> None:
+        self._m.handler_nacks.labels(_short(type_url)).inc()
+
+    def streams(self, delta: int) -> None:
+        self._m.xds_downstream_streams.inc(delta)
+
+
+def _short(type_url: str) -> str:
+    """The message name of a type URL: Istio's metrics use short type labels."""
+    return type_url.rpartition("/")[2].rpartition(".")[2] or "unknown"

@@ -94,7 +94,7 @@ class AgentStream:
                 call.cancel()
             self.connected.clear()
             kind = classify(code, details)
-            self._stats.errors[kind] += 1
+            self._stats.on_error(kind)
             delay = self._backoff.next_delay()
             log = logger.info if kind == "expected" else logger.warning
             log("agent stream ended (%s: %s); retrying in %.1fs", code, details, delay)
@@ -112,7 +112,7 @@ class AgentStream:
             await self._handlers.dispatch(resp.type_url, list(resp.resources))
             self.received[resp.type_url] = self.received.get(resp.type_url, 0) + 1
         except HandlerError as e:
-            self._stats.nacks += 1
+            self._stats.on_nack(resp.type_url)
             logger.warning("handler rejected %s: %s", resp.type_url, e)
             req.version_info = ""
             req.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]

@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import (
@@ -39,17 +40,53 @@ _TYPE_URL = 4
 _NONCE = 5
 _VERSION = 1
 _SCAN = frozenset((_VERSION, _TYPE_URL, _NONCE))
+_TYPE_ONLY = frozenset((_TYPE_URL,))
+
+
+class RelayObserver(Protocol):
+    """Where relay events go besides the plain counters (the agent's Prometheus metrics)."""
+
+    def request(self, type_url: str) -> None: ...
+    def response(self, type_url: str) -> None: ...
+    def upstream_error(self, kind: str) -> None: ...
+    def nack(self, type_url: str) -> None: ...
+    def streams(self, delta: int) -> None: ...
 
 
 @dataclass
 class RelayStats:
-    """Counters the relay updates; the agent exposes them as metrics."""
+    """Counters the relay updates, forwarded to an optional observer (metrics)."""
 
     requests: int = 0
     responses: int = 0
     handled: int = 0
     nacks: int = 0
     errors: dict[str, int] = field(default_factory=lambda: {"expected": 0, "unexpected": 0})
+    observer: RelayObserver | None = None
+
+    def on_request(self, type_url: str) -> None:
+        self.requests += 1
+        if self.observer is not None:
+            self.observer.request(type_url)
+
+    def on_response(self, type_url: str) -> None:
+        self.responses += 1
+        if self.observer is not None:
+            self.observer.response(type_url)
+
+    def on_error(self, kind: str) -> None:
+        self.errors[kind] += 1
+        if self.observer is not None:
+            self.observer.upstream_error(kind)
+
+    def on_nack(self, type_url: str) -> None:
+        self.nacks += 1
+        if self.observer is not None:
+            self.observer.nack(type_url)
+
+    def on_stream(self, delta: int) -> None:
+        if self.observer is not None:
+            self.observer.streams(delta)
 
 
 class UpstreamEnded(Exception):
@@ -88,7 +125,7 @@ class Relay:
             await self._pump_responses(call, context, queue)
         except UpstreamEnded as e:
             kind = classify(e.code, e.details)
-            self._stats.errors[kind] += 1
+            self._stats.on_error(kind)
             log = logger.info if kind == "expected" else logger.warning
             log("relay %s: upstream ended (%s: %s)", self.name, e.code, e.details)
             # Envoy keeps its config and re-dials; the new stream waits for the channel.
@@ -105,8 +142,7 @@ class Relay:
     ) -> None:
         try:
             async for raw in requests:
-                self._stats.requests += 1
-                self._note_handler_subscription(raw)
+                self._stats.on_request(self._note_request(raw))
                 queue.put_nowait(raw)
         except Exception as e:  # the downstream went away mid-read
             logger.debug("relay %s: downstream read ended: %s", self.name, e)
@@ -132,12 +168,12 @@ class Relay:
     ) -> None:
         try:
             async for raw in call:
-                self._stats.responses += 1
                 try:
                     fields = wire.scan_strings(raw, _SCAN)
                 except ValueError as e:
                     raise UpstreamEnded(grpc.StatusCode.INTERNAL, f"bad response: {e}") from e
                 type_url = fields.get(_TYPE_URL, "")
+                self._stats.on_response(type_url)
                 if type_url in self._handlers:
                     queue.put_nowait(await self._handle(type_url, raw))
                     continue
@@ -156,7 +192,7 @@ class Relay:
             try:
                 await self._handlers.dispatch(type_url, [r.resource for r in dresp.resources])
             except HandlerError as e:
-                self._stats.nacks += 1
+                self._stats.on_nack(type_url)
                 dreq.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
                 dreq.error_detail.message = str(e)
             return _serialize(dreq)
@@ -170,19 +206,20 @@ class Relay:
         try:
             await self._handlers.dispatch(type_url, list(resp.resources))
         except HandlerError as e:
-            self._stats.nacks += 1
+            self._stats.on_nack(type_url)
             logger.warning("relay %s: handler rejected %s: %s", self.name, type_url, e)
             req.version_info = ""
             req.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
             req.error_detail.message = str(e)
         return _serialize(req)
 
-    def _note_handler_subscription(self, raw: bytes) -> None:
-        if self._delta or not self._handlers.type_urls:
-            return
+    def _note_request(self, raw: bytes) -> str:
+        """The request's type URL; for handler types, also the subscribed names (to ACK on
+        the downstream's behalf). Malformed requests are the control plane's to reject."""
         try:
-            type_url = wire.scan_strings(raw, frozenset((_TYPE_URL,))).get(_TYPE_URL, "")
+            type_url = wire.scan_strings(raw, _TYPE_ONLY).get(_TYPE_URL, "")
         except ValueError:
-            return  # the control plane will reject it; not ours to judge
-        if type_url in self._handlers:
+            return ""
+        if not self._delta and type_url in self._handlers:
             self._handler_names[type_url] = list(DiscoveryRequest.FromString(raw).resource_names)
+        return type_url

@@ -98,6 +98,7 @@ class DownstreamServer:
     ) -> None:
         name = f"{'delta' if delta else 'sotw'}-{next(self._ids)}"
         self.active += 1
+        self._stats.on_stream(1)
         logger.debug("downstream stream %s opened", name)
         try:
             await Relay(self._upstream, self._handlers, self._stats, delta=delta, name=name).run(
@@ -105,4 +106,5 @@ class DownstreamServer:
             )
         finally:
             self.active -= 1
+            self._stats.on_stream(-1)
             logger.debug("downstream stream %s closed", name)

@@ -88,6 +88,18 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
                 == backend_ip
             )
 
+            # Merged metrics: the agent's relay counters, then Envoy's own.
+            status, metrics = await get(f"http://{client_ip}:15020/stats/prometheus")
+            assert status == 200
+            line = next(
+                ln
+                for ln in metrics.splitlines()
+                if ln.startswith('istio_agent_xds_proxy_responses_total{type="Cluster"}')
+            )
+            assert float(line.split()[-1]) >= 1
+            assert "pilotfish_agent_xds_downstream_streams 1.0" in metrics
+            assert "envoy_cluster_manager_cds_update_success" in metrics
+
             # SIGTERM: drain, stop Envoy, exit 0 within the drain duration (plus slack).
             t0 = time.monotonic()
             assert client.terminate() == 0, client.log()[-3000:]
