@@ -150,6 +150,9 @@ def _claim(clusters: tuple[OutboundCluster, ...], client_namespace: str) -> tupl
 
 # --- generators ------------------------------------------------------------------------------
 
+# The set memo keys use id() of tuples that the push memo holds, which therefore stay alive
+# (and their ids unique) for the whole push, as in common.outbound_plan.
+
 
 def generate_listeners(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     found = targets(ctx, proxy)
@@ -189,10 +192,6 @@ def generate_endpoints(ctx: GenContext, proxy: Proxy) -> ResourceSet:
             ]
         ),
     )
-
-
-# The memo keys above use id() of tuples held by the push memo, which therefore stay alive (and
-# their ids unique) for the whole push, as in common.outbound_plan.
 
 
 def _listener(ctx: GenContext, name: str) -> Resource:

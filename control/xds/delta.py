@@ -75,6 +75,8 @@ class _TypeState:
 class DeltaStream:
     """The rules of one delta ADS stream. Not thread-safe; drive it from one task."""
 
+    __slots__ = ("_nonces", "_types", "_version", "acks", "nacks", "requests", "stream_id")
+
     def __init__(self, stream_id: str = "") -> None:
         self.stream_id = stream_id
         self._types: dict[str, _TypeState] = {}

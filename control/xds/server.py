@@ -186,6 +186,8 @@ class XdsServer:
             "stream %s opened (%s) from %s", conn_id, "delta" if delta else "sotw", conn.peer
         )
         reader = asyncio.create_task(self._read(conn, first, it), name=f"xds-read-{conn_id}")
+        # The first request lives as long as this frame otherwise (node metadata and all).
+        del first, first_raw
         try:
             await self._send_loop(conn, context)
             if conn.error is not None:
@@ -203,6 +205,7 @@ class XdsServer:
     async def _read(self, conn: Connection, first: Any, it: AsyncIterator[bytes]) -> None:
         try:
             self._handle_request(conn, first)
+            del first
             async for raw in it:
                 self._handle_request(conn, _decode(raw, conn.delta))
                 del raw  # do not hold the last request's bytes while waiting for the next

@@ -101,6 +101,8 @@ def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]
 class SotwStream:
     """The rules of one SotW ADS stream. Not thread-safe; drive it from one task."""
 
+    __slots__ = ("_nonces", "_types", "acks", "nacks", "requests", "stream_id")
+
     def __init__(self, stream_id: str = "") -> None:
         self.stream_id = stream_id
         self._types: dict[str, _TypeState] = {}

@@ -4,7 +4,9 @@ turns 200 only then; SIGTERM drains and exits 0."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -61,7 +63,9 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
     async with running_control_plane(cfg) as cp:
         target = f"127.0.0.1:{cp.xds_port}"
         backend = AgentProcess(target, tmp_path / "b", backend_ip, "backend", "app=backend")
-        client = AgentProcess(target, tmp_path / "c", client_ip, "client", "app=client")
+        client = AgentProcess(
+            target, tmp_path / "c", client_ip, "client", "app=client", "--drain-duration", "2"
+        )
         backend.start()
         client.start()
         try:
@@ -100,10 +104,18 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
             assert "pilotfish_agent_xds_downstream_streams 1.0" in metrics
             assert "envoy_cluster_manager_cds_update_success" in metrics
 
-            # SIGTERM: drain, stop Envoy, exit 0 within the drain duration (plus slack).
+            # SIGTERM with a request in flight: it finishes, Envoy stops, the agent exits 0
+            # within the drain duration (plus slack for Envoy's own shutdown).
+            slow = asyncio.create_task(get(url + "?delay=1.0", "backend"))
+            await asyncio.sleep(0.3)
             t0 = time.monotonic()
-            assert client.terminate() == 0, client.log()[-3000:]
-            assert time.monotonic() - t0 < 10
+            assert client.proc is not None
+            client.proc.send_signal(signal.SIGTERM)
+            status, body = await slow
+            assert status == 200 and json.loads(body)["app"] == "backend"
+            code = await asyncio.to_thread(client.proc.wait, 20)
+            assert code == 0, client.log()[-3000:]
+            assert time.monotonic() - t0 < 2.0 + 5.0  # --drain-duration 2
             assert (await get(url, "backend"))[0] == 0  # Envoy is gone
         finally:
             client.kill()

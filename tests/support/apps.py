@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 
@@ -33,6 +34,9 @@ class EchoApp:
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.requests += 1
+        delay = float(request.query.get("delay", "0") or 0)
+        if delay > 0:  # a slow request, to test draining with requests in flight
+            await asyncio.sleep(min(delay, 30.0))
         self.headers_seen.append(dict(request.headers))
         body = {"app": self.name, "host": request.host, "path": request.path}
         return web.Response(text=json.dumps(body), content_type="application/json")
