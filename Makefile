@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/e2e
+	$(BIN)/python -m pytest -q -p no:cacheprovider -p no:unraisableexception tests/unit tests/integration tests/e2e
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

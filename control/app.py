@@ -131,7 +131,11 @@ class ControlPlane:
                 await asyncio.gather(task, return_exceptions=True)
         await self.push_loop.close()
         if self._grpc is not None:
-            await self._grpc.stop(grace)
+            try:
+                # Bounded: shutdown must not hang on a stream that will not finish.
+                await asyncio.wait_for(self._grpc.stop(grace), grace + 5.0)
+            except TimeoutError:
+                logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
         await self.watcher.close()
 

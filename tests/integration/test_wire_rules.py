@@ -15,7 +15,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from control.app import ControlPlane
 from protos import typeurls
 from tests.support.adsclient import AdsStream, cluster_names, node_id
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
 
 CDS, EDS, LDS, RDS = typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE
 
@@ -50,7 +50,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, Path, grpc.
     async with running_control_plane(cfg) as cp:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}")
         yield cp, cfg, channel
-        await channel.close()
+        await bounded_teardown(channel.close(), "client channel close")
 
 
 def req(
