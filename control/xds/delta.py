@@ -29,6 +29,11 @@ from control.xds.state import (
 from protos import typeurls
 
 WILDCARD = "*"
+_MAX_OUTSTANDING = 32
+
+
+def _nonce_order(nonce: str) -> tuple[int, str]:
+    return (int(nonce), nonce) if nonce.isdigit() else (-1, nonce)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +114,14 @@ class DeltaStream:
             st.explicit_wildcard = False
             st.legacy_wildcard = False
             unsubscribe.discard(WILDCARD)
+        dropped_wildcard = WILDCARD in req.resource_names_unsubscribe
         added = subscribe - st.names
         st.names |= subscribe
         st.names -= unsubscribe
+        if dropped_wildcard and not st.wildcard:
+            # The client forgets what it held only through the wildcard; so do we, so that a
+            # later "*" sends those resources again.
+            st.client_has = {n: v for n, v in st.client_has.items() if n in st.names}
         if subscribe:
             # Legacy wildcard holds only until the client names a resource (xDS spec).
             st.legacy_wildcard = False
@@ -194,6 +204,10 @@ class DeltaStream:
         self._version += 1
         nonce = self._nonces.next()
         st.outstanding.add(nonce)
+        if len(st.outstanding) > _MAX_OUTSTANDING:
+            # A client that never ACKs must not grow this set without bound; the oldest
+            # nonces are the ones it can no longer usefully answer.
+            st.outstanding = set(sorted(st.outstanding, key=_nonce_order)[-_MAX_OUTSTANDING:])
         st.sent_nonce = nonce
         st.sent_version = str(self._version)
         st.ever_sent = True

@@ -577,3 +577,49 @@ def test_property_delta_rules_2_4_7_random_interleavings(first: tuple, ops: list
             answer = s.respond(t, current[t], force=True)
             assert answer is not None
             sent(answer)
+
+
+def test_unsubscribing_wildcard_forgets_what_came_only_through_it() -> None:
+    from envoy.config.cluster.v3.cluster_pb2 import Cluster
+    from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
+
+    from control.xds.cache import ResourceCache, ResourceSet
+    from control.xds.delta import DeltaStream
+
+    cache = ResourceCache()
+    cds = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+    rs = ResourceSet([cache.get(cds, n, n, lambda n=n: Cluster(name=n)) for n in ("a", "b")])
+    s = DeltaStream()
+    s.receive(DeltaDiscoveryRequest(type_url=cds, resource_names_subscribe=["*", "a"]))
+    first = s.respond(cds, rs, force=True)
+    assert first is not None and [r.name for r in first.resources] == ["a", "b"]
+    s.receive(DeltaDiscoveryRequest(type_url=cds, resource_names_unsubscribe=["*"]))
+    assert s.client_versions(cds) == {"a": rs["a"].version}
+    out = s.receive(DeltaDiscoveryRequest(type_url=cds, resource_names_subscribe=["*"]))
+    assert out.must_respond
+    again = s.respond(cds, rs)
+    assert again is not None and [r.name for r in again.resources] == ["b"]
+
+
+def test_outstanding_nonces_are_bounded_for_a_client_that_never_acks() -> None:
+    from envoy.config.cluster.v3.cluster_pb2 import Cluster
+    from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
+
+    from control.xds.cache import ResourceCache, ResourceSet
+    from control.xds.delta import DeltaStream
+
+    cache = ResourceCache()
+    cds = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+    s = DeltaStream()
+    s.receive(DeltaDiscoveryRequest(type_url=cds))
+    last = None
+    for i in range(100):
+        rs = ResourceSet(
+            [cache.get(cds, "a", i, lambda i=i: Cluster(name="a", alt_stat_name=str(i)))]
+        )
+        last = s.respond(cds, rs, force=True) or last
+    assert last is not None
+    st = s._types[cds]
+    assert len(st.outstanding) <= 32 and last.nonce in st.outstanding
+    ack = s.receive(DeltaDiscoveryRequest(type_url=cds, response_nonce=last.nonce))
+    assert ack.kind.value == "ack"
