@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,18 +82,19 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
     generator = _str(metadata, "GENERATOR")
     if not generator and ptype == "proxyless":
         generator = "grpc"
+    intern = sys.intern  # fields most proxies share are kept once, not once per stream
     return Proxy(
         id=node_id,
-        type=ptype,
+        type=intern(ptype),
         ip=ips[0],
         ips=ips,
         pod_name=_str(metadata, "NAME") or pod_name or ips[0],
-        namespace=namespace,
+        namespace=intern(namespace),
         labels=labels,
-        service_account=_str(metadata, "SERVICE_ACCOUNT") or "default",
-        interception_mode=mode,
-        generator=generator,
-        cluster_id=_str(metadata, "CLUSTER_ID"),
-        dns_domain=domain,
+        service_account=intern(_str(metadata, "SERVICE_ACCOUNT") or "default"),
+        interception_mode=intern(mode),
+        generator=intern(generator),
+        cluster_id=intern(_str(metadata, "CLUSTER_ID")),
+        dns_domain=intern(domain),
         auto_register=_str(metadata, "AUTO_REGISTER").lower() != "false",
     )

@@ -12,6 +12,7 @@ client still has our record of it, so only a new version goes out (rule 2).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -93,7 +94,7 @@ class DeltaStream:
 
     def receive(self, req: DeltaDiscoveryRequest) -> RequestOutcome:
         self.requests += 1
-        type_url = req.type_url
+        type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)
         first = st is None
         if st is None:

@@ -12,6 +12,7 @@ writing when the next push arrives sends the newest state once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -82,13 +83,16 @@ class Connection:
     state: SotwStream | DeltaStream
     peer: str
     connected_at: float  # wall clock, for /debug/connections
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    context: grpc.aio.ServicerContext | None = None
+    handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
     respond_types: set[str] = field(default_factory=set)
     push_pending: bool = False
+    queued: bool = False  # waiting in the push queue
+    busy: bool = False  # a write is in progress; whoever holds it sends what is pending
     closed: bool = False
     error: _StreamError | None = None
     # type_url -> (nonce, push start) for convergence time of pushed responses.
-    push_nonces: dict[str, tuple[str, float]] = field(default_factory=dict)
+    push_nonces: dict[str, tuple[str, float]] | None = None  # created on the first push
 
     def status(self) -> list[TypeStatus]:
         return self.state.status()
@@ -115,7 +119,9 @@ class XdsServer:
         self._clock = clock
         self._ids = itertools.count(1)
         self._admission = TokenBucket(options.connection_rate, options.connection_burst)
-        self._push_slots = asyncio.Semaphore(options.max_concurrent_pushes)
+        self._push_queue: collections.deque[Connection] = collections.deque()
+        self._workers = 0
+        self._worker_tasks: set[asyncio.Task[None]] = set()  # strong refs while they run
         self.connections: dict[str, Connection] = {}
         self._control_plane = ControlPlane(
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
@@ -139,11 +145,25 @@ class XdsServer:
         )
 
     def push_all(self) -> int:
-        """Mark every stream for a push of the current resources; returns how many."""
+        """Mark every stream for a push of the current resources; returns how many. At most
+        `max_concurrent_pushes` streams are generated for and written to at once (rule 9)."""
         for conn in self.connections.values():
             conn.push_pending = True
-            conn.wake.set()
+            self._schedule(conn)
         return len(self.connections)
+
+    def _schedule(self, conn: Connection) -> None:
+        """Queue a stream for its send worker turn (once, however often it is asked)."""
+        if not conn.queued:
+            conn.queued = True
+            self._push_queue.append(conn)
+        if self._workers < self._options.max_concurrent_pushes and self._workers < len(
+            self._push_queue
+        ):
+            self._workers += 1
+            task = asyncio.get_running_loop().create_task(self._push_worker())
+            self._worker_tasks.add(task)
+            task.add_done_callback(self._worker_tasks.discard)
 
     # --- handlers --------------------------------------------------------------------------
 
@@ -185,41 +205,35 @@ class XdsServer:
         logger.info(
             "stream %s opened (%s) from %s", conn_id, "delta" if delta else "sotw", conn.peer
         )
-        reader = asyncio.create_task(self._read(conn, first, it), name=f"xds-read-{conn_id}")
-        # The first request lives as long as this frame otherwise (node metadata and all).
-        del first, first_raw
+        conn.context = context
+        conn.handler = asyncio.current_task()
         try:
-            await self._send_loop(conn, context)
-            if conn.error is not None:
-                self._metrics.stream_errors.labels("bad_request").inc()
-                await context.abort(conn.error.code, conn.error.message)
+            # One task per stream, and it only reads: answers and pushes are generated and
+            # written by the bounded pool of send workers, so reading requests never waits on
+            # a slow client, and a connection storm encodes at most that many responses at
+            # once (rule 9) instead of one per new stream.
+            self._handle_request(conn, first)
+            del first, first_raw  # the first request would otherwise live as long as the stream
+            self._schedule(conn)
+            async for raw in it:
+                self._handle_request(conn, _decode(raw, conn.delta))
+                del raw  # do not hold the last request's bytes while waiting for the next
+                if conn.respond_types:
+                    self._schedule(conn)
+        except _StreamError as e:
+            conn.error = e
+        except grpc.aio.AioRpcError as e:
+            logger.debug("stream %s read ended: %s", conn.id, e.code())
         finally:
-            reader.cancel()
             conn.closed = True
             self.connections.pop(conn_id, None)
             self._metrics.xds_clients.labels("delta" if delta else "sotw").dec()
             if self._on_disconnect is not None:
                 self._on_disconnect(proxy)
             logger.info("stream %s closed", conn_id)
-
-    async def _read(self, conn: Connection, first: Any, it: AsyncIterator[bytes]) -> None:
-        try:
-            self._handle_request(conn, first)
-            del first
-            async for raw in it:
-                self._handle_request(conn, _decode(raw, conn.delta))
-                del raw  # do not hold the last request's bytes while waiting for the next
-        except _StreamError as e:
-            conn.error = e
-        except asyncio.CancelledError:
-            raise
-        except grpc.aio.AioRpcError as e:
-            logger.debug("stream %s read ended: %s", conn.id, e.code())
-        except Exception:
-            logger.exception("stream %s: unexpected error reading requests", conn.id)
-            self._metrics.stream_errors.labels("unexpected").inc()
-        conn.closed = True
-        conn.wake.set()
+        if conn.error is not None:
+            self._metrics.stream_errors.labels("bad_request").inc()
+            await context.abort(conn.error.code, conn.error.message)
 
     def _handle_request(self, conn: Connection, req: Any) -> None:
         if not req.type_url:
@@ -228,10 +242,10 @@ class XdsServer:
         short = typeurls.SHORT_NAMES.get(req.type_url, req.type_url)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
-            pushed = conn.push_nonces.get(req.type_url)
+            pushed = conn.push_nonces.get(req.type_url) if conn.push_nonces else None
             if pushed is not None and pushed[0] == req.response_nonce:
                 self._metrics.convergence.observe(self._clock() - pushed[1])
-                del conn.push_nonces[req.type_url]
+                del conn.push_nonces[req.type_url]  # type: ignore[union-attr]
         elif outcome.kind is RequestKind.NACK:
             self._metrics.rejects.labels(short).inc()
             logger.warning("%s NACKed %s: %s", conn.proxy.id, short, outcome.error_message)
@@ -239,19 +253,34 @@ class XdsServer:
             self._metrics.stale_requests.labels(short).inc()
         if outcome.must_respond:
             conn.respond_types.add(req.type_url)
-            conn.wake.set()
 
     # --- sending ---------------------------------------------------------------------------
 
-    async def _send_loop(self, conn: Connection, context: grpc.aio.ServicerContext) -> None:
-        while True:
-            await conn.wake.wait()
-            conn.wake.clear()
-            if conn.closed or conn.error is not None:
-                return
-            async with self._push_slots:
-                if not await self._send(conn, context, self._collect(conn)):
+    async def _flush(self, conn: Connection) -> None:
+        """Send whatever the stream has pending, unless another task is already writing to
+        it (that task picks the new work up before it lets go). Writes to one stream are
+        thereby serialized without a task or a lock per stream."""
+        if conn.busy or conn.context is None or conn.closed:
+            return
+        conn.busy = True
+        try:
+            while (conn.respond_types or conn.push_pending) and not conn.closed:
+                if not await self._send(conn, conn.context, self._collect(conn)):
+                    if conn.handler is not None and conn.handler is not asyncio.current_task():
+                        conn.handler.cancel()  # the handler is blocked reading: end the RPC
                     return
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            logger.debug("stream %s: write failed: %s", conn.id, e)
+        finally:
+            conn.busy = False
+
+    async def _push_worker(self) -> None:
+        while self._push_queue:
+            conn = self._push_queue.popleft()
+            conn.queued = False
+            if not conn.closed:
+                await self._flush(conn)
+        self._workers -= 1
 
     async def _send(
         self,
@@ -308,6 +337,8 @@ class XdsServer:
         if push:
             for resp in state.push(sets):
                 frames.append((resp.type_url, self._encode(resp)))
+                if conn.push_nonces is None:
+                    conn.push_nonces = {}
                 conn.push_nonces[resp.type_url] = (resp.nonce, started)
                 answered.add(resp.type_url)
         for type_url in sorted(forced - answered):

@@ -17,6 +17,7 @@ routes that stopped using them (6).
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -116,7 +117,7 @@ class SotwStream:
     def receive(self, req: DiscoveryRequest) -> RequestOutcome:
         """Classify a request and update the subscription it carries."""
         self.requests += 1
-        type_url = req.type_url
+        type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)
         raw_names = tuple(req.resource_names)
         if st is not None and raw_names == st.raw_names:
