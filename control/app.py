@@ -22,13 +22,16 @@ from control.generate.context import GenContext
 from control.metrics import Metrics
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
-from control.model.types import MeshConfig
+from control.model.types import MeshConfig, Resolution
 from control.registry.autoregister import WorkloadRegistry
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
 from control.xds.server import XdsOptions, XdsServer
+from protos.typeurls import ENDPOINT
 
 logger = logging.getLogger(__name__)
+
+_EDS_ONLY = frozenset((ENDPOINT,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +195,25 @@ class ControlPlane:
 
     def push_now(self) -> int:
         """Rebuild the index from the current config and workloads and push to every stream
-        (skips the debounce; benchmarks and tests use it). Returns the streams marked."""
+        (skips the debounce; benchmarks and tests use it). Returns the streams marked.
+
+        When services and Sidecars are unchanged, only workloads moved: that changes
+        endpoints and nothing else (clusters, listeners and routes are built from services
+        and Sidecars alone), so only EDS is regenerated and pushed, as Istio's incremental
+        EDS push does."""
         self._push_started = time.monotonic()
+        before = self._ctx.index.config
         self._rebuild()
+        after = self._ctx.index.config
         self.pushes += 1
+        if (before.services, before.sidecars) == (after.services, after.sidecars) and not any(
+            # DNS clusters carry their endpoints inline (CDS), and a ServiceEntry with a
+            # workloadSelector takes them from workloads: those need the full push.
+            s.resolution is Resolution.DNS and s.workload_selector is not None
+            for s in after.services
+        ):
+            self.metrics.push_triggers.labels("eds_only").inc()
+            return self.xds.push_all(_EDS_ONLY)
         return self.xds.push_all()
 
     async def _on_config(self, config: MeshConfig) -> None:

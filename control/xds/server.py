@@ -87,6 +87,7 @@ class Connection:
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
     respond_types: set[str] = field(default_factory=set)
     push_pending: bool = False
+    push_types: frozenset[str] | None = None  # types the pending push covers; None = all
     queued: bool = False  # waiting in the push queue
     busy: bool = False  # a write is in progress; whoever holds it sends what is pending
     closed: bool = False
@@ -144,10 +145,17 @@ class XdsServer:
             (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
         )
 
-    def push_all(self) -> int:
-        """Mark every stream for a push of the current resources; returns how many. At most
-        `max_concurrent_pushes` streams are generated for and written to at once (rule 9)."""
+    def push_all(self, types: frozenset[str] | None = None) -> int:
+        """Mark every stream for a push of the current resources of `types` (None: every
+        subscribed type); returns how many streams. At most `max_concurrent_pushes` streams
+        are generated for and written to at once (rule 9)."""
         for conn in self.connections.values():
+            if conn.push_pending:
+                # Coalesce with a push still waiting for its turn: the union of both.
+                pending = conn.push_types
+                conn.push_types = None if pending is None or types is None else pending | types
+            else:
+                conn.push_types = types
             conn.push_pending = True
             self._schedule(conn)
         return len(self.connections)
@@ -324,10 +332,16 @@ class XdsServer:
         forced = conn.respond_types
         conn.respond_types = set()
         push = conn.push_pending
+        push_types = conn.push_types
         conn.push_pending = False
+        conn.push_types = None
         state = conn.state
-        subscribed = [t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ]
-        wanted = set(subscribed) if push else {t for t in forced if t != typeurls.DEBUG_SYNCZ}
+        pushed: set[str] = set()
+        if push:
+            pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
+            if push_types is not None:
+                pushed &= push_types
+        wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
             sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources()
@@ -335,7 +349,7 @@ class XdsServer:
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()
         if push:
-            for resp in state.push(sets):
+            for resp in state.push({t: sets[t] for t in pushed}):
                 frames.append((resp.type_url, self._encode(resp)))
                 if conn.push_nonces is None:
                     conn.push_nonces = {}

@@ -311,3 +311,30 @@ def _syncz_type(cp: ControlPlane, type_url: str, status: str) -> dict | None:
         if row and row["status"] == status:
             return row
     return None
+
+
+async def test_endpoint_only_change_pushes_only_eds(setup) -> None:
+    cp, cfg, channel = setup
+    s = AdsStream(channel)
+    first = req(CDS, node=node_id("127.9.2.1"))
+    first.node.metadata.update({"AUTO_REGISTER": "false"})  # no registry push of its own
+    await s.send(first)
+    r = await s.recv()
+    await s.send(req(CDS, nonce=r.nonce, version=r.version_info))
+    await s.send(req(EDS, [cluster("alpha")]))
+    r = await s.recv()
+    await s.send(req(EDS, [cluster("alpha")], nonce=r.nonce, version=r.version_info))
+    before = cp.metrics.push_triggers.labels("eds_only")._value.get()
+    await change_config(cp, cfg / "a.yaml", service("alpha", "10.0.0.77"))
+    r = await s.recv()
+    assert r.type_url == EDS
+    cla = ClusterLoadAssignment()
+    r.resources[0].Unpack(cla)
+    assert cla.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.address == "10.0.0.77"
+    assert cp.metrics.push_triggers.labels("eds_only")._value.get() == before + 1
+    # A service change is a full push: the new cluster arrives over CDS.
+    await change_config(cp, cfg / "b.yaml", service("beta", "10.0.0.2"))
+    r = await s.recv()
+    assert r.type_url == CDS and cluster("beta") in cluster_names(r)
+    assert cp.metrics.push_triggers.labels("eds_only")._value.get() == before + 1
+    await s.close()
