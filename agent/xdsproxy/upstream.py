@@ -113,4 +113,6 @@ class UpstreamChannel:
         return method(wait_for_ready=True)
 
     def state(self) -> grpc.ChannelConnectivity:
-        return self.channel.get_state(try_to_connect=False)
+        """The channel's state; asking also starts connecting an idle channel, so readiness
+        does not wait for the first stream to bring the connection up."""
+        return self.channel.get_state(try_to_connect=True)

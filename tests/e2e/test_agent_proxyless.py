@@ -66,3 +66,31 @@ async def _ready(ip: str) -> int:
         s.get(f"http://{ip}:15020/healthz/ready") as r,
     ):
         return r.status
+
+
+async def test_proxy_only_agent_is_ready_before_any_client(tmp_path: Path) -> None:
+    pod = pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(mesh_yaml(pod_ip()))
+    async with running_control_plane(cfg) as cp:
+        agent = AgentProcess(
+            f"127.0.0.1:{cp.xds_port}", tmp_path / "pod", pod, "lonely", "", "--proxy-only"
+        )
+        agent.start()
+        try:
+            status = await eventually(
+                lambda: _ready_or_zero(pod), timeout=15, what="ready without clients"
+            )
+            assert status == 200
+        finally:
+            assert agent.terminate() == 0, agent.log()[-2000:]
+
+
+async def _ready_or_zero(ip: str) -> int:
+    import aiohttp
+
+    try:
+        return 200 if await _ready(ip) == 200 else 0
+    except aiohttp.ClientError:
+        return 0
