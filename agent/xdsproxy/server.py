@@ -15,14 +15,9 @@ import grpc
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
+from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
-
-ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-
-
-def _identity(b: bytes) -> bytes:
-    return b
 
 
 class DownstreamServer:
@@ -51,17 +46,7 @@ class DownstreamServer:
                 ("grpc.max_send_message_length", 256 << 20),
             ]
         )
-        handlers = {
-            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self._sotw, request_deserializer=_identity, response_serializer=_identity
-            ),
-            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self._delta, request_deserializer=_identity, response_serializer=_identity
-            ),
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
-        )
+        server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
         server.add_insecure_port(f"unix:{self.socket_path.resolve()}")
         await server.start()
         # Only this pod's processes (same user or group) may talk to the control plane as us.

@@ -15,15 +15,9 @@ from typing import Any
 
 import grpc
 
+from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
+
 logger = logging.getLogger(__name__)
-
-ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
-SOTW_METHOD = ADS + "StreamAggregatedResources"
-DELTA_METHOD = ADS + "DeltaAggregatedResources"
-
-
-def _identity(b: bytes) -> bytes:
-    return b
 
 
 def channel_target(addresses: Sequence[str]) -> str:
@@ -107,8 +101,8 @@ class UpstreamChannel:
         starts as soon as it returns instead of failing at once."""
         method = self.channel.stream_stream(
             DELTA_METHOD if delta else SOTW_METHOD,
-            request_serializer=_identity,
-            response_deserializer=_identity,
+            request_serializer=identity,
+            response_deserializer=identity,
         )
         return method(wait_for_ready=True)
 

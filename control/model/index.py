@@ -125,10 +125,6 @@ class MeshIndex:
             candidates = self._by_namespace.get(namespace, [])
         return [wl for wl in candidates if matches(selector, wl.labels)]
 
-    def services_of_workload(self, workload: Workload) -> list[Service]:
-        """Services the workload backs (used for inbound config)."""
-        return [s for s in self.services if workload in self.workloads_selected_by(s)]
-
     # --- Sidecar scoping -------------------------------------------------------------------
 
     def sidecar_for(self, proxy: Proxy) -> SidecarScope | None:

@@ -117,13 +117,7 @@ class ResourceSet(Mapping[str, Resource]):
     @property
     def digest(self) -> str:
         if self._digest is None:
-            h = hashlib.blake2b(digest_size=8)
-            for name in sorted(self._by_name):
-                h.update(name.encode())
-                h.update(b"\0")
-                h.update(self._by_name[name].version.encode())
-                h.update(b"\0")
-            self._digest = h.hexdigest()
+            self._digest = view_version(self._by_name)
         return self._digest
 
     def versions(self) -> dict[str, str]:

@@ -191,9 +191,7 @@ class DeltaStream:
                     removed.append(name)
             # A subscribed name that does not exist is reported removed once, so the client
             # stops waiting for it (it stays subscribed and arrives when it appears).
-            for name in sorted(st.names - set(resources) - st.told_absent - set(removed)):
-                if not st.wildcard or name in st.names:
-                    removed.append(name)
+            removed.extend(sorted(st.names - set(resources) - st.told_absent - set(removed)))
         if not updates and not removed and not force:
             return None
         for res in updates:

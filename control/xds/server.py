@@ -35,10 +35,9 @@ from control.xds.push import TokenBucket
 from control.xds.sotw import SotwResponse, SotwStream
 from control.xds.state import RequestKind, RequestOutcome, TypeStatus
 from protos import typeurls, wire
+from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
-
-ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
 
 class ResourceSource(Protocol):
@@ -60,10 +59,6 @@ class XdsOptions:
     connection_rate: float = 200.0  # new streams admitted per second ...
     connection_burst: float = 400.0  # ... after an initial burst of this many
     send_timeout: float = 30.0  # a stream that cannot take a response this long is closed
-
-
-def _identity(b: bytes) -> bytes:
-    return b
 
 
 class _StreamError(Exception):
@@ -133,17 +128,7 @@ class XdsServer:
     # --- wiring ----------------------------------------------------------------------------
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        handlers = {
-            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self._sotw, request_deserializer=_identity, response_serializer=_identity
-            ),
-            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self._delta, request_deserializer=_identity, response_serializer=_identity
-            ),
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(ADS_SERVICE, handlers),)
-        )
+        server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
 
     def push_all(self, types: frozenset[str] | None = None) -> int:
         """Mark every stream for a push of the current resources of `types` (None: every

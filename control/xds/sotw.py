@@ -63,7 +63,6 @@ class _TypeState:
     sent: View | None = None
     sent_nonce: str = ""
     acked_nonce: str = ""
-    acked_version: str = ""
     nack_message: str = ""
     nacked_nonce: str = ""
 
@@ -162,7 +161,6 @@ class SotwStream:
             )
         self.acks += 1
         st.acked_nonce = nonce
-        st.acked_version = req.version_info
         st.nack_message = ""
         st.nacked_nonce = ""
         return RequestOutcome(type_url, RequestKind.ACK, must_respond=bool(added))
@@ -210,7 +208,9 @@ class SotwStream:
                 if view.version == st.sent.version:
                     continue  # unchanged: nothing to send, nothing removed
                 removed = {n: r for n, r in st.sent.by_name.items() if n not in view.by_name}
-                if removed and _others_change(self, sets):
+                # Two steps only when listeners or routes move in this push: a pure cluster
+                # removal has nothing to move off the removed clusters first.
+                if removed and (typeurls.LISTENER in sets or typeurls.ROUTE in sets):
                     transitional = View({**removed, **view.by_name})
                     resp = self._respond_view(st, transitional)
                     if resp is not None:
@@ -254,13 +254,6 @@ class SotwStream:
             )
             for t, st in self._types.items()
         ]
-
-
-def _others_change(stream: SotwStream, sets: Mapping[str, Mapping[str, Resource]]) -> bool:
-    """Whether listeners or routes are part of this push (only then is a two-step cluster
-    removal worth it; a pure cluster removal has nothing to move first)."""
-    del stream
-    return any(t in sets for t in (typeurls.LISTENER, typeurls.ROUTE))
 
 
 def names_of(responses: Sequence[SotwResponse]) -> list[tuple[str, list[str]]]:
