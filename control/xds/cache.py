@@ -10,6 +10,7 @@ rebuild that produces identical bytes does not count as a change (rule 4).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -48,24 +49,65 @@ def view_version(by_name: Mapping[str, Resource]) -> str:
     return h.hexdigest()
 
 
-class View:
-    """An immutable selection of resources (what one SotW response holds), with its version
-    and its encoded `resources` field computed once and shared by every stream that gets the
-    same selection."""
+_view_ids = itertools.count(1)
 
-    __slots__ = ("_block", "by_name", "resources", "version")
+
+class View:
+    """An immutable selection of resources (what one SotW response holds), with its version,
+    and the whole encoded response built once and shared by every stream that gets the same
+    selection.
+
+    Sharing the response bytes means sharing the nonce too: `nonce` is unique to this view in
+    the process, so it still names exactly one response on any stream (a stream that is sent
+    the same view twice gets a nonce of its own the second time, see SotwStream). A thousand
+    streams pushed the same clusters then hold one copy of the bytes instead of a thousand.
+    """
+
+    __slots__ = (
+        "_block",
+        "_framed",
+        "_framed_for",
+        "by_name",
+        "nonce",
+        "resources",
+        "seq",
+        "version",
+    )
 
     def __init__(self, by_name: Mapping[str, Resource], version: str | None = None) -> None:
         self.by_name: Mapping[str, Resource] = by_name
         self.resources: tuple[Resource, ...] = tuple(by_name[n] for n in sorted(by_name))
         self.version: str = version if version is not None else view_version(by_name)
+        self.seq: int = next(_view_ids)  # increasing: later views have larger numbers
+        self.nonce: str = f"v{self.seq}"
         self._block: bytes | None = None
+        self._framed: bytes | None = None
+        self._framed_for: tuple[str, bytes | None] | None = None
 
     @property
     def block(self) -> bytes:
-        if self._block is None:
-            self._block = wire.resources_block(r.any_bytes for r in self.resources)
-        return self._block
+        """The encoded `resources` field (for responses that carry a nonce of their own)."""
+        if self._block is not None:
+            return self._block
+        block = wire.resources_block(r.any_bytes for r in self.resources)
+        if self._framed is None:
+            self._block = block  # about to be framed; afterwards only the frame is kept
+        return block
+
+    def framed(self, type_url: str, control_plane: bytes | None) -> bytes:
+        """The complete DiscoveryResponse with this view's own nonce. Kept for the first
+        (type, control plane) it is asked for, which in a server is the only one; a view shared
+        more widely (the empty set's) is framed afresh for the others."""
+        key = (type_url, control_plane)
+        if self._framed is not None and self._framed_for == key:
+            return self._framed
+        data = wire.discovery_response_block(
+            self.version, self.block, type_url, self.nonce, control_plane
+        )
+        if self._framed is None:
+            self._framed, self._framed_for = data, key
+            self._block = None  # the frame contains it; do not keep the bytes twice
+        return data
 
     def __len__(self) -> int:
         return len(self.by_name)

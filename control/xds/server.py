@@ -348,6 +348,8 @@ class XdsServer:
 
     def _encode(self, resp: Any) -> bytes:
         if isinstance(resp, SotwResponse):
+            if resp.nonce == resp.view.nonce:
+                return resp.view.framed(resp.type_url, self._control_plane)
             return wire.discovery_response_block(
                 resp.view.version, resp.view.block, resp.type_url, resp.nonce, self._control_plane
             )

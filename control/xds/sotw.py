@@ -65,6 +65,7 @@ class _TypeState:
     acked_nonce: str = ""
     nack_message: str = ""
     nacked_nonce: str = ""
+    max_view_seq: int = 0  # newest shared view sent for this type (see SotwStream._emit)
 
     @property
     def wildcard(self) -> bool:
@@ -184,7 +185,15 @@ class SotwStream:
         return self._emit(st, view)
 
     def _emit(self, st: _TypeState, view: View) -> SotwResponse:
-        nonce = self._nonces.next()
+        # The view's own nonce lets every stream share one encoded response. Views are
+        # numbered in creation order, so a view newer than any this type has sent cannot have
+        # been sent before; an older one (sent again, or back to an earlier selection) gets a
+        # nonce and an encoding of its own, and nonces stay unique on the stream.
+        if view.seq > st.max_view_seq:
+            st.max_view_seq = view.seq
+            nonce = view.nonce
+        else:
+            nonce = f"{view.nonce}.{self._nonces.next()}"
         st.sent = view
         st.sent_nonce = nonce
         return SotwResponse(st.type_url, nonce, view)

@@ -521,6 +521,48 @@ def test_nonces_unique_per_stream(b: Build) -> None:
     assert all(seen)
 
 
+def test_streams_share_one_encoded_response_per_view(b: Build) -> None:
+    """Rule 8: streams that are sent the same selection share its nonce and its bytes."""
+    resources = rset(b.cluster("a"), b.cluster("b"))
+    first, second = SotwStream("one"), SotwStream("two")
+    answers = []
+    for s in (first, second):
+        s.receive(req(CDS, []))
+        r = s.respond(CDS, resources, force=True)
+        assert r is not None
+        answers.append(r)
+    assert answers[0].nonce == answers[1].nonce
+    frames = [r.view.framed(CDS, None) for r in answers]
+    assert frames[0] is frames[1]
+    decoded = DiscoveryResponse.FromString(frames[0])
+    assert decoded.nonce == answers[0].nonce and len(decoded.resources) == 2
+
+
+def test_same_view_twice_on_one_stream_gets_a_new_nonce(b: Build) -> None:
+    """Rule 3 needs every response on a stream to carry its own nonce, shared bytes or not."""
+    resources = rset(b.cluster("a"))
+    s = SotwStream()
+    s.receive(req(CDS, []))
+    r1 = s.respond(CDS, resources, force=True)
+    assert r1 is not None
+    r2 = s.respond(CDS, resources, force=True)
+    r3 = s.respond(CDS, resources, force=True)
+    assert r2 is not None and r3 is not None
+    assert len({r1.nonce, r2.nonce, r3.nonce}) == 3
+    assert r2.view is r1.view and r2.nonce != r2.view.nonce
+    # The client's ACK of the first is now stale.
+    assert s.receive(ack(r1)).kind is RequestKind.STALE
+    assert s.receive(ack(r3)).kind is RequestKind.ACK
+
+
+def test_a_shared_empty_view_is_framed_per_type() -> None:
+    empty = ResourceSet(()).view(None)
+    cds = DiscoveryResponse.FromString(empty.framed(CDS, None))
+    lds = DiscoveryResponse.FromString(empty.framed(LDS, None))
+    assert (cds.type_url, lds.type_url) == (CDS, LDS)
+    assert cds.nonce == lds.nonce == empty.nonce
+
+
 def test_syncz_status_not_sent_stale_synced_error(b: Build) -> None:
     s = SotwStream("conn-1")
     s.receive(req(CDS))
