@@ -85,7 +85,9 @@ class Responder:
             return _error(data, _RCODE_FORMERR)
         table = self._table
         if table is None:
-            return _error(data, _RCODE_SERVFAIL)  # no name table yet: cannot say "not ours"
+            return _error(
+                data, _RCODE_SERVFAIL, echo=True
+            )  # no name table yet: cannot say "not ours"
         question: DNSQuestion = query.q
         if question.qclass != _CLASS_IN or question.qtype not in (_QTYPE_A, _QTYPE_AAAA):
             return Forward(data)
@@ -113,7 +115,7 @@ class Responder:
         edns = _edns_size(query)
         if edns is not None:
             reply.add_ar(EDNS0(udp_len=UDP_MAX_SIZE))
-        out: bytes = reply.pack()
+        out = bytes(reply.pack())
         if not tcp:
             limit = UDP_DEFAULT_SIZE if edns is None else min(max(edns, 512), UDP_MAX_SIZE)
             if len(out) > limit:
@@ -123,9 +125,10 @@ class Responder:
         self._answers[key] = out[2:]
         return out
 
-    def servfail(self, query: bytes) -> bytes | None:
-        """The SERVFAIL reply for a query the upstream did not answer."""
-        return _error(query, _RCODE_SERVFAIL) if len(query) >= 12 else None
+    def servfail(self, query: bytes, *, echo: bool = True) -> bytes | None:
+        """The SERVFAIL reply for a query the upstream did not answer. `echo` repeats its
+        question, which only a query that parsed (every forwarded one) can be trusted with."""
+        return _error(query, _RCODE_SERVFAIL, echo=echo) if len(query) >= 12 else None
 
 
 def _edns_size(query: DNSRecord) -> int | None:
@@ -142,12 +145,34 @@ def _truncated(reply: DNSRecord) -> bytes:
     )
     for rr in reply.ar:
         short.add_ar(rr)
-    data: bytes = short.pack()
+    data = bytes(short.pack())
     return data
 
 
-def _error(data: bytes, rcode: int) -> bytes:
-    """A header-only reply: same id, opcode and RD as the query, QR set, RA set, `rcode`.
-    Built from the raw header so it works for queries dnslib cannot parse."""
+def _error(data: bytes, rcode: int, *, echo: bool = False) -> bytes:
+    """A reply carrying only `rcode`: same id, opcode and RD as the query, QR and RA set.
+    With `echo` (the query parsed) its single question is repeated: stub resolvers such as
+    glibc's drop a SERVFAIL whose question does not match theirs. A malformed query gets the
+    bare header (FORMERR), since its question cannot be trusted to be well formed."""
     flags_hi = 0x80 | (data[2] & 0x79)  # QR, opcode, RD
-    return data[:2] + bytes((flags_hi, 0x80 | rcode)) + b"\x00" * 8
+    end = _question_end(data) if echo else None
+    if end is None:
+        return data[:2] + bytes((flags_hi, 0x80 | rcode)) + b"\x00" * 8
+    return data[:2] + bytes((flags_hi, 0x80 | rcode)) + b"\x00\x01" + b"\x00" * 6 + data[12:end]
+
+
+def _question_end(data: bytes) -> int | None:
+    """Where the single question of `data` ends, or None when there is not exactly one
+    uncompressed, well-formed question."""
+    if data[4:6] != b"\x00\x01":
+        return None
+    i = 12
+    while i < len(data):
+        n = data[i]
+        if n == 0:
+            end = i + 5
+            return end if end <= len(data) and end - 12 <= 259 else None
+        if n > 63:
+            return None
+        i += n + 1
+    return None

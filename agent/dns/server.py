@@ -36,7 +36,7 @@ class _UdpProtocol(asyncio.DatagramProtocol):
             result = self._server.responder.handle(data, tcp=False)
         except Exception:  # a bug must cost one query, never the server
             logger.exception("DNS query from %s failed", addr)
-            result = self._server.responder.servfail(data)
+            result = self._server.responder.servfail(data, echo=False)
         if result is None:
             return
         if isinstance(result, Forward):
@@ -132,7 +132,7 @@ class DnsServer:
                     result = self.responder.handle(data, tcp=True)
                 except Exception:
                     logger.exception("DNS query over TCP failed")
-                    result = self.responder.servfail(data)
+                    result = self.responder.servfail(data, echo=False)
                 if isinstance(result, Forward):
                     result = await self._resolve(result, tcp=True)
                 if result is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from control.generate.common import is_ip
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
 from control.model.types import Service
@@ -38,7 +39,8 @@ Entry = tuple[str, tuple[str, ...], str, str, str]
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     visible = ctx.index.visible_services(proxy)
     redirect = proxy.interception_mode == "REDIRECT"
-    own_ips = () if redirect else proxy.ips
+    # Outbound listeners bind at the proxy's first IP (DESIGN), so that one answers.
+    own_ips = () if redirect else (proxy.ip,)
     # The visible tuple is shared by every proxy of one scope (see outbound_plan), and in NONE
     # mode only the proxy's IPs differ between them.
     return ctx.memo(
@@ -58,7 +60,9 @@ def name_entries(services: tuple[Service, ...], own_ips: tuple[str, ...]) -> tup
     """The table's rows: `own_ips` answers every name (NONE mode); empty means VIPs."""
     out: list[Entry] = []
     for s in services:
-        ips = own_ips or s.addresses
+        # A ServiceEntry address may be a CIDR range: something to match traffic against,
+        # never an answer (the agent would rightly reject the whole table for it).
+        ips = own_ips or tuple(a for a in s.addresses if is_ip(a))
         if not ips:
             continue
         kube = s.registry == "Kubernetes"
