@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test unit integration lint demo bench protos clean
+.PHONY: venv sysdeps test unit integration lint demo bench protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,26 +14,31 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# dig, dnsmasq and dnsperf (Debian) for the DNS tests and benchmark, when missing.
+sysdeps:
+	.ci/sysdeps
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+test: $(STAMP) sysdeps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -p no:unraisableexception tests/unit tests/integration tests/e2e
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q tests/integration
 
 demo: $(STAMP)
 	$(BIN)/python examples/local/demo.py
 
-bench: $(STAMP)
+bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/push_fanout.py
 	$(BIN)/python tests/benchmarks/relay.py
+	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -15,6 +15,11 @@ import aiohttp
 import grpc
 
 from agent.config import AgentConfig
+from agent.dns.forwarder import Forwarder, parse_upstream
+from agent.dns.handler import NameTableHandler
+from agent.dns.responder import Responder
+from agent.dns.server import DnsServer
+from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.process import EnvoySupervisor
 from agent.metrics import AgentMetrics, MetricsObserver
@@ -24,6 +29,7 @@ from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel
+from protos.typeurls import NAME_TABLE
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,10 @@ class Agent:
         self.metrics = AgentMetrics()
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         self.upstream = UpstreamChannel(list(cfg.control_plane))
+        self.names: NameTableHandler | None = None
+        self.dns: DnsServer | None = None
+        if cfg.dns_port:
+            self._setup_dns(cfg)
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(
             self.upstream,
@@ -80,7 +90,7 @@ class Agent:
             envoy_stats_url=None if cfg.proxy_only else admin + "/stats/prometheus",
             on_quit=self.request_stop,
             on_drain=self._start_drain,
-            ndsz=lambda: {},
+            ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
         )
         self.stop_requested = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
@@ -96,6 +106,8 @@ class Agent:
         await self.upstream.start()
         await self.downstream.start()
         await self.agent_stream.start()
+        if self.dns is not None:
+            await self.dns.start()
         await self.status.start()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         if self.envoy is None:
@@ -136,6 +148,8 @@ class Agent:
                 await self.envoy.drain()
             await self.envoy.close()
         await self.status.close()
+        if self.dns is not None:
+            await self.dns.close()
         await self.agent_stream.close()
         await self.downstream.close()
         await self.upstream.close()
@@ -149,6 +163,24 @@ class Agent:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _setup_dns(self, cfg: AgentConfig) -> None:
+        """The DNS server and the NameTable handler that feeds it (through the registry,
+        like any other handler: NDS reaches the server only through the agent stream)."""
+        responder = Responder()
+
+        def swap(table: LookupTable) -> None:
+            responder.table = table
+
+        self.names = NameTableHandler(
+            swap,
+            namespace=cfg.namespace,
+            cluster_domain=cfg.cluster_domain,
+            search_domains=kubernetes_search_domains(cfg.namespace, cfg.cluster_domain),
+        )
+        self.handlers.register(NAME_TABLE, self.names)
+        forwarder = Forwarder(parse_upstream(u) for u in cfg.dns_upstream)
+        self.dns = DnsServer(cfg.ip, cfg.dns_port, responder, forwarder)
+
     def request_stop(self) -> None:
         self.stop_requested.set()
 
@@ -160,7 +192,9 @@ class Agent:
 
     async def readiness(self) -> str | None:
         """None when ready; otherwise why not (DESIGN: Envoy has accepted LDS and CDS, or in
-        proxy-only mode the upstream channel is up)."""
+        proxy-only mode the upstream channel is up), and with DNS on, a name table arrived."""
+        if self.names is not None and not self.names.received.is_set():
+            return "no DNS name table from the control plane yet"
         if self.envoy is None:
             state = self.upstream.state()
             if state is not grpc.ChannelConnectivity.READY:

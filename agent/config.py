@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.dns.forwarder import parse_upstream
+
 
 class AgentConfigError(ValueError):
     """A flag or environment variable has a value the agent cannot use."""
@@ -203,6 +205,11 @@ def config_from_args(
     if args.drain_duration < 0:
         raise AgentConfigError("--drain-duration must not be negative")
     upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
+    for u in upstream:
+        try:
+            parse_upstream(u)
+        except ValueError as e:
+            raise AgentConfigError(f"--dns-upstream: {e}") from None
     workdir = Path(args.workdir)
     extra = {
         k.removeprefix("ISTIO_META_"): v

@@ -1,8 +1,9 @@
 """Envoy configuration generators, one module per xDS type.
 
 `GENERATORS` maps a type URL to the function that computes that type's resources for an Envoy
-proxy; `GRPC_GENERATORS` does the same for proxyless gRPC clients (node metadata
-`GENERATOR: grpc`), which need api_listeners named after the target they dial instead.
+proxy (and the agent's DNS name table); `GRPC_GENERATORS` does the same for proxyless gRPC
+clients (node metadata `GENERATOR: grpc`), which need api_listeners named after the target
+they dial instead.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from control.generate import clusters, endpoints, grpc, listeners, routes
+from control.generate import clusters, endpoints, grpc, listeners, names, routes
 from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
+from protos.typeurls import NAME_TABLE
 
 Generator = Callable[[GenContext, Proxy], ResourceSet]
 
@@ -23,6 +25,7 @@ GENERATORS: Final[dict[str, Generator]] = {
     ENDPOINT_TYPE: endpoints.generate,
     LISTENER_TYPE: listeners.generate,
     ROUTE_TYPE: routes.generate,
+    NAME_TABLE: names.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
@@ -30,6 +33,8 @@ GRPC_GENERATORS: Final[dict[str, Generator]] = {
     ENDPOINT_TYPE: grpc.generate_endpoints,
     LISTENER_TYPE: grpc.generate_listeners,
     ROUTE_TYPE: grpc.generate_routes,
+    # The agent of a proxyless pod serves DNS too; its table is the same as a sidecar's.
+    NAME_TABLE: names.generate,
 }
 
 

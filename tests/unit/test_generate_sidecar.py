@@ -23,7 +23,7 @@ from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpPro
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from control.generate import GENERATORS, clusters, endpoints, listeners, routes
+from control.generate import GENERATORS, clusters, endpoints, listeners, names, routes
 from control.generate.common import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -52,6 +52,7 @@ from control.model.types import (
     labels_of,
 )
 from control.xds.cache import Resource, ResourceCache, ResourceSet
+from protos.typeurls import NAME_TABLE
 
 M = TypeVar("M", bound=Message)
 
@@ -561,6 +562,7 @@ def test_generators_table() -> None:
         ENDPOINT_TYPE: endpoints.generate,
         LISTENER_TYPE: listeners.generate,
         ROUTE_TYPE: routes.generate,
+        NAME_TABLE: names.generate,
     }
 
 
