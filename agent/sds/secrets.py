@@ -82,8 +82,9 @@ class WorkloadCert:
 
     @property
     def serial_hex(self) -> str:
-        """As Envoy's admin /certs shows it."""
-        return format(self.serial, "x")
+        """As Envoy's admin /certs shows it: lowercase hex, whole bytes."""
+        h = format(self.serial, "x")
+        return h if len(h) % 2 == 0 else "0" + h
 
 
 class SdsObserver(Protocol):
