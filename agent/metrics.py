@@ -8,6 +8,9 @@ metrics do. Metrics Istio's agent does not have are named `pilotfish_agent_*`.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 # What `render()` returns (Prometheus text format 0.0.4).
@@ -70,6 +73,41 @@ class AgentMetrics:
             registry=r,
         )
 
+        # Workload certificates (agent/sds), with Istio's names where it has them.
+        self.outgoing_requests = Counter(
+            "istio_agent_num_outgoing_requests",
+            "Requests the agent sent to the CA, by request_type (csr).",
+            ["request_type"],
+            registry=r,
+        )
+        self.failed_outgoing_requests = Counter(
+            "istio_agent_num_failed_outgoing_requests",
+            "Requests to the CA that failed, by request_type (csr).",
+            ["request_type"],
+            registry=r,
+        )
+        self.certs_issued = Counter(
+            "pilotfish_agent_certs_issued",
+            "Workload certificates installed (the first one and every rotation).",
+            registry=r,
+        )
+        self.cert_rotations = Counter(
+            "pilotfish_agent_cert_rotations",
+            "Workload certificates installed to replace a previous one.",
+            registry=r,
+        )
+        self.file_secret_failures = Counter(
+            "istio_agent_num_file_secret_failures",
+            "File-mounted secrets (file-cert:, file-root:) that could not be read or parsed.",
+            registry=r,
+        )
+        self.cert_expiry = Gauge(
+            "istio_agent_cert_expiry_seconds",
+            "Seconds until the workload certificate expires, by resource_name.",
+            ["resource_name"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -99,3 +137,34 @@ class MetricsObserver:
 def _short(type_url: str) -> str:
     """The message name of a type URL: Istio's metrics use short type labels."""
     return type_url.rpartition("/")[2].rpartition(".")[2] or "unknown"
+
+
+class SdsMetricsObserver:
+    """Feeds the secret manager's events into `AgentMetrics` (see agent.sds.secrets.SdsObserver)."""
+
+    def __init__(self, metrics: AgentMetrics, clock: Callable[[], float] = time.time) -> None:
+        self._m = metrics
+        self._clock = clock
+        self._not_after: float | None = None
+        # Computed at scrape time, so the gauge counts down between rotations.
+        metrics.cert_expiry.labels("default").set_function(self._remaining)
+
+    def _remaining(self) -> float:
+        if self._not_after is None:
+            return 0.0
+        return self._not_after - self._clock()
+
+    def sign_attempt(self) -> None:
+        self._m.outgoing_requests.labels("csr").inc()
+
+    def cert_issued(self, not_after: float, *, rotation: bool) -> None:
+        self._not_after = not_after
+        self._m.certs_issued.inc()
+        if rotation:
+            self._m.cert_rotations.inc()
+
+    def signing_failed(self, *, retryable: bool) -> None:
+        self._m.failed_outgoing_requests.labels("csr").inc()
+
+    def file_secret_failed(self) -> None:
+        self._m.file_secret_failures.inc()

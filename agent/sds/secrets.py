@@ -1,0 +1,435 @@
+"""The secret manager: the workload certificate, the root, file-mounted secrets, and who
+to tell when one of them changes.
+
+It owns two loops. The rotation loop generates a key and CSR (off the event loop), asks the
+`CertificateSigner` for a certificate, installs it as `default` (chain + key) and the root as
+`ROOTCA`, then sleeps until `RotationSchedule` says to renew; failures are retried with
+backoff. The file loop polls the files behind `file-cert:`/`file-root:` secrets that some
+stream holds. Every change calls the registered watchers (the SDS streams) with the secret's
+name; a watcher reads the new value from `entries()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from agent.sds.files import (
+    FileSecretError,
+    FileSource,
+    build_entry,
+    is_file_resource,
+    parse_file_resource,
+    read_contents,
+)
+from agent.sds.keys import KeyType, new_key_and_csr, spiffe_id
+from agent.sds.resources import (
+    ROOT_CERT,
+    WORKLOAD_CERT,
+    SecretEntry,
+    tls_certificate,
+    validation_context,
+)
+from agent.sds.rotation import RotationPolicy, RotationSchedule
+from agent.sds.signer import CertificateSigner, SigningError, is_retryable
+
+logger = logging.getLogger(__name__)
+
+Watcher = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SdsConfig:
+    trust_domain: str = "cluster.local"
+    namespace: str = "default"
+    service_account: str = "default"
+    key_type: KeyType = KeyType.EC_P256
+    cert_ttl: float = 24 * 3600.0
+    # The root served as ROOTCA; None: the last certificate of the signed chain.
+    root_cert_file: Path | None = None
+    # One signing attempt may take this long before it counts as failed.
+    sign_timeout: float = 30.0
+    file_poll_interval: float = 2.0
+    rotation: RotationPolicy = field(default_factory=RotationPolicy)
+
+    @property
+    def identity(self) -> str:
+        return spiffe_id(self.trust_domain, self.namespace, self.service_account)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCert:
+    """A signed workload certificate as served."""
+
+    chain_pem: bytes  # leaf first, then intermediates (the root is served as ROOTCA)
+    key_pem: bytes
+    root_pem: bytes
+    serial: int
+    not_before: float  # wall-clock seconds
+    not_after: float
+    identity: str | None  # the leaf's SPIFFE URI SAN
+
+    @property
+    def serial_hex(self) -> str:
+        """As Envoy's admin /certs shows it: lowercase hex, whole bytes."""
+        h = format(self.serial, "x")
+        return h if len(h) % 2 == 0 else "0" + h
+
+
+class SdsObserver(Protocol):
+    """Where certificate events go besides the plain counters (the agent's metrics)."""
+
+    def sign_attempt(self) -> None: ...
+    def cert_issued(self, not_after: float, *, rotation: bool) -> None: ...
+    def signing_failed(self, *, retryable: bool) -> None: ...
+    def file_secret_failed(self) -> None: ...
+
+
+@dataclass
+class SdsStats:
+    sign_attempts: int = 0
+    certs_issued: int = 0
+    rotations: int = 0  # certificates issued after the first
+    signing_failures: int = 0
+    file_secret_failures: int = 0
+    observer: SdsObserver | None = None
+
+    def on_attempt(self) -> None:
+        self.sign_attempts += 1
+        if self.observer is not None:
+            self.observer.sign_attempt()
+
+    def on_issued(self, not_after: float) -> None:
+        rotation = self.certs_issued > 0
+        self.certs_issued += 1
+        self.rotations += rotation
+        if self.observer is not None:
+            self.observer.cert_issued(not_after, rotation=rotation)
+
+    def on_failure(self, retryable: bool) -> None:
+        self.signing_failures += 1
+        if self.observer is not None:
+            self.observer.signing_failed(retryable=retryable)
+
+    def on_file_failure(self) -> None:
+        self.file_secret_failures += 1
+        if self.observer is not None:
+            self.observer.file_secret_failed()
+
+
+def workload_cert(chain: list[str], key_pem: bytes, root_pem: bytes | None) -> WorkloadCert:
+    """Check a signed chain against our key and split it into what is served (blocking).
+
+    SigningError (retryable: the next attempt may get a proper answer) when the CA's answer
+    is unusable.
+    """
+    if not chain:
+        raise SigningError("the CA returned an empty certificate chain")
+    try:
+        certs = [x509.load_pem_x509_certificate(p.encode()) for p in chain]
+    except ValueError as e:
+        raise SigningError(f"the CA returned an invalid certificate: {e}") from e
+    leaf = certs[0]
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if leaf.public_key().public_bytes(
+        serialization.Encoding.DER, spki
+    ) != key.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise SigningError("the CA's certificate is not for our key")
+    served = certs
+    if len(certs) > 1:
+        served = certs[:-1]  # the contract: root last; it is ROOTCA, not part of the chain
+        if root_pem is None:
+            root_pem = certs[-1].public_bytes(serialization.Encoding.PEM)
+    elif root_pem is None:
+        raise SigningError(
+            "the CA returned no root certificate and no root file is configured",
+            retryable=False,
+        )
+    identity: str | None = None
+    with contextlib.suppress(x509.ExtensionNotFound):
+        uris = leaf.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.UniformResourceIdentifier)
+        identity = next((u for u in uris if u.startswith("spiffe://")), None)
+    return WorkloadCert(
+        chain_pem=b"".join(c.public_bytes(serialization.Encoding.PEM) for c in served),
+        key_pem=key_pem,
+        root_pem=root_pem,
+        serial=leaf.serial_number,
+        not_before=leaf.not_valid_before_utc.timestamp(),
+        not_after=leaf.not_valid_after_utc.timestamp(),
+        identity=identity,
+    )
+
+
+@dataclass(slots=True)
+class _WatchedFile:
+    source: FileSource
+    refs: int = 0
+    contents: tuple[bytes, ...] | None = None  # what the served entry was built from
+    error: str = ""  # the last failure, logged once until it changes
+
+
+class SecretManager:
+    """Holds the served secrets and keeps them fresh. One task drives each loop; watchers
+    and `entries()` are used from the event loop only."""
+
+    def __init__(
+        self,
+        signer: CertificateSigner,
+        config: SdsConfig | None = None,
+        *,
+        stats: SdsStats | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config or SdsConfig()
+        self.identity = self.config.identity  # validates the identity parts up front
+        self.stats = stats or SdsStats()
+        self._signer = signer
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._entries: dict[str, SecretEntry] = {}
+        self._watchers: list[Watcher] = []
+        self._files: dict[str, _WatchedFile] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._issued = asyncio.Event()
+        self.current: WorkloadCert | None = None
+        self.last_error = ""
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._rotation_loop(), name="sds-rotation"),
+            asyncio.create_task(self._file_loop(), name="sds-file-watch"),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def __aenter__(self) -> SecretManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- state -----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """A workload certificate is held and has not expired."""
+        return self.current is not None and self._clock() < self.current.not_after
+
+    async def wait_ready(self, timeout: float | None = None) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._issued.wait(), timeout)
+        return self.ready
+
+    @property
+    def serial(self) -> str | None:
+        return self.current.serial_hex if self.current is not None else None
+
+    @property
+    def expiry(self) -> float | None:
+        return self.current.not_after if self.current is not None else None
+
+    def entries(self) -> Mapping[str, SecretEntry]:
+        """Every secret that can be served now, by name."""
+        return MappingProxyType(self._entries)
+
+    def get(self, name: str) -> SecretEntry | None:
+        return self._entries.get(name)
+
+    @staticmethod
+    def check_name(name: str) -> None:
+        """FileSecretError unless `name` is a secret this manager can serve."""
+        if name in (WORKLOAD_CERT, ROOT_CERT):
+            return
+        if is_file_resource(name):
+            parse_file_resource(name)
+            return
+        raise FileSecretError(
+            f"unknown secret {name!r} (served: {WORKLOAD_CERT}, {ROOT_CERT}, "
+            "file-cert:<cert>~<key>, file-root:<ca>)"
+        )
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call `watcher(name)` whenever secret `name` changes; returns the unsubscribe."""
+        self._watchers.append(watcher)
+
+        def unwatch() -> None:
+            with contextlib.suppress(ValueError):
+                self._watchers.remove(watcher)
+
+        return unwatch
+
+    def rotate_now(self) -> None:
+        """Renew the workload certificate now instead of at its scheduled time."""
+        self._wake.set()
+
+    # --- file-mounted secrets --------------------------------------------------------------
+
+    async def acquire(self, name: str) -> None:
+        """A stream needs `name`: start serving (and watching) it if it is file-mounted.
+        Invalid names raise FileSecretError; unreadable files are logged and retried."""
+        if not is_file_resource(name):
+            return
+        source = parse_file_resource(name)
+        watched = self._files.get(name)
+        if watched is not None:
+            watched.refs += 1
+            return
+        watched = self._files[name] = _WatchedFile(source, refs=1)
+        await self._load_files([(name, watched)])
+
+    def release(self, name: str) -> None:
+        watched = self._files.get(name)
+        if watched is None:
+            return
+        watched.refs -= 1
+        if watched.refs <= 0:
+            del self._files[name]
+            self._entries.pop(name, None)
+
+    async def _file_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.file_poll_interval)
+            if self._files:
+                await self._load_files(list(self._files.items()))
+
+    async def _load_files(self, items: list[tuple[str, _WatchedFile]]) -> None:
+        snapshot = [(name, w.source, w.contents) for name, w in items]
+        results = await asyncio.to_thread(_scan_files, snapshot)
+        for name, contents, outcome in results:
+            watched = self._files.get(name)
+            if watched is None:
+                continue  # released while we were reading
+            if outcome is None:
+                watched.error = ""  # back to the bytes we serve
+                continue
+            if isinstance(outcome, FileSecretError):
+                if str(outcome) != watched.error:
+                    watched.error = str(outcome)
+                    self.stats.on_file_failure()
+                    logger.warning("secret %s: %s (keeping the last good version)", name, outcome)
+                continue
+            watched.error = ""
+            watched.contents = contents
+            self._set(name, outcome)
+
+    # --- the workload certificate ----------------------------------------------------------
+
+    async def _rotation_loop(self) -> None:
+        schedule = RotationSchedule(self.config.rotation, self._rng)
+        while True:
+            try:
+                cert = await self._issue()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                retryable = is_retryable(e)
+                self.stats.on_failure(retryable)
+                self.last_error = str(e) or type(e).__name__
+                delay = schedule.after_failure(self._clock(), self.expiry, retryable=retryable)
+                logger.log(
+                    logging.WARNING if retryable else logging.ERROR,
+                    "workload certificate signing failed (attempt %d, next in %.1fs): %s",
+                    schedule.failures,
+                    delay,
+                    self.last_error,
+                )
+            else:
+                self._install(cert)
+                delay = schedule.after_success(cert.not_before, cert.not_after, self._clock())
+                logger.debug("next certificate renewal in %.1fs", delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+
+    async def _issue(self) -> WorkloadCert:
+        kc = await new_key_and_csr(self.identity, self.config.key_type)
+        self.stats.on_attempt()
+        ttl = max(1, round(self.config.cert_ttl))
+        chain = await asyncio.wait_for(self._signer.sign(kc.csr_pem, ttl), self.config.sign_timeout)
+        root_file = self.config.root_cert_file
+        return await asyncio.to_thread(_checked_cert, chain, kc.key_pem, root_file)
+
+    def _install(self, cert: WorkloadCert) -> None:
+        first = self.current is None
+        self.current = cert
+        self.last_error = ""
+        self.stats.on_issued(cert.not_after)
+        if cert.identity is not None and cert.identity != self.identity:
+            # The CA names us from our credentials; a mismatch means the token belongs to
+            # another service account than the agent was told.
+            logger.warning("certificate identity %s differs from %s", cert.identity, self.identity)
+        logger.info(
+            "workload certificate %s: serial %s, valid until %s",
+            "issued" if first else "rotated",
+            cert.serial_hex,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cert.not_after)),
+        )
+        self._set(WORKLOAD_CERT, tls_certificate(WORKLOAD_CERT, cert.chain_pem, cert.key_pem))
+        self._set(ROOT_CERT, validation_context(ROOT_CERT, cert.root_pem))
+        self._issued.set()
+
+    def _set(self, name: str, entry: SecretEntry) -> None:
+        old = self._entries.get(name)
+        if old is not None and old.version == entry.version:
+            return
+        self._entries[name] = entry
+        for w in list(self._watchers):
+            try:
+                w(name)
+            except Exception:
+                logger.exception("secret watcher failed for %s", name)
+
+
+def _checked_cert(chain: list[str], key_pem: bytes, root_file: Path | None) -> WorkloadCert:
+    root_pem: bytes | None = None
+    if root_file is not None:
+        try:
+            root_pem = root_file.read_bytes()
+            if not x509.load_pem_x509_certificates(root_pem):
+                raise ValueError("no certificate")
+        except (OSError, ValueError) as e:
+            raise SigningError(f"root certificate file {root_file}: {e}") from e
+    return workload_cert(chain, key_pem, root_pem)
+
+
+def _scan_files(
+    items: list[tuple[str, FileSource, tuple[bytes, ...] | None]],
+) -> list[tuple[str, tuple[bytes, ...], SecretEntry | FileSecretError | None]]:
+    """Read each source; build entries for the ones whose bytes changed (None: unchanged)
+    (blocking)."""
+    out: list[tuple[str, tuple[bytes, ...], SecretEntry | FileSecretError | None]] = []
+    for name, source, previous in items:
+        try:
+            contents = read_contents(source)
+            if contents == previous:
+                out.append((name, contents, None))
+                continue
+            out.append((name, contents, build_entry(name, source, contents)))
+        except FileSecretError as e:
+            out.append((name, (), e))
+    return out

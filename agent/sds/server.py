@@ -1,0 +1,256 @@
+"""The SDS gRPC server on `<workdir>/SDS`: Envoy's `sds-grpc` cluster (agent/envoy/bootstrap.py)
+reads the workload certificate and the root from here.
+
+`envoy.service.secret.v3.SecretDiscoveryService`: StreamSecrets (SotW, rules in stream.py)
+and FetchSecrets (unary). DeltaSecrets is not served (gRPC answers UNIMPLEMENTED); Envoy uses
+it only when told to. The socket hands out private keys, so it is created 0600 inside a
+private directory and then moved into place: no other user can connect, not even during
+the moment between bind and chmod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+
+from agent.sds.files import FileSecretError
+from agent.sds.resources import view_version
+from agent.sds.secrets import SecretManager
+from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
+from protos import typeurls
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
+# The longest path a Unix socket address holds (sun_path, with its terminating NUL).
+_MAX_SOCKET_PATH = 107
+
+
+class SdsServer:
+    def __init__(
+        self, socket_path: Path, secrets: SecretManager, *, fetch_timeout: float = 10.0
+    ) -> None:
+        self.socket_path = socket_path
+        self._secrets = secrets
+        self._fetch_timeout = fetch_timeout
+        self._server: grpc.aio.Server | None = None
+        self._ids = itertools.count(1)
+        self.active = 0  # open StreamSecrets streams
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self._handler(),))
+        # A few syscalls once at startup; gRPC binds synchronously anyway.
+        _bind_private(server, self.socket_path.absolute())
+        await server.start()
+        self._server = server
+        logger.info("SDS server listening on %s", self.socket_path)
+
+    async def close(self, grace: float = 0.5) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def __aenter__(self) -> SdsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "StreamSecrets": grpc.stream_stream_rpc_method_handler(
+                    self._stream,
+                    request_deserializer=DiscoveryRequest.FromString,
+                    response_serializer=DiscoveryResponse.SerializeToString,
+                ),
+                "FetchSecrets": grpc.unary_unary_rpc_method_handler(
+                    self._fetch,
+                    request_deserializer=DiscoveryRequest.FromString,
+                    response_serializer=DiscoveryResponse.SerializeToString,
+                ),
+            },
+        )
+
+    # --- StreamSecrets ---------------------------------------------------------------------
+
+    async def _stream(
+        self, requests: AsyncIterator[DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        sid = next(self._ids)
+        state = SdsStream()
+        # One queue carries both requests and change notices, so the stream's state is only
+        # ever touched by this task. None: the client closed its side.
+        events: asyncio.Queue[DiscoveryRequest | str | None] = asyncio.Queue()
+
+        def on_change(name: str) -> None:
+            if name in state.names:
+                events.put_nowait(name)
+
+        unwatch = self._secrets.watch(on_change)
+        reader = asyncio.create_task(_read(requests, events), name=f"sds-{sid}-reader")
+        held: set[str] = set()
+        self.active += 1
+        logger.debug("SDS stream %d opened", sid)
+        try:
+            while (event := await events.get()) is not None:
+                force = False
+                if isinstance(event, DiscoveryRequest):
+                    try:
+                        outcome = state.receive(event)
+                    except SdsProtocolError as e:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                        return
+                    if outcome.kind is RequestKind.NACK:
+                        logger.warning(
+                            "SDS stream %d: Envoy rejected %s: %s",
+                            sid,
+                            sorted(state.names),
+                            outcome.error_message,
+                        )
+                    await self._hold(sid, outcome.added, held)
+                    for name in outcome.removed & held:
+                        held.discard(name)
+                        self._secrets.release(name)
+                    force = outcome.must_respond
+                response = state.respond(self._secrets.entries(), force=force)
+                if response is not None:
+                    logger.debug(
+                        "SDS stream %d: sending %s version %s",
+                        sid,
+                        response.names,
+                        response.version_info,
+                    )
+                    await context.write(response.to_proto())
+        finally:
+            reader.cancel()
+            unwatch()
+            for name in held:
+                self._secrets.release(name)
+            self.active -= 1
+            logger.debug("SDS stream %d closed", sid)
+
+    async def _hold(self, sid: int, names: frozenset[str], held: set[str]) -> None:
+        for name in sorted(names - held):
+            try:
+                self._secrets.check_name(name)
+                await self._secrets.acquire(name)
+            except FileSecretError as e:
+                # Stays subscribed and is never sent; Envoy's own init timeout reports it.
+                logger.warning("SDS stream %d: %s", sid, e)
+                continue
+            held.add(name)
+
+    # --- FetchSecrets ----------------------------------------------------------------------
+
+    async def _fetch(
+        self, request: DiscoveryRequest, context: grpc.aio.ServicerContext
+    ) -> DiscoveryResponse:
+        if request.type_url and request.type_url != typeurls.SECRET:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"SDS serves {typeurls.SECRET}, not {request.type_url!r}",
+            )
+        names = sorted(set(request.resource_names))
+        if not names:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no resource_names requested")
+        for name in names:
+            try:
+                self._secrets.check_name(name)
+            except FileSecretError as e:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        held: list[str] = []
+        try:
+            for name in names:
+                await self._secrets.acquire(name)
+                held.append(name)
+            missing = await self._wait_for(names, _time_remaining(context, self._fetch_timeout))
+            if missing:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"secrets not available yet: {missing}"
+                )
+            entries = self._secrets.entries()
+            view = tuple(entries[n] for n in names)
+            return DiscoveryResponse(
+                version_info=view_version(view),
+                type_url=typeurls.SECRET,
+                resources=[e.resource for e in view],
+            )
+        finally:
+            for name in held:
+                self._secrets.release(name)
+
+    async def _wait_for(self, names: list[str], timeout: float) -> list[str]:
+        """Wait until every name can be served; the ones still missing after `timeout`."""
+        changed = asyncio.Event()
+        unwatch = self._secrets.watch(lambda _name: changed.set())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while missing := [n for n in names if n not in self._secrets.entries()]:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return missing
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+            return []
+        finally:
+            unwatch()
+
+
+def _bind_private(server: grpc.aio.Server, path: Path) -> None:
+    """Listen on `path`, mode 0600, with no moment where the socket is reachable by others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from a previous run
+    private = Path(tempfile.mkdtemp(prefix=".sds", dir=path.parent))  # mode 0700
+    try:
+        tmp = private / path.name
+        if len(str(tmp)) > _MAX_SOCKET_PATH:
+            # The private directory makes the path too long for a socket address: bind in
+            # place (the window before chmod is the only difference).
+            server.add_insecure_port(f"unix:{path}")
+            os.chmod(path, 0o600)
+        else:
+            server.add_insecure_port(f"unix:{tmp}")
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            private.rmdir()
+
+
+async def _read(
+    requests: AsyncIterator[DiscoveryRequest],
+    events: asyncio.Queue[DiscoveryRequest | str | None],
+) -> None:
+    try:
+        async for req in requests:
+            events.put_nowait(req)
+    except grpc.aio.AioRpcError:
+        pass  # the client went away: same as a clean end
+    finally:
+        events.put_nowait(None)
+
+
+def _time_remaining(context: grpc.aio.ServicerContext, cap: float) -> float:
+    """The caller's deadline (a little before it, to answer in time), at most `cap`."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return cap
+    return max(0.0, min(cap, float(remaining) - 0.1))
