@@ -23,7 +23,7 @@ from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
-from agent.xdsproxy.upstream import UpstreamChannel
+from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,10 @@ class Agent:
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
-        self.upstream = UpstreamChannel(list(cfg.control_plane))
+        tls = None
+        if cfg.uses_tls and cfg.ca_root_cert is not None:
+            tls = UpstreamTls(cfg.ca_root_cert, cfg.token_file)
+        self.upstream = UpstreamChannel(list(cfg.control_plane), tls=tls)
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(
             self.upstream,
@@ -162,9 +165,8 @@ class Agent:
         """None when ready; otherwise why not (DESIGN: Envoy has accepted LDS and CDS, or in
         proxy-only mode the upstream channel is up)."""
         if self.envoy is None:
-            state = self.upstream.state()
-            if state is not grpc.ChannelConnectivity.READY:
-                return f"upstream channel is {state.name}"
+            if self.upstream.state() is not grpc.ChannelConnectivity.READY:
+                return await self.upstream.problem()
             return None
         if not self.envoy.running:
             return "envoy is not running"
@@ -187,7 +189,10 @@ class Agent:
             if int(values.get(stat, "0") or 0) < 1
         ]
         if missing:
-            return "envoy has not accepted " + " and ".join(missing) + " yet"
+            reason = "envoy has not accepted " + " and ".join(missing) + " yet"
+            if self.upstream.state() is not grpc.ChannelConnectivity.READY:
+                reason += f" ({await self.upstream.problem()})"
+            return reason
         return None
 
 

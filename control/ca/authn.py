@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -298,8 +299,8 @@ def load_or_create_token_key(state_dir: str | os.PathLike[str]) -> ec.EllipticCu
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        tmp = d / f".{TOKEN_KEY_FILE}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, name = tempfile.mkstemp(prefix=f".{TOKEN_KEY_FILE}.", dir=d)  # 0600
+        tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(pem)

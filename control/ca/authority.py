@@ -21,6 +21,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,8 +389,8 @@ def make_private_dir(path: Path) -> None:
 
 def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write atomically; the file never exists with wider permissions than `mode`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # created 0600
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
