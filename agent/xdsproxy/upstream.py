@@ -190,7 +190,13 @@ class UpstreamChannel:
         "unavailable"; an untrusted control-plane certificate should say so)."""
         state = self.state()
         reason = f"upstream channel is {state.name}"
-        if state is grpc.ChannelConnectivity.READY or self._tls is None or not self._root_pem:
+        # Probe only a channel that has failed: while it is still connecting, a second
+        # connection would only compete with it.
+        if (
+            state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            or self._tls is None
+            or not self._root_pem
+        ):
             return reason
         tls = await self._handshake_problem(self.addresses[0])
         return f"{reason}: {tls}" if tls else reason
@@ -213,9 +219,6 @@ class UpstreamChannel:
             )
         except (OSError, TimeoutError) as e:
             return f"cannot reach control plane {address}: {e}"
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
+        # Drop it at once: a graceful TLS close would wait for the server's close_notify.
+        writer.transport.abort()
         return None
