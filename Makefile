@@ -34,6 +34,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/push_fanout.py
 	$(BIN)/python tests/benchmarks/relay.py
+	$(BIN)/python tests/benchmarks/ca.py
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

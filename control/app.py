@@ -132,6 +132,7 @@ class ControlPlane:
         self.ca: CertificateAuthority | None = None
         self.tokens: TokenIssuer | None = None
         self._call_auth: CallAuthenticator | None = None
+        self._ca_service: CertificateService | None = None
         self.serving_chain: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -159,7 +160,8 @@ class ControlPlane:
             ]
         )
         self.xds.add_to(server)
-        CertificateService(ca, self._call_auth, self.metrics).add_to(server)
+        self._ca_service = CertificateService(ca, self._call_auth, self.metrics)
+        self._ca_service.add_to(server)
         self.xds_port = server.add_insecure_port(self.options.xds_address)
         if self.xds_port == 0:
             raise OSError(f"cannot listen on --xds-address {self.options.xds_address}")
@@ -264,6 +266,9 @@ class ControlPlane:
             except TimeoutError:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
+        if self._ca_service is not None:
+            self._ca_service.close()
+            self._ca_service = None
         await self.watcher.close()
 
     async def __aenter__(self) -> ControlPlane:
