@@ -28,7 +28,7 @@ from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
-from agent.xdsproxy.upstream import UpstreamChannel
+from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from protos.typeurls import NAME_TABLE
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,10 @@ class Agent:
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
-        self.upstream = UpstreamChannel(list(cfg.control_plane))
+        tls = None
+        if cfg.uses_tls and cfg.ca_root_cert is not None:
+            tls = UpstreamTls(cfg.ca_root_cert, cfg.token_file)
+        self.upstream = UpstreamChannel(list(cfg.control_plane), tls=tls)
         self.names: NameTableHandler | None = None
         self.dns: DnsServer | None = None
         if cfg.dns_port:
@@ -196,9 +199,8 @@ class Agent:
         if self.names is not None and not self.names.received.is_set():
             return "no DNS name table from the control plane yet"
         if self.envoy is None:
-            state = self.upstream.state()
-            if state is not grpc.ChannelConnectivity.READY:
-                return f"upstream channel is {state.name}"
+            if self.upstream.state() is not grpc.ChannelConnectivity.READY:
+                return await self.upstream.problem()
             return None
         if not self.envoy.running:
             return "envoy is not running"
@@ -221,7 +223,10 @@ class Agent:
             if int(values.get(stat, "0") or 0) < 1
         ]
         if missing:
-            return "envoy has not accepted " + " and ".join(missing) + " yet"
+            reason = "envoy has not accepted " + " and ".join(missing) + " yet"
+            if self.upstream.state() is not grpc.ChannelConnectivity.READY:
+                reason += f" ({await self.upstream.problem()})"
+            return reason
         return None
 
 

@@ -16,6 +16,10 @@ from pathlib import Path
 
 from agent.dns.forwarder import parse_upstream
 
+# Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
+# the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
+LOCAL_ROOT_CERT = Path("pilotfish-state/root-cert.pem")
+
 
 class AgentConfigError(ValueError):
     """A flag or environment variable has a value the agent cannot use."""
@@ -166,7 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--proxy-only", action="store_true", help="no Envoy: serve proxyless gRPC clients only"
     )
     p.add_argument("--dns-upstream", default="", help="HOST[:PORT],... (default: resolv.conf)")
-    p.add_argument("--ca-root-cert", default=None, help="root the control plane must chain to")
+    p.add_argument(
+        "--ca-root-cert",
+        default=None,
+        help=(
+            "root the control plane's TLS certificate must chain to; giving it turns TLS on. "
+            f"With port 15012 and no root given: {LOCAL_ROOT_CERT} (the control plane's "
+            "default state dir, for local use from the same directory)"
+        ),
+    )
     p.add_argument("--status-port", type=int, default=15020)
     p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
     p.add_argument("--envoy-admin-port", type=int, default=15000)
@@ -227,7 +239,11 @@ def config_from_args(
         token_file=Path(args.token_file) if args.token_file else workdir / "token",
         proxy_only=args.proxy_only,
         dns_upstream=upstream or resolv_conf_servers(),
-        ca_root_cert=Path(args.ca_root_cert) if args.ca_root_cert else None,
+        ca_root_cert=Path(args.ca_root_cert)
+        if args.ca_root_cert
+        else LOCAL_ROOT_CERT
+        if any(a.rpartition(":")[2] == "15012" for a in addresses)
+        else None,
         status_port=args.status_port,
         dns_port=args.dns_port,
         envoy_admin_port=args.envoy_admin_port,

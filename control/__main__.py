@@ -33,6 +33,19 @@ def _positive(value: str) -> float:
     return f
 
 
+def _duration(value: str) -> float:
+    from control.duration import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _optional_address(value: str) -> str:
+    return value if value in ("", "off") else _address(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pilotfish-control",
@@ -56,9 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--secure-xds-address",
-        type=_address,
+        type=_optional_address,
         default="127.0.0.1:15012",
-        help="TLS gRPC address for ADS + CA (not served yet: arrives with the CA)",
+        help=(
+            "TLS gRPC address for ADS + CA, serving certificate from our own CA; callers "
+            "authenticate with a bearer token ('off' disables; default %(default)s)"
+        ),
+    )
+    p.add_argument(
+        "--mtls-xds-address",
+        type=_optional_address,
+        default="",
+        help=(
+            "TLS gRPC address for ADS + CA that requires a client certificate issued by our "
+            "CA (identity from its SPIFFE ID); default: not served"
+        ),
     )
     p.add_argument(
         "--http-address",
@@ -69,7 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir",
         default="./pilotfish-state",
-        help="CA and token keys, auto-registered workloads (default %(default)s)",
+        help=(
+            "CA root (root-cert.pem, root-key.pem), token key (token-key.pem), "
+            "auto-registered workloads; created 0700 with keys 0600 (default %(default)s)"
+        ),
+    )
+    p.add_argument(
+        "--ca-cert",
+        default="",
+        metavar="PEM",
+        help="plugged-in CA: signing certificate, a root or an intermediate",
+    )
+    p.add_argument("--ca-key", default="", metavar="PEM", help="plugged-in CA: its private key")
+    p.add_argument(
+        "--ca-chain",
+        default="",
+        metavar="PEM",
+        help="plugged-in CA: the certificates above --ca-cert, root last",
+    )
+    p.add_argument(
+        "--max-workload-cert-ttl",
+        type=_duration,
+        default=24 * 3600.0,
+        metavar="DURATION",
+        help="longest workload certificate the CA signs, e.g. 24h (default 24h)",
     )
     p.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
     p.add_argument("--id", default=socket.gethostname(), help="this replica's identity")
@@ -113,14 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _run(args: argparse.Namespace) -> int:
     from control.app import ControlPlane, ControlPlaneOptions
+    from control.ca.authority import CaError
     from control.config.errors import ConfigError
     from control.xds.server import XdsOptions
 
     opts = ControlPlaneOptions(
         config_paths=tuple(args.config),
         xds_address=args.xds_address,
+        secure_xds_address="" if args.secure_xds_address == "off" else args.secure_xds_address,
+        mtls_xds_address="" if args.mtls_xds_address == "off" else args.mtls_xds_address,
         http_address=args.http_address,
         state_dir=args.state_dir,
+        ca_cert=args.ca_cert,
+        ca_key=args.ca_key,
+        ca_chain=args.ca_chain,
+        max_workload_cert_ttl=args.max_workload_cert_ttl,
         trust_domain=args.trust_domain,
         id=args.id,
         debounce_quiet=args.debounce_after,
@@ -140,7 +195,7 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await cp.start()
-    except ConfigError as e:
+    except (ConfigError, CaError) as e:
         print(f"pilotfish-control: {e}", file=sys.stderr)
         await cp.close(0)
         return 1
@@ -155,7 +210,12 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.ca_cert) != bool(args.ca_key):
+        parser.error("--ca-cert and --ca-key go together")
+    if args.ca_chain and not args.ca_cert:
+        parser.error("--ca-chain needs --ca-cert and --ca-key")
     logsetup.setup(args.log_level, args.log_format)
     import uvloop
 

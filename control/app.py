@@ -5,6 +5,8 @@ debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import ipaddress
 import json
 import logging
 import os
@@ -14,7 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from control.ca.authn import (
+    Authenticator,
+    AuthError,
+    TokenIssuer,
+    check_claim,
+    load_or_create_token_key,
+)
+from control.ca.authority import (
+    CaError,
+    CaLimits,
+    CertificateAuthority,
+    authority_from_files,
+    authority_from_state_dir,
+    in_memory_authority,
+)
+from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
+from control.ca.service import CertificateService
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.generate import generators_for
@@ -38,8 +58,23 @@ _EDS_ONLY = frozenset((ENDPOINT,))
 class ControlPlaneOptions:
     config_paths: tuple[str, ...] = ()
     xds_address: str = "127.0.0.1:15010"
+    # TLS gRPC (ADS + CA) with a serving certificate from our own CA; "" = not served. The
+    # CLI default is 127.0.0.1:15012; here it is off so that library users and tests do not
+    # collide on a fixed port.
+    secure_xds_address: str = ""
+    # TLS gRPC that requires a client certificate issued by our CA ("" = not served). A
+    # separate listener because grpcio can only either not ask for a client certificate or
+    # require one; the token port must not require one (an agent has no cert before its
+    # first CreateCertificate).
+    mtls_xds_address: str = ""
     http_address: str = "127.0.0.1:15014"
-    state_dir: str = ""  # empty: nothing is persisted (tests)
+    # Empty: nothing is persisted (tests): the CA root and the token key then live in memory
+    # for the life of the process.
+    state_dir: str = ""
+    ca_cert: str = ""  # plugged-in CA: signing certificate (root or intermediate) ...
+    ca_key: str = ""  # ... its key ...
+    ca_chain: str = ""  # ... and the certificates above it, root last
+    max_workload_cert_ttl: float = 24 * 3600.0
     trust_domain: str = "cluster.local"
     id: str = "pilotfish"
     debounce_quiet: float = 0.1
@@ -72,6 +107,7 @@ class ControlPlane:
             options.xds,
             on_connect=self._on_proxy_connect,
             on_disconnect=self._on_proxy_disconnect,
+            authorize=self._authorize_stream,
         )
         self.push_loop = PushLoop(
             self._push, quiet=options.debounce_quiet, max_delay=options.debounce_max
@@ -87,8 +123,17 @@ class ControlPlane:
         self._save_task: asyncio.Task[None] | None = None
         self._save_wake = asyncio.Event()
         self.xds_port = 0
+        self.secure_xds_port = 0
+        self.mtls_xds_port = 0
         self.http_port = 0
         self.ready = False
+        # Set by start(): the CA, the token issuer (tests and pilotfish-ctl mint tokens with
+        # the same key), and the serving certificate chain of the TLS ports.
+        self.ca: CertificateAuthority | None = None
+        self.tokens: TokenIssuer | None = None
+        self._call_auth: CallAuthenticator | None = None
+        self._ca_service: CertificateService | None = None
+        self.serving_chain: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -96,6 +141,13 @@ class ControlPlane:
         await self.watcher.start()  # raises ConfigError on a bad file at startup
         await self._restore_workloads()
         self._rebuild()
+        # Key material: file I/O and key generation, off the event loop.
+        ca, tokens = await asyncio.to_thread(self._load_security)
+        self.ca, self.tokens = ca, tokens
+        self.metrics.root_expiry.set(ca.root.not_valid_after_utc.timestamp())
+        self._call_auth = CallAuthenticator(
+            Authenticator(tokens.verifier(), self.options.trust_domain)
+        )
         server = grpc.aio.server(
             options=[
                 ("grpc.max_concurrent_streams", 1 << 20),
@@ -108,9 +160,12 @@ class ControlPlane:
             ]
         )
         self.xds.add_to(server)
+        self._ca_service = CertificateService(ca, self._call_auth, self.metrics)
+        self._ca_service.add_to(server)
         self.xds_port = server.add_insecure_port(self.options.xds_address)
         if self.xds_port == 0:
             raise OSError(f"cannot listen on --xds-address {self.options.xds_address}")
+        await self._add_tls_ports(server, ca)
         await server.start()
         self._grpc = server
         await self.push_loop.start()
@@ -119,11 +174,82 @@ class ControlPlane:
         self.http_port = await self.debug.start(self.options.http_address)
         self.ready = True
         logger.info(
-            "control plane %s ready: xds %s, http %s",
+            "control plane %s ready: xds %s, secure xds %s, http %s",
             self.options.id,
             _with_port(self.options.xds_address, self.xds_port),
+            _with_port(self.options.secure_xds_address, self.secure_xds_port)
+            if self.secure_xds_port
+            else "off",
             _with_port(self.options.http_address, self.http_port),
         )
+
+    def _load_security(self) -> tuple[CertificateAuthority, TokenIssuer]:
+        """The CA and the token key (blocking; called through asyncio.to_thread)."""
+        o = self.options
+        limits = CaLimits(max_workload_ttl=o.max_workload_cert_ttl)
+        if o.ca_cert or o.ca_key or o.ca_chain:
+            if not (o.ca_cert and o.ca_key):
+                raise CaError("a plugged-in CA needs both --ca-cert and --ca-key")
+            ca = authority_from_files(
+                o.ca_cert, o.ca_key, o.ca_chain or None, o.trust_domain, limits
+            )
+            logger.info("CA: plugged in from %s", o.ca_cert)
+        elif o.state_dir:
+            ca = authority_from_state_dir(o.state_dir, o.trust_domain, limits)
+        else:
+            ca = in_memory_authority(o.trust_domain, limits)
+            logger.info("CA: in memory (no state dir)")
+        if o.state_dir:
+            try:
+                key = load_or_create_token_key(o.state_dir)
+            except (OSError, ValueError) as e:
+                raise CaError(f"token key: {e}") from None
+        else:
+            key = ec.generate_private_key(ec.SECP256R1())
+        return ca, TokenIssuer(key)
+
+    async def _add_tls_ports(self, server: grpc.aio.Server, ca: CertificateAuthority) -> None:
+        o = self.options
+        if not (o.secure_xds_address or o.mtls_xds_address):
+            return
+        hosts = [_host(a) for a in (o.secure_xds_address, o.mtls_xds_address) if a and _host(a)]
+        ips = [h for h in hosts if _is_ip(h) and not ipaddress.ip_address(h).is_unspecified]
+        names = ["localhost", "pilotfish-control", "istiod.istio-system.svc", o.id]
+        names += [h for h in hosts if not _is_ip(h)]
+        chain, key = await asyncio.to_thread(
+            ca.issue_serving_cert, names, [*ips, "127.0.0.1"], dt.datetime.now(dt.UTC)
+        )
+        self.serving_chain = chain
+        # Leaf and intermediates; clients already hold the root.
+        pair = (key, "".join(chain[:-1]).encode())
+        if o.secure_xds_address:
+            creds = grpc.ssl_server_credentials([pair])
+            self.secure_xds_port = server.add_secure_port(o.secure_xds_address, creds)
+            if self.secure_xds_port == 0:
+                raise OSError(f"cannot listen on --secure-xds-address {o.secure_xds_address}")
+        if o.mtls_xds_address:
+            creds = grpc.ssl_server_credentials(
+                [pair], root_certificates=ca.root_pem.encode(), require_client_auth=True
+            )
+            self.mtls_xds_port = server.add_secure_port(o.mtls_xds_address, creds)
+            if self.mtls_xds_port == 0:
+                raise OSError(f"cannot listen on --mtls-xds-address {o.mtls_xds_address}")
+
+    def _authorize_stream(
+        self, context: grpc.aio.ServicerContext, proxy: Proxy
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """Streams on the TLS ports: the caller must authenticate and may only claim its own
+        identity. The plaintext port serves anyone (local use and tests, as DESIGN says)."""
+        if not is_secure(context):
+            return None
+        assert self._call_auth is not None
+        try:
+            identity = self._call_auth.identity(context)
+            check_claim(identity, proxy.namespace, proxy.service_account)
+        except AuthError as e:
+            self.metrics.xds_auth_failures.labels(e.denial.value).inc()
+            return STATUS[e.denial], e.message
+        return None
 
     async def close(self, grace: float = 1.0) -> None:
         self.ready = False
@@ -140,6 +266,9 @@ class ControlPlane:
             except TimeoutError:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
+        if self._ca_service is not None:
+            self._ca_service.close()
+            self._ca_service = None
         await self.watcher.close()
 
     async def __aenter__(self) -> ControlPlane:
@@ -298,6 +427,18 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0].strip("[]")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _with_port(address: str, port: int) -> str:

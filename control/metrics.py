@@ -74,6 +74,33 @@ class Metrics:
         self.csr_count = Counter(
             "citadel_server_csr_count", "Certificate signing requests.", registry=r
         )
+        self.cert_issued = Counter(
+            "citadel_server_success_cert_issuance_count", "Certificates issued.", registry=r
+        )
+        self.csr_auth_errors = Counter(
+            "citadel_server_authentication_failure_count",
+            "Signing requests whose caller could not be authenticated.",
+            registry=r,
+        )
+        self.csr_parse_errors = Counter(
+            "citadel_server_csr_parsing_err_count",
+            "Signing requests with a CSR the CA refused.",
+            registry=r,
+        )
+        self.csr_sign_errors = Counter(
+            "citadel_server_csr_sign_err_count", "CSRs the CA failed to sign.", registry=r
+        )
+        self.root_expiry = Gauge(
+            "citadel_server_root_cert_expiry_timestamp",
+            "Unix time at which the root certificate expires.",
+            registry=r,
+        )
+        self.xds_auth_failures = Counter(
+            "pilotfish_xds_auth_failures",
+            "xDS streams on the TLS port refused, by status.",
+            ["code"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,19 +1,28 @@
 """The single upstream channel to the control plane.
 
 Every stream the agent opens (Envoy's relayed ADS, proxyless clients' ADS, the agent's own
-subscriptions, and later CA calls) is an RPC on this one grpc.aio channel, so a pod holds one
+subscriptions, and CA calls) is an RPC on this one grpc.aio channel, so a pod holds one
 TCP connection to the control plane. gRPC reconnects the channel itself with jittered
 exponential backoff (bounded by the options below) and detects a dead peer with keepalive
 pings. Several control-plane addresses are tried in order (pick_first) for failover.
+
+With TLS (`UpstreamTls`), the control plane's certificate must chain to the given root and
+name the address dialled, and every call carries the bearer token from the token file, read
+again for each call (tokens are rotated by whoever writes the file).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography import x509
 
 from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
 
@@ -38,6 +47,53 @@ def _is_ipv4(host: str) -> bool:
     return len(parts) == 4 and all(p.isdigit() for p in parts)
 
 
+class UpstreamTlsError(OSError):
+    """The TLS settings cannot be used (root certificate missing or not PEM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTls:
+    root_cert: Path  # the control plane's certificate must chain to this root
+    token_file: Path | None = None  # bearer token sent on every call (None: no token)
+
+
+def read_token(path: Path) -> str:
+    """The token in `path`, or "" when there is none (blocking: call off the event loop)."""
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+class _TokenPlugin:
+    """gRPC metadata plugin: `authorization: Bearer <token>` on every call. gRPC runs it on
+    its own thread, so reading the file here does not block the event loop."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def __call__(
+        self, context: Any, callback: Callable[[Sequence[tuple[str, str]], Any], None]
+    ) -> None:
+        token = read_token(self._path)
+        callback((("authorization", f"Bearer {token}"),) if token else (), None)
+
+
+def _load_root(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UpstreamTlsError(
+            f"--ca-root-cert: cannot read {path}: {e.strerror or e} (the control plane's "
+            "root is <state-dir>/root-cert.pem)"
+        ) from None
+    try:
+        x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise UpstreamTlsError(f"--ca-root-cert: {path} holds no PEM certificate") from None
+    return data
+
+
 class UpstreamChannel:
     """Owns the grpc.aio channel; hands out raw-bytes ADS calls on it."""
 
@@ -46,12 +102,16 @@ class UpstreamChannel:
         addresses: Sequence[str],
         *,
         credentials: grpc.ChannelCredentials | None = None,
+        tls: UpstreamTls | None = None,
         keepalive_time: float = 30.0,
         keepalive_timeout: float = 10.0,
         max_reconnect_backoff: float = 5.0,
     ) -> None:
         self.target = channel_target(addresses)
+        self.addresses = tuple(addresses)
         self._credentials = credentials
+        self._tls = tls
+        self._root_pem = b""
         self._options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", int(keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
@@ -68,14 +128,27 @@ class UpstreamChannel:
         ]
         self._channel: grpc.aio.Channel | None = None
 
+    @property
+    def tls(self) -> bool:
+        """Whether calls go over TLS and already carry the token (see `UpstreamTls`)."""
+        return self._tls is not None
+
     async def start(self) -> None:
+        if self._tls is not None:
+            self._root_pem = await asyncio.to_thread(_load_root, self._tls.root_cert)
+            creds = grpc.ssl_channel_credentials(root_certificates=self._root_pem)
+            if self._tls.token_file is not None:
+                creds = grpc.composite_channel_credentials(
+                    creds, grpc.metadata_call_credentials(_TokenPlugin(self._tls.token_file))
+                )
+            self._credentials = creds
         if self._credentials is not None:
             self._channel = grpc.aio.secure_channel(
                 self.target, self._credentials, options=self._options
             )
         else:
             self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
-        logger.info("upstream channel to %s", self.target)
+        logger.info("upstream channel to %s%s", self.target, " (TLS)" if self.tls else "")
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -110,3 +183,42 @@ class UpstreamChannel:
         """The channel's state; asking also starts connecting an idle channel, so readiness
         does not wait for the first stream to bring the connection up."""
         return self.channel.get_state(try_to_connect=True)
+
+    async def problem(self) -> str:
+        """Why the channel is not READY, as precisely as can be told: its state and, over
+        TLS, the outcome of a TLS handshake with the first address (gRPC only reports
+        "unavailable"; an untrusted control-plane certificate should say so)."""
+        state = self.state()
+        reason = f"upstream channel is {state.name}"
+        # Probe only a channel that has failed: while it is still connecting, a second
+        # connection would only compete with it.
+        if (
+            state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            or self._tls is None
+            or not self._root_pem
+        ):
+            return reason
+        tls = await self._handshake_problem(self.addresses[0])
+        return f"{reason}: {tls}" if tls else reason
+
+    async def _handshake_problem(self, address: str) -> str | None:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        ctx = ssl.create_default_context(cadata=self._root_pem.decode())
+        ctx.set_alpn_protocols(["h2"])
+        try:
+            async with asyncio.timeout(2.0):
+                _, writer = await asyncio.open_connection(
+                    host, int(port), ssl=ctx, server_hostname=host
+                )
+        except ssl.SSLCertVerificationError as e:
+            return (
+                f"control plane {address} is not trusted: {e.verify_message} (its "
+                f"certificate does not chain to {self._tls.root_cert if self._tls else '?'} "
+                "or does not name this address)"
+            )
+        except (OSError, TimeoutError) as e:
+            return f"cannot reach control plane {address}: {e}"
+        # Drop it at once: a graceful TLS close would wait for the server's close_notify.
+        writer.transport.abort()
+        return None

@@ -40,6 +40,12 @@ from protos.ads import raw_ads_handler
 logger = logging.getLogger(__name__)
 
 
+# Decides whether a stream may go on once its node is known: None to allow, or the status
+# and message to end it with (the TLS port authenticates the caller and checks that the node
+# claims the caller's own identity).
+StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], tuple[grpc.StatusCode, str] | None]
+
+
 class ResourceSource(Protocol):
     """What the server needs from the rest of the control plane (the generators)."""
 
@@ -105,9 +111,11 @@ class XdsServer:
         *,
         on_connect: Callable[[Proxy], None] | None = None,
         on_disconnect: Callable[[Proxy], None] | None = None,
+        authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source
+        self._authorize = authorize
         self._metrics = metrics
         self._options = options
         self._on_connect = on_connect
@@ -184,6 +192,12 @@ class XdsServer:
         except _StreamError as e:
             await context.abort(e.code, e.message)
             return
+        if self._authorize is not None:
+            refused = self._authorize(context, proxy)
+            if refused is not None:
+                logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
+                await context.abort(*refused)
+                return
         wait = self._admission.take(self._clock())
         if wait > 0:
             self._metrics.rate_limited.inc()

@@ -1,0 +1,83 @@
+"""`istio.v1.auth.IstioCertificateService/CreateCertificate` as a grpc.aio service: a thin
+adapter that authenticates the caller, signs off the event loop and records Istio's
+citadel_server_* metrics. It is served on every gRPC port; it always requires credentials,
+even on the plaintext one."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from control.ca.authn import AuthError
+from control.ca.authority import CertificateAuthority, CsrError
+from control.ca.grpcauth import STATUS, CallAuthenticator
+from control.metrics import Metrics
+from protos import ca_pb2, ca_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class CertificateService:
+    def __init__(
+        self,
+        authority: CertificateAuthority,
+        auth: CallAuthenticator,
+        metrics: Metrics,
+        clock: Callable[[], dt.datetime] = _utcnow,
+    ) -> None:
+        self.authority = authority
+        self.auth = auth
+        self.metrics = metrics
+        self._clock = clock
+        # One signing thread: cryptography holds the GIL while it signs, so more threads add
+        # only GIL hand-offs (each a context switch) and would not sign any faster.
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ca-sign")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(self, server)
+
+    async def CreateCertificate(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+    ) -> ca_pb2.IstioCertificateResponse:
+        m = self.metrics
+        m.csr_count.inc()
+        try:
+            identity = self.auth.identity(context)
+        except AuthError as e:
+            m.csr_auth_errors.inc()
+            logger.info("CreateCertificate from %s refused: %s", context.peer(), e.message)
+            await context.abort(STATUS[e.denial], e.message)
+            raise  # not reached: abort raises
+        try:
+            chain = await asyncio.get_running_loop().run_in_executor(
+                self._executor,
+                self.authority.sign_csr,
+                request.csr.encode(),
+                identity,
+                float(request.validity_duration),
+                self._clock(),
+            )
+        except CsrError as e:
+            m.csr_parse_errors.inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise
+        except Exception:
+            m.csr_sign_errors.inc()
+            logger.exception("signing a certificate for %s failed", identity)
+            await context.abort(grpc.StatusCode.INTERNAL, "the CA failed to sign the CSR")
+            raise
+        m.cert_issued.inc()
+        logger.debug("signed a certificate for %s", identity)
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain)
