@@ -60,6 +60,8 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         services=tuple(services),
         workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
         sidecars=tuple(sidecars),
+        peer_authentications=tuple(pa for obj in objects for pa in obj.peer_authentications),
+        authorization_policies=tuple(ap for obj in objects for ap in obj.authorization_policies),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )
