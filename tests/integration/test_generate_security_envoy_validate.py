@@ -242,7 +242,8 @@ def test_mtls_endpoint_reaches_cluster(tmp_path: Path) -> None:
         e.endpoint.address.socket_address.address
         for group in web.load_assignment.endpoints
         for e in group.lb_endpoints
-        if e.metadata.filter_metadata["envoy.transport_socket_match"]["tlsMode"] == "istio"
+        if "envoy.transport_socket_match" in e.metadata.filter_metadata
+        and e.metadata.filter_metadata["envoy.transport_socket_match"]["tlsMode"] == "istio"
     ]
     assert labelled == ["127.0.2.9"]
     bootstrap.static_resources.clusters.append(sds_cluster(tmp_path / "SDS"))
