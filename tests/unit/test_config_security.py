@@ -9,6 +9,7 @@ import pytest
 
 from control.config.errors import ConfigError
 from control.config.loader import load_text
+from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.model.types import (
     AuthorizationPolicy,
@@ -342,3 +343,22 @@ def test_authorization_policy_errors(spec: str, line: int, reason: str) -> None:
     )
     assert (err.file, err.line) == ("sec.yaml", line)
     assert err.reason == f"AuthorizationPolicy shop/p: {reason}"
+
+
+def test_competing_namespace_policies_are_reported() -> None:
+    doc = """
+        apiVersion: security.istio.io/v1
+        kind: PeerAuthentication
+        metadata: {{name: {name}, namespace: shop}}
+        spec: {{mtls: {{mode: {mode}}}}}
+        """
+    files = [
+        load_text(textwrap.dedent(doc.format(name=n, mode=m)).lstrip("\n"), f"{n}.yaml")
+        for n, m in (("b", "DISABLE"), ("a", "STRICT"))
+    ]
+    config = merge(files)
+    assert [str(w) for w in config.warnings] == [
+        "PeerAuthentication shop/b (b.yaml:1): namespace shop has more than one "
+        "PeerAuthentication without selector; only PeerAuthentication shop/a (a.yaml:1) is used"
+    ]
+    assert len(config.peer_authentications) == 2
