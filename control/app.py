@@ -326,20 +326,25 @@ class ControlPlane:
         """Rebuild the index from the current config and workloads and push to every stream
         (skips the debounce; benchmarks and tests use it). Returns the streams marked.
 
-        When services and Sidecars are unchanged, only workloads moved: that changes
-        endpoints and nothing else (clusters, listeners and routes are built from services
-        and Sidecars alone), so only EDS is regenerated and pushed, as Istio's incremental
-        EDS push does."""
+        When services, Sidecars and security policies are unchanged, only workloads moved:
+        that changes endpoints and nothing else (clusters, listeners and routes are built from
+        those objects alone), so only EDS is regenerated and pushed, as Istio's incremental
+        EDS push does. The exception is a change of the identities behind a service (the
+        SANs its mTLS clusters accept), which Istio answers with a full push too."""
         self._push_started = time.monotonic()
-        before = self._ctx.index.config
+        old_index = self._ctx.index
         self._rebuild()
-        after = self._ctx.index.config
+        before, after = old_index.config, self._ctx.index.config
         self.pushes += 1
-        if (before.services, before.sidecars) == (after.services, after.sidecars) and not any(
-            # DNS clusters carry their endpoints inline (CDS), and a ServiceEntry with a
-            # workloadSelector takes them from workloads: those need the full push.
-            s.resolution is Resolution.DNS and s.workload_selector is not None
-            for s in after.services
+        if (
+            _shape(before) == _shape(after)
+            and not any(
+                # DNS clusters carry their endpoints inline (CDS), and a ServiceEntry with a
+                # workloadSelector takes them from workloads: those need the full push.
+                s.resolution is Resolution.DNS and s.workload_selector is not None
+                for s in after.services
+            )
+            and old_index.all_identities() == self._ctx.index.all_identities()
         ):
             self.metrics.push_triggers.labels("eds_only").inc()
             return self.xds.push_all(_EDS_ONLY)
@@ -439,6 +444,16 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _shape(config: MeshConfig) -> tuple[object, ...]:
+    """The config objects that clusters, listeners and routes are built from."""
+    return (
+        config.services,
+        config.sidecars,
+        config.peer_authentications,
+        config.authorization_policies,
+    )
 
 
 def _with_port(address: str, port: int) -> str:

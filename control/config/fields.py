@@ -101,6 +101,10 @@ class Fields:
         """Mark keys as handled without reading them (fields with no effect here)."""
         self._used.update(keys)
 
+    def unused(self) -> list[str]:
+        """The keys nobody has handled yet (what `finish()` would warn about)."""
+        return [key for key in self.data if key not in self._used]
+
     def finish(self) -> None:
         """Warn about every key that was not handled."""
         for key in self.data:

@@ -13,6 +13,7 @@ from control.config.objects import ConfigObject, FileConfig
 from control.model.types import (
     ConfigWarning,
     MeshConfig,
+    PeerAuthentication,
     Service,
     SidecarScope,
     SourceRef,
@@ -56,10 +57,14 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
             )
     sidecars = [sc for obj in objects for sc in obj.sidecars]
     warnings.extend(_namespace_wide_sidecars(sidecars))
+    peer_authentications = [pa for obj in objects for pa in obj.peer_authentications]
+    warnings.extend(_namespace_wide_peer_authentications(peer_authentications))
     return MeshConfig(
         services=tuple(services),
         workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
         sidecars=tuple(sidecars),
+        peer_authentications=tuple(peer_authentications),
+        authorization_policies=tuple(ap for obj in objects for ap in obj.authorization_policies),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )
@@ -102,5 +107,29 @@ def _namespace_wide_sidecars(sidecars: Sequence[SidecarScope]) -> list[ConfigWar
             )
             for sc in scopes
             if sc is not used
+        )
+    return out
+
+
+def _namespace_wide_peer_authentications(
+    policies: Sequence[PeerAuthentication],
+) -> list[ConfigWarning]:
+    """One PeerAuthentication without selector counts per namespace (the mesh-wide one in the
+    root namespace); the first by name is used, as MeshIndex picks it, the others reported."""
+    by_namespace: dict[str, list[PeerAuthentication]] = {}
+    for pa in policies:
+        if pa.selector is None:
+            by_namespace.setdefault(pa.namespace, []).append(pa)
+    out: list[ConfigWarning] = []
+    for group in by_namespace.values():
+        used = min(group, key=lambda p: p.name)
+        out.extend(
+            ConfigWarning(
+                pa.source,
+                f"namespace {pa.namespace} has more than one PeerAuthentication without "
+                f"selector; only {used.source} is used",
+            )
+            for pa in group
+            if pa is not used
         )
     return out

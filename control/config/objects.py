@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from control.model.types import ConfigWarning, Service, SidecarScope, SourceRef, Workload
+from control.model.types import (
+    AuthorizationPolicy,
+    ConfigWarning,
+    PeerAuthentication,
+    Service,
+    SidecarScope,
+    SourceRef,
+    Workload,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +26,8 @@ class ConfigObject:
     services: tuple[Service, ...] = ()
     workloads: tuple[Workload, ...] = ()
     sidecars: tuple[SidecarScope, ...] = ()
+    peer_authentications: tuple[PeerAuthentication, ...] = ()
+    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -178,10 +178,19 @@ class _Builder:
             if key_node.tag == _TAG + "merge":
                 merges.append(value_node)
                 continue
-            if not isinstance(key_node, ScalarNode) or key_node.tag != _TAG + "str":
+            # Kubernetes turns YAML into JSON, where a number key (Istio's `portLevelMtls:
+            # {8080: ...}`) becomes its decimal string; other non-string keys have no JSON form.
+            is_number = (
+                isinstance(key_node, ScalarNode)
+                and key_node.tag == _TAG + "int"
+                and key_node.value.isdigit()
+            )
+            if not is_number and (
+                not isinstance(key_node, ScalarNode) or key_node.tag != _TAG + "str"
+            ):
                 shown = key_node.value if isinstance(key_node, ScalarNode) else "a collection"
                 raise self._fail(key_node, f"mapping keys must be strings (got {shown!r})")
-            key = str(key_node.value)
+            key = str(int(key_node.value)) if is_number else str(key_node.value)
             child = (*path, key)
             if key in out:
                 first = self.lines.get(child)

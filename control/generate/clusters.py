@@ -2,7 +2,8 @@
 
 - `outbound|PORT||HOST` per port of every visible service: EDS over ADS, or a strict DNS
   cluster (Envoy's `envoy.cluster.dns` extension) with the endpoints inline for ServiceEntries
-  with `resolution: DNS`;
+  with `resolution: DNS`; for a proxy with certificates (SDS), mesh-internal clusters carry
+  Istio's auto mTLS `transport_socket_matches` (ISTIO_MUTUAL to endpoints with a sidecar);
 - `inbound|PORT||` per Sidecar ingress port: STATIC, pointing at the app (defaultEndpoint);
 - `BlackHoleCluster` and `PassthroughCluster`, which Istio users expect to find.
 
@@ -45,24 +46,35 @@ from control.generate.common import (
     variant_resource,
 )
 from control.generate.context import GenContext
+from control.generate.tls import auto_mtls_matches, sni
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet
 
 DNS_CLUSTER_EXTENSION = "envoy.cluster.dns"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+# An mTLS cluster's settings: (SNI, SANs the server's certificate may carry).
+MtlsKey = tuple[str, tuple[str, ...]]
 # Istio's default DNS refresh for ServiceEntry hosts; Envoy's own 5s default is needlessly busy.
 _DNS_REFRESH_SECONDS = 60
 
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
-    outbound = ctx.memo(("cds-outbound", id(plan.visible)), lambda: _outbound(ctx, plan.clusters))
+    # Auto mTLS needs the proxy to hold certificates (SDS); without them it stays plaintext.
+    mtls = proxy.sds
+    outbound = ctx.memo(
+        ("cds-outbound", id(plan.visible), mtls), lambda: _outbound(ctx, plan.clusters, mtls)
+    )
     inbound = tuple(_inbound(ctx, port) for port in inbound_ports(ctx, proxy))
     # Proxies of one scope with equal inbound clusters share the set (and its digest).
-    return ctx.memo(("cds-set", id(plan.visible), inbound), lambda: ResourceSet(outbound + inbound))
+    return ctx.memo(
+        ("cds-set", id(plan.visible), mtls, inbound), lambda: ResourceSet(outbound + inbound)
+    )
 
 
-def _outbound(ctx: GenContext, clusters: tuple[OutboundCluster, ...]) -> tuple[Resource, ...]:
+def _outbound(
+    ctx: GenContext, clusters: tuple[OutboundCluster, ...], mtls: bool
+) -> tuple[Resource, ...]:
     fixed = (
         ctx.memo(
             ("cds", BLACKHOLE_CLUSTER),
@@ -76,24 +88,47 @@ def _outbound(ctx: GenContext, clusters: tuple[OutboundCluster, ...]) -> tuple[R
     # An outbound cluster's content depends on its service alone, never on who looks at it, so
     # it is looked up once per push however many scopes include it.
     return fixed + tuple(
-        ctx.memo(("cds", c.name), functools.partial(_resource, ctx, c)) for c in clusters
+        ctx.memo(("cds", c.name, mtls), functools.partial(_resource, ctx, c, mtls))
+        for c in clusters
     )
 
 
-def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:
+def auto_mtls(cluster: OutboundCluster, mtls: bool) -> MtlsKey | None:
+    """The ISTIO_MUTUAL settings of a cluster (SNI, accepted SANs), or None for plaintext.
+
+    As Istio: every mesh-internal cluster of a proxy that has certificates gets transport
+    socket matches, and EDS decides per endpoint (`tlsMode: istio`) which one applies, so an
+    endpoint gaining a sidecar is an EDS change only. Services outside the mesh are plaintext
+    (their endpoints have no sidecar to talk mTLS to)."""
+    if not mtls or cluster.service.mesh_external:
+        return None
+    return (sni(cluster.port.port, cluster.service.hostname), cluster.identities)
+
+
+def _resource(ctx: GenContext, cluster: OutboundCluster, mtls: bool) -> Resource:
     http2 = cluster.port.protocol.is_http2
+    tls = auto_mtls(cluster, mtls)
+    # A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8).
     if cluster.eds:
-        eds_key = (http2,)
+        eds_key = (http2, tls)
         return ctx.resource(
-            CLUSTER_TYPE, cluster.name, eds_key, lambda: build_eds(cluster.name, *eds_key)
+            CLUSTER_TYPE,
+            cluster.name,
+            eds_key,
+            lambda: build_eds(cluster.name, *eds_key),
+            variant=mtls,
         )
     endpoints = endpoint_keys(cluster.endpoints) or (
         # No endpoints: resolve the host itself, as Istio does for a DNS ServiceEntry.
-        (cluster.service.hostname, cluster.port.port, 0, ""),
+        (cluster.service.hostname, cluster.port.port, 0, "", False),
     )
-    dns_key = (http2, endpoints)
+    dns_key = (http2, endpoints, tls)
     return ctx.resource(
-        CLUSTER_TYPE, cluster.name, dns_key, lambda: build_dns(cluster.name, *dns_key)
+        CLUSTER_TYPE,
+        cluster.name,
+        dns_key,
+        lambda: build_dns(cluster.name, *dns_key),
+        variant=mtls,
     )
 
 
@@ -120,15 +155,24 @@ def _base(name: str, kind: Cluster.DiscoveryType.ValueType | None, http2: bool) 
     return cluster
 
 
-def build_eds(name: str, http2: bool) -> Cluster:
+def _apply_mtls(cluster: Cluster, tls: MtlsKey | None) -> None:
+    if tls is not None:
+        cluster.transport_socket_matches.extend(auto_mtls_matches(*tls))
+
+
+def build_eds(name: str, http2: bool, tls: MtlsKey | None = None) -> Cluster:
     cluster = _base(name, Cluster.EDS, http2)
     cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     cluster.eds_cluster_config.service_name = name
+    _apply_mtls(cluster, tls)
     return cluster
 
 
-def build_dns(name: str, http2: bool, endpoints: tuple[EndpointKey, ...]) -> Cluster:
+def build_dns(
+    name: str, http2: bool, endpoints: tuple[EndpointKey, ...], tls: MtlsKey | None = None
+) -> Cluster:
     cluster = _base(name, None, http2)
+    _apply_mtls(cluster, tls)
     # Envoy 1.40 deprecates the DNS settings on Cluster itself in favour of the DNS cluster
     # extension; with all_addresses_in_single_endpoint off it behaves as STRICT_DNS.
     dns = DnsCluster(

@@ -17,7 +17,7 @@ from typing import Final
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.core.v3.address_pb2 import Address, Pipe, SocketAddress
-from envoy.config.core.v3.base_pb2 import Locality
+from envoy.config.core.v3.base_pb2 import Locality, Metadata
 from envoy.config.core.v3.config_source_pb2 import (
     AggregatedConfigSource,
     ApiVersion,
@@ -144,14 +144,23 @@ def parse_default_endpoint(value: str, proxy_ip: str, port: int) -> Upstream | N
 
 # --- endpoints -------------------------------------------------------------------------------
 
-# What a load assignment reads from an endpoint; the cache key of CLAs and DNS clusters. Labels,
-# service account and sidecar presence do not reach these bytes (yet), so they stay out of the
-# key and a relabelled workload does not cost a re-serialization.
-EndpointKey = tuple[str, int, int, str]  # address, port, weight, locality
+# What a load assignment reads from an endpoint; the cache key of CLAs and DNS clusters. Labels
+# and service account do not reach these bytes, so they stay out of the key and a relabelled
+# workload does not cost a re-serialization.
+EndpointKey = tuple[str, int, int, str, bool]  # address, port, weight, locality, mTLS
+
+# Endpoint metadata that Envoy matches a cluster's `transport_socket_matches` against, and the
+# label an endpoint reached with Istio mTLS carries there (auto mTLS, as Istio's EDS).
+TRANSPORT_SOCKET_MATCH: Final = "envoy.transport_socket_match"
+MTLS_ENDPOINT_LABEL: Final = {"tlsMode": "istio"}
 
 
 def endpoint_keys(endpoints: tuple[Endpoint, ...]) -> tuple[EndpointKey, ...]:
-    return tuple((e.address, e.port, e.weight, e.locality) for e in endpoints)
+    return tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in endpoints)
+
+
+_MTLS_METADATA = Metadata()
+_MTLS_METADATA.filter_metadata[TRANSPORT_SOCKET_MATCH].update(MTLS_ENDPOINT_LABEL)
 
 
 def parse_locality(value: str) -> Locality:
@@ -171,7 +180,7 @@ def locality_endpoints(
     takes IPs and hostnames (to resolve) but no sockets.
     """
     groups: dict[str, list[LbEndpoint]] = {}
-    for address, port, weight, locality in sorted(endpoints):
+    for address, port, weight, locality, mtls in sorted(endpoints):
         if address.startswith("unix://"):
             usable = not dns
             addr = Upstream(pipe=address.removeprefix("unix://")).address()
@@ -190,6 +199,8 @@ def locality_endpoints(
         lb = LbEndpoint(endpoint=EnvoyEndpoint(address=addr))
         if weight > 0:
             lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+        if mtls:
+            lb.metadata.CopyFrom(_MTLS_METADATA)
         groups.setdefault(locality, []).append(lb)
     out = []
     for locality in sorted(groups):
@@ -210,6 +221,8 @@ class OutboundCluster:
     port: ServicePort
     eds: bool  # False: STRICT_DNS with its load assignment inline
     endpoints: tuple[Endpoint, ...]
+    # SPIFFE IDs of the endpoints reached with mTLS (the SANs an mTLS client accepts).
+    identities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -289,6 +302,7 @@ def _outbound_cluster(ctx: GenContext, service: Service, port: ServicePort) -> O
         port=port,
         eds=_uses_eds(service, endpoints),
         endpoints=endpoints,
+        identities=ctx.index.identities(service, port),
     )
 
 

@@ -245,7 +245,7 @@ def _dns_target(cluster: OutboundCluster) -> tuple[str, int]:
     as Istio does."""
     candidates = [
         (address, port)
-        for address, port, _, _ in sorted(endpoint_keys(cluster.endpoints))
+        for address, port, _, _, _ in sorted(endpoint_keys(cluster.endpoints))
         if not address.startswith("unix://")
     ]
     if not candidates:
@@ -348,7 +348,8 @@ def build_assignment(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLo
     groups: dict[str, list[LbEndpoint]] = {}
     weights: dict[str, int] = {}
     seen: set[tuple[str, int]] = set()
-    for address, port, weight, locality in sorted(endpoints):
+    # Proxyless gRPC is plaintext for now: the mTLS flag (last) is not used here.
+    for address, port, weight, locality, _ in sorted(endpoints):
         if not is_ip(address):
             warn_once(
                 ("grpc-unusable-endpoint", name, address),

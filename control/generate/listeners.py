@@ -6,7 +6,8 @@ iptables rule will steer traffic to a catch-all port.
   whose routes (RDS `"<port>"`) pick the service by Host; otherwise TLS services are told apart
   by SNI and one plain TCP service takes the rest.
 - inbound: one listener per Sidecar ingress port, at `<ingress bind or pod IP>:<port>`,
-  forwarding to the `inbound|PORT||` cluster.
+  forwarding to the `inbound|PORT||` cluster, with mTLS as the workload's PeerAuthentication
+  says (for a proxy with SDS) and its AuthorizationPolicies as RBAC filters.
 
 Listeners are named `<address>_<port>` like Istio's, which with the default bind is
 `<pod IP>_<port>`. An inbound and an outbound listener on the same address and port cannot both
@@ -57,7 +58,11 @@ from control.generate.common import (
     warn_once,
 )
 from control.generate.context import GenContext
+from control.generate.rbac import http_filters as http_rbac_filters
+from control.generate.rbac import network_filters as network_rbac_filters
+from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
 from control.model.proxy import Proxy
+from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
@@ -74,9 +79,26 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     sidecar = sidecar_of(ctx, proxy)
     resources: list[Resource] = []
     taken: set[tuple[str, int]] = set()
+    peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
+    policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
     for inbound in inbound_ports(ctx, proxy):
         taken.add((inbound.bind, inbound.number))
-        resources.append(_inbound(ctx, inbound))
+        mode = peer.mode_for(inbound.number)
+        if not proxy.sds:
+            # Without certificates the proxy cannot terminate mTLS. STRICT then means "refuse
+            # everything" (fail closed, no listener); otherwise it serves plaintext, which is
+            # also all its peers send it (auto mTLS sees it without a sidecar).
+            if mode is MtlsMode.STRICT:
+                warn_once(
+                    ("strict-without-sds", proxy.id, inbound.number),
+                    "proxy %s: inbound port %d is STRICT mTLS but the proxy has no SDS "
+                    "(node metadata SDS); the port is not served",
+                    proxy.id,
+                    inbound.number,
+                )
+                continue
+            mode = MtlsMode.DISABLE
+        resources.append(_inbound(ctx, inbound, mode, policies))
     for port in plan.ports:
         bind = egress_bind(sidecar, port.number, proxy.ip)
         if (bind, port.number) in taken:
@@ -122,8 +144,13 @@ def tcp_chains(port: OutboundPort) -> Chains:
     return tuple(chains)
 
 
-def _inbound(ctx: GenContext, port: InboundPort) -> Resource:
-    key = (port.bind, port.number, port.protocol.is_http)
+def _inbound(
+    ctx: GenContext,
+    port: InboundPort,
+    mode: MtlsMode,
+    policies: tuple[AuthorizationPolicy, ...],
+) -> Resource:
+    key = (port.bind, port.number, port.protocol.is_http, mode, policies)
     return variant_resource(ctx, LISTENER_TYPE, port.listener, key, lambda: build_inbound(*key))
 
 
@@ -162,40 +189,90 @@ def build_outbound_tcp(bind: str, number: int, chains: Chains) -> Listener:
     return listener
 
 
-def build_inbound(bind: str, number: int, http: bool) -> Listener:
-    cluster = inbound_cluster_name(number)
-    if http:
-        hcm = _hcm(f"inbound_{bind}_{number}")
-        # Inline: the route is fixed (everything to the app), so an RDS round trip would only
-        # delay the listener becoming ready.
-        hcm.route_config.CopyFrom(
-            RouteConfiguration(
-                name=cluster,
-                virtual_hosts=[
-                    VirtualHost(
-                        name=f"inbound|http|{number}",
-                        domains=["*"],
-                        routes=[
-                            Route(
-                                name="default",
-                                match=RouteMatch(prefix="/"),
-                                route=RouteAction(cluster=cluster, timeout=Duration(seconds=0)),
-                            )
-                        ],
-                    )
-                ],
-                validate_clusters=BoolValue(value=False),
-            )
-        )
-        network_filter = Filter(name=HCM_FILTER, typed_config=pack(hcm))
-    else:
-        network_filter = _tcp_proxy(cluster)
-    return Listener(
+def build_inbound(
+    bind: str,
+    number: int,
+    http: bool,
+    mode: MtlsMode = MtlsMode.DISABLE,
+    policies: tuple[AuthorizationPolicy, ...] = (),
+) -> Listener:
+    """An inbound listener as the workload's PeerAuthentication says: STRICT has one mTLS
+    chain (a plaintext client fails the handshake), DISABLE one plaintext chain, PERMISSIVE
+    both, told apart by the TLS inspector: mesh mTLS (TLS offering Istio's ALPN) or anything
+    else as plaintext (which lets an app's own TLS through to a TCP port, as in Istio)."""
+    listener = Listener(
         name=listener_name(bind, number),
         address=socket_address(bind, number),
-        filter_chains=[FilterChain(filters=[network_filter])],
         traffic_direction=TrafficDirection.INBOUND,
     )
+    if mode in (MtlsMode.STRICT, MtlsMode.PERMISSIVE):
+        chain = FilterChain(
+            name="mtls",
+            filters=_inbound_filters(bind, number, http, policies, mtls=True),
+            transport_socket=downstream_socket(),
+        )
+        if mode is MtlsMode.PERMISSIVE:
+            chain.filter_chain_match.CopyFrom(
+                FilterChainMatch(
+                    transport_protocol="tls", application_protocols=list(MESH_ALPN_MATCH)
+                )
+            )
+        listener.filter_chains.append(chain)
+    if mode in (MtlsMode.DISABLE, MtlsMode.PERMISSIVE):
+        listener.filter_chains.append(
+            FilterChain(
+                name="plaintext",
+                filters=_inbound_filters(bind, number, http, policies, mtls=False),
+            )
+        )
+    if mode is MtlsMode.PERMISSIVE:
+        listener.listener_filters.append(
+            ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
+        )
+    return listener
+
+
+def _inbound_filters(
+    bind: str, number: int, http: bool, policies: tuple[AuthorizationPolicy, ...], *, mtls: bool
+) -> list[Filter]:
+    cluster = inbound_cluster_name(number)
+    if not http:
+        # Network RBAC filters go before the TCP proxy, which is terminal.
+        rbac = network_rbac_filters(policies, f"inbound_{bind}_{number}")
+        return [Filter(name=n, typed_config=pack(cfg)) for n, cfg in rbac] + [_tcp_proxy(cluster)]
+    hcm = _hcm(f"inbound_{bind}_{number}")
+    if mtls:
+        # The app learns who called: `x-forwarded-client-cert: By=<us>;Hash=..;URI=<caller>`.
+        # Whatever a client sent in that header is replaced (SANITIZE_SET); on the plaintext
+        # chain the default (SANITIZE) drops it, so it cannot be forged from outside the mesh.
+        hcm.forward_client_cert_details = HttpConnectionManager.SANITIZE_SET
+        hcm.set_current_client_cert_details.uri = True
+    rbac = [HttpFilter(name=n, typed_config=pack(cfg)) for n, cfg in http_rbac_filters(policies)]
+    # The router must stay last: filters after it never run.
+    router = hcm.http_filters.pop()
+    hcm.http_filters.extend([*rbac, router])
+    # Inline: the route is fixed (everything to the app), so an RDS round trip would only
+    # delay the listener becoming ready.
+    hcm.route_config.CopyFrom(
+        RouteConfiguration(
+            name=cluster,
+            virtual_hosts=[
+                VirtualHost(
+                    name=f"inbound|http|{number}",
+                    domains=["*"],
+                    routes=[
+                        Route(
+                            name="default",
+                            match=RouteMatch(prefix="/"),
+                            route=RouteAction(cluster=cluster, timeout=Duration(seconds=0)),
+                        )
+                    ],
+                )
+            ],
+            validate_clusters=BoolValue(value=False),
+        )
+    )
+    return [Filter(name=HCM_FILTER, typed_config=pack(hcm))]
 
 
 def _hcm(stat_prefix: str) -> HttpConnectionManager:

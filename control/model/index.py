@@ -10,14 +10,21 @@ from collections.abc import Callable, Iterable
 
 from control.model.proxy import Proxy
 from control.model.types import (
+    ROOT_NAMESPACE,
+    TLS_MODE_LABEL,
+    AuthorizationPolicy,
     Endpoint,
     Labels,
     MeshConfig,
+    MtlsMode,
+    PeerAuthentication,
+    PeerPolicy,
     Service,
     ServicePort,
     SidecarScope,
     Workload,
     selector_matches,
+    spiffe_id,
     workload_selector_matches,
 )
 
@@ -45,6 +52,14 @@ class MeshIndex:
         self._visible: dict[tuple[str, str, str], tuple[Service, ...]] = {}
         self._selected: dict[str, list[Workload]] = {}
         self._sidecars: dict[tuple[str, Labels], SidecarScope | None] = {}
+        self._peer: dict[tuple[str, Labels], PeerPolicy] = {}
+        self._authz: dict[tuple[str, Labels], tuple[AuthorizationPolicy, ...]] = {}
+        self._peer_by_ns: dict[str, list[PeerAuthentication]] = {}
+        for pa in sorted(config.peer_authentications, key=lambda p: p.name):
+            self._peer_by_ns.setdefault(pa.namespace, []).append(pa)
+        self._authz_by_ns: dict[str, list[AuthorizationPolicy]] = {}
+        for ap in sorted(config.authorization_policies, key=lambda p: p.name):
+            self._authz_by_ns.setdefault(ap.namespace, []).append(ap)
         # Inverted index (namespace, label key, label value) -> workloads, so selecting the
         # workloads of a service costs the size of its smallest label bucket, not the mesh.
         self._by_label: dict[tuple[str, str, str], list[Workload]] = {}
@@ -68,6 +83,7 @@ class MeshIndex:
             ep_port = named.get(port.name)
             if ep_port is None:
                 ep_port = port.target_port if isinstance(port.target_port, int) else port.port
+            sidecar = dict(spec.labels).get(TLS_MODE_LABEL) == "istio"
             found.add(
                 Endpoint(
                     address=spec.address,
@@ -75,23 +91,26 @@ class MeshIndex:
                     labels=spec.labels,
                     service_account=spec.service_account,
                     namespace=service.namespace,
-                    has_sidecar=dict(spec.labels).get("security.istio.io/tlsMode") == "istio",
+                    has_sidecar=sidecar,
                     locality=spec.locality,
                     weight=spec.weight,
+                    mtls=sidecar and self._mtls_on(service.namespace, spec.labels, ep_port),
                 )
             )
         for wl in self.workloads_selected_by(service):
+            sidecar = wl.has_sidecar or dict(wl.labels).get(TLS_MODE_LABEL) == "istio"
+            wl_port = wl.port_for(port)
             found.add(
                 Endpoint(
                     address=wl.address,
-                    port=wl.port_for(port),
+                    port=wl_port,
                     labels=wl.labels,
                     service_account=wl.service_account,
                     namespace=wl.namespace,
-                    has_sidecar=wl.has_sidecar
-                    or dict(wl.labels).get("security.istio.io/tlsMode") == "istio",
+                    has_sidecar=sidecar,
                     locality=wl.locality,
                     weight=wl.weight,
+                    mtls=sidecar and self._mtls_on(wl.namespace, wl.labels, wl_port),
                 )
             )
         result = tuple(sorted(found, key=lambda e: (e.address, e.port)))
@@ -124,6 +143,88 @@ class MeshIndex:
         else:
             candidates = self._by_namespace.get(namespace, [])
         return [wl for wl in candidates if matches(selector, wl.labels)]
+
+    def _mtls_on(self, namespace: str, labels: Labels, port: int) -> bool:
+        # As Istio's EDS does: a sidecar whose own policy disables mTLS on the port is sent
+        # plaintext, or the client would talk TLS to a listener that only speaks plaintext.
+        return self.peer_policy(namespace, labels).mode_for(port) is not MtlsMode.DISABLE
+
+    def identities(self, service: Service, port: ServicePort) -> tuple[str, ...]:
+        """SPIFFE IDs an mTLS client of this service port accepts: those of its mTLS
+        endpoints, sorted (the clusters' subject alt names)."""
+        return tuple(
+            sorted(
+                {
+                    spiffe_id(self.trust_domain, e.namespace, e.service_account)
+                    for e in self.endpoints(service, port)
+                    if e.mtls
+                }
+            )
+        )
+
+    def all_identities(self) -> dict[tuple[str, int], tuple[str, ...]]:
+        """identities() of every service port: a push compares these between two indexes to
+        tell whether clusters (their SANs) changed along with the endpoints."""
+        return {(s.hostname, p.port): self.identities(s, p) for s in self.services for p in s.ports}
+
+    # --- security policies -----------------------------------------------------------------
+
+    def peer_policy(self, namespace: str, labels: Labels) -> PeerPolicy:
+        """The PeerAuthentication in effect for a workload, composed as Istio does: the mode of
+        the workload policy (selector matches), else of the namespace policy, else of the
+        mesh policy (root namespace, no selector), else PERMISSIVE; `portLevelMtls` comes from
+        the workload policy only, an UNSET port taking the workload's mode. When several
+        policies compete at one level, the first by name wins (Istio: the oldest)."""
+        key = (namespace, labels)
+        cached = self._peer.get(key)
+        if cached is not None:
+            return cached
+        mesh = next(
+            (p for p in self._peer_by_ns.get(ROOT_NAMESPACE, []) if p.selector is None), None
+        )
+        ns = next((p for p in self._peer_by_ns.get(namespace, []) if p.selector is None), None)
+        workload = None
+        if namespace != ROOT_NAMESPACE:
+            workload = next(
+                (
+                    p
+                    for p in self._peer_by_ns.get(namespace, [])
+                    if p.selector and workload_selector_matches(p.selector, labels)
+                ),
+                None,
+            )
+        mode = MtlsMode.PERMISSIVE
+        for level in (mesh, ns, workload):
+            if level is not None and level.mode is not MtlsMode.UNSET:
+                mode = level.mode
+        port_modes: tuple[tuple[int, MtlsMode], ...] = ()
+        if workload is not None:
+            port_modes = tuple(
+                (port, mode if m is MtlsMode.UNSET else m) for port, m in workload.port_modes
+            )
+        result = PeerPolicy(mode, port_modes)
+        self._peer[key] = result
+        return result
+
+    def authorization_policies(
+        self, namespace: str, labels: Labels
+    ) -> tuple[AuthorizationPolicy, ...]:
+        """AuthorizationPolicies that apply to a workload: those of its namespace and of the
+        root namespace whose selector matches its labels (no selector: all of them), ordered
+        by (namespace, name) so equal inputs give equal RBAC bytes."""
+        key = (namespace, labels)
+        cached = self._authz.get(key)
+        if cached is not None:
+            return cached
+        namespaces = sorted({namespace, ROOT_NAMESPACE})
+        result = tuple(
+            ap
+            for ns in namespaces
+            for ap in self._authz_by_ns.get(ns, [])
+            if ap.selector is None or workload_selector_matches(ap.selector, labels)
+        )
+        self._authz[key] = result
+        return result
 
     # --- Sidecar scoping -------------------------------------------------------------------
 

@@ -30,6 +30,11 @@ class Proxy:
     dns_domain: str = ""
     # When true, the proxy registers itself as a workload (auto-registration).
     auto_register: bool = True
+    # The proxy can fetch certificates over SDS (node metadata `SDS`, as Istio's agents once
+    # announced it): only then is it sent config that needs the `default`/`ROOTCA` secrets
+    # (auto mTLS out, PeerAuthentication in). Envoy waits for a referenced secret forever, so
+    # sending such config to a proxy without SDS would hold its clusters and listeners back.
+    sds: bool = False
 
     @property
     def is_grpc(self) -> bool:
@@ -44,7 +49,8 @@ class Proxy:
             labels=self.labels,
             service_account=self.service_account,
             source=SourceRef("Proxy", self.namespace, self.pod_name),
-            has_sidecar=not self.is_grpc,
+            # Peers reach it with mTLS only if its Envoy can terminate mTLS (holds the certs).
+            has_sidecar=self.sds and not self.is_grpc,
         )
 
 
@@ -97,4 +103,5 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         cluster_id=intern(_str(metadata, "CLUSTER_ID")),
         dns_domain=intern(domain),
         auto_register=_str(metadata, "AUTO_REGISTER").lower() != "false",
+        sds=_str(metadata, "SDS").lower() in ("true", "1"),
     )

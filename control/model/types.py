@@ -174,6 +174,9 @@ class Endpoint:
     has_sidecar: bool = False
     locality: str = ""
     weight: int = 0
+    # Reached with Istio mutual TLS (auto mTLS): it has a sidecar and its PeerAuthentication
+    # does not DISABLE mTLS on this port. EDS labels it `tlsMode: istio`.
+    mtls: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,106 @@ class SidecarScope:
     outbound_traffic_policy: str = "ALLOW_ANY"
 
 
+# --- security (security.istio.io/v1) ---------------------------------------------------------
+
+# Istio's default root namespace: policies here without a selector apply to the whole mesh.
+ROOT_NAMESPACE = "istio-system"
+# The label (on a WorkloadEntry or ServiceEntry endpoint) that says "this endpoint has a sidecar".
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+
+
+class MtlsMode(enum.StrEnum):
+    UNSET = "UNSET"  # inherit from the enclosing scope (workload -> namespace -> mesh)
+    DISABLE = "DISABLE"
+    PERMISSIVE = "PERMISSIVE"
+    STRICT = "STRICT"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAuthentication:
+    """An Istio `PeerAuthentication`: which inbound connections must be mutual TLS."""
+
+    namespace: str
+    name: str
+    source: SourceRef = field(compare=False)
+    selector: Labels | None = None  # None: namespace-wide (mesh-wide in the root namespace)
+    mode: MtlsMode = MtlsMode.UNSET
+    port_modes: tuple[tuple[int, MtlsMode], ...] = ()  # portLevelMtls, sorted by port
+
+
+class AuthzAction(enum.StrEnum):
+    ALLOW = "ALLOW"
+    DENY = "DENY"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthzSource:
+    """One `from[].source`: every field set must match (AND); values of a field are ORed."""
+
+    principals: tuple[str, ...] = ()
+    not_principals: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    not_namespaces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthzOperation:
+    """One `to[].operation`. Paths and methods exist only in HTTP; ports in both."""
+
+    paths: tuple[str, ...] = ()
+    not_paths: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    not_methods: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    not_ports: tuple[int, ...] = ()
+
+    @property
+    def http_only(self) -> bool:
+        return bool(self.paths or self.not_paths or self.methods or self.not_methods)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthzRule:
+    """One rule: any `from` matches AND any `to` matches (an empty list matches anything).
+
+    `unsupported` marks a rule that had conditions we cannot enforce (`when`, `ipBlocks`, ...;
+    reported when loading). It fails closed: such an ALLOW rule never matches, such a DENY
+    rule matches without those conditions, i.e. denies more.
+    """
+
+    sources: tuple[AuthzSource, ...] = ()
+    operations: tuple[AuthzOperation, ...] = ()
+    unsupported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationPolicy:
+    """An Istio `AuthorizationPolicy` (actions ALLOW and DENY)."""
+
+    namespace: str
+    name: str
+    source: SourceRef = field(compare=False)
+    selector: Labels | None = None  # None: every workload of the namespace (mesh in the root)
+    action: AuthzAction = AuthzAction.ALLOW
+    rules: tuple[AuthzRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPolicy:
+    """The PeerAuthentication in effect for one workload, inheritance resolved (workload, then
+    namespace, then mesh, then Istio's default PERMISSIVE): no mode here is UNSET."""
+
+    mode: MtlsMode = MtlsMode.PERMISSIVE
+    port_modes: tuple[tuple[int, MtlsMode], ...] = ()
+
+    def mode_for(self, port: int) -> MtlsMode:
+        return dict(self.port_modes).get(port, self.mode)
+
+
+def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
+    return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account or 'default'}"
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigWarning:
     """A problem found while loading config that did not reject the file (e.g. an unsupported
@@ -231,6 +334,8 @@ class MeshConfig:
     services: tuple[Service, ...] = ()
     workload_entries: tuple[Workload, ...] = ()
     sidecars: tuple[SidecarScope, ...] = ()
+    peer_authentications: tuple[PeerAuthentication, ...] = ()
+    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

@@ -338,3 +338,57 @@ async def test_endpoint_only_change_pushes_only_eds(setup) -> None:
     assert r.type_url == CDS and cluster("beta") in cluster_names(r)
     assert cp.metrics.push_triggers.labels("eds_only")._value.get() == before + 1
     await s.close()
+
+
+def mtls_service(ip: str, account: str) -> str:
+    return textwrap.dedent(
+        f"""\
+        apiVersion: v1
+        kind: Service
+        metadata: {{name: alpha, namespace: default}}
+        spec:
+          selector: {{app: alpha}}
+          ports: [{{name: http, port: 9080, targetPort: 8080}}]
+        ---
+        apiVersion: networking.istio.io/v1
+        kind: WorkloadEntry
+        metadata: {{name: alpha-1, namespace: default}}
+        spec:
+          address: "{ip}"
+          serviceAccount: {account}
+          labels: {{app: alpha, security.istio.io/tlsMode: istio}}
+        """
+    )
+
+
+async def test_identity_change_pushes_clusters_address_change_only_eds(setup) -> None:
+    """Auto mTLS clusters carry the SPIFFE IDs of the service's workloads (SANs): a workload
+    change that alters them needs CDS too; one that keeps them stays an EDS-only push."""
+    cp, cfg, channel = setup
+    s = AdsStream(channel)
+    first = req(CDS, node=node_id("127.9.2.2"))
+    first.node.metadata.update({"AUTO_REGISTER": "false", "SDS": "true"})
+    await s.send(first)
+    r = await s.recv()
+    await s.send(req(CDS, nonce=r.nonce, version=r.version_info))
+    await s.send(req(EDS, [cluster("alpha")]))
+    r = await s.recv()
+    await s.send(req(EDS, [cluster("alpha")], nonce=r.nonce, version=r.version_info))
+    eds_only = cp.metrics.push_triggers.labels("eds_only")
+    before = eds_only._value.get()
+    await change_config(cp, cfg / "a.yaml", mtls_service("10.0.0.1", "alpha-sa"))
+    r = await s.recv()
+    assert r.type_url == CDS
+    assert b"spiffe://cluster.local/ns/default/sa/alpha-sa" in b"".join(
+        a.value for a in r.resources
+    )
+    assert eds_only._value.get() == before
+    await s.send(req(CDS, nonce=r.nonce, version=r.version_info))
+    r = await s.recv()
+    assert r.type_url == EDS  # the endpoint now carries tlsMode: istio
+    await s.send(req(EDS, [cluster("alpha")], nonce=r.nonce, version=r.version_info))
+    await change_config(cp, cfg / "a.yaml", mtls_service("10.0.0.9", "alpha-sa"))
+    r = await s.recv()
+    assert r.type_url == EDS
+    assert eds_only._value.get() == before + 1
+    await s.close()

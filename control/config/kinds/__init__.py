@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from control.config.fields import Context
-from control.config.kinds import service, serviceentry, sidecar, workloadentry
+from control.config.kinds import (
+    authorizationpolicy,
+    peerauthentication,
+    service,
+    serviceentry,
+    sidecar,
+    workloadentry,
+)
 from control.config.manifest import RawObject
 from control.config.objects import ConfigObject, Converted
 from control.model.types import ConfigWarning
@@ -22,6 +29,8 @@ CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
     "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
     "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
     "Sidecar": (sidecar.API_VERSIONS, sidecar.convert),
+    "PeerAuthentication": (peerauthentication.API_VERSIONS, peerauthentication.convert),
+    "AuthorizationPolicy": (authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),
 }
 
 

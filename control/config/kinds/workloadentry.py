@@ -6,11 +6,10 @@ from control.config import formats
 from control.config.fields import Context, Fields
 from control.config.kinds.common import ISTIO_NETWORKING_VERSIONS, check_endpoint_address, spec_of
 from control.config.objects import ConfigObject
-from control.model.types import Workload, labels_of
+from control.model.types import TLS_MODE_LABEL, Workload, labels_of
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
-TLS_MODE_LABEL = "security.istio.io/tlsMode"
 MAX_WEIGHT = 2**32 - 1
 
 
