@@ -22,7 +22,11 @@ from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.process import EnvoySupervisor
-from agent.metrics import AgentMetrics, MetricsObserver
+from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
+from agent.sds.caclient import CaClient
+from agent.sds.keys import KeyType
+from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
+from agent.sds.server import SdsServer
 from agent.status import StatusServer
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
@@ -66,6 +70,20 @@ class Agent:
         self.dns: DnsServer | None = None
         if cfg.dns_port:
             self._setup_dns(cfg)
+        # Workload certificates: signed over the same upstream channel, served to Envoy (and
+        # proxyless clients) as SDS `default` / `ROOTCA` on <workdir>/SDS.
+        self.secrets = SecretManager(
+            CaClient(self.upstream, cfg.token_file),
+            SdsConfig(
+                trust_domain=cfg.trust_domain,
+                namespace=cfg.namespace,
+                service_account=cfg.service_account,
+                key_type=KeyType(cfg.key_type),
+                cert_ttl=cfg.workload_cert_ttl,
+            ),
+            stats=SdsStats(observer=SdsMetricsObserver(self.metrics)),
+        )
+        self.sds = SdsServer(cfg.sds_socket, self.secrets)
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(
             self.upstream,
@@ -107,6 +125,8 @@ class Agent:
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
         await self.upstream.start()
+        await self.secrets.start()
+        await self.sds.start()
         await self.downstream.start()
         await self.agent_stream.start()
         if self.dns is not None:
@@ -155,6 +175,8 @@ class Agent:
             await self.dns.close()
         await self.agent_stream.close()
         await self.downstream.close()
+        await self.sds.close()
+        await self.secrets.close()
         await self.upstream.close()
         if self._session is not None:
             await self._session.close()
@@ -194,13 +216,17 @@ class Agent:
     # --- readiness -------------------------------------------------------------------------
 
     async def readiness(self) -> str | None:
-        """None when ready; otherwise why not (DESIGN: Envoy has accepted LDS and CDS, or in
-        proxy-only mode the upstream channel is up), and with DNS on, a name table arrived."""
+        """None when ready; otherwise why not. DESIGN: the agent holds a workload certificate
+        and, with Envoy, Envoy has accepted LDS and CDS; in proxy-only mode the upstream
+        channel is up. With DNS on, a name table must have arrived too."""
+        if self.upstream.state() is not grpc.ChannelConnectivity.READY:
+            return await self.upstream.problem()
+        if not self.secrets.ready:
+            why = self.secrets.last_error or "waiting for the CA"
+            return f"no workload certificate yet: {why}"
         if self.names is not None and not self.names.received.is_set():
             return "no DNS name table from the control plane yet"
         if self.envoy is None:
-            if self.upstream.state() is not grpc.ChannelConnectivity.READY:
-                return await self.upstream.problem()
             return None
         if not self.envoy.running:
             return "envoy is not running"

@@ -45,6 +45,9 @@ class AgentConfig:
     envoy_delta: bool = False
     drain_duration: float = 5.0
     cluster_domain: str = "cluster.local"
+    trust_domain: str = "cluster.local"
+    key_type: str = "ec-p256"  # agent.sds.keys.KeyType values
+    workload_cert_ttl: float = 24 * 3600.0
     # ISTIO_META_* environment variables, without the prefix.
     extra_metadata: Mapping[str, str] = field(default_factory=dict)
 
@@ -81,6 +84,8 @@ class AgentConfig:
             "LABELS": dict(self.labels),
             "INTERCEPTION_MODE": "NONE",
             "CLUSTER_ID": "Kubernetes",
+            # The agent serves SDS: the control plane may give this proxy mTLS config.
+            "SDS": "true",
         }
         if self.proxy_only:
             meta["GENERATOR"] = "grpc"
@@ -179,6 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
             "default state dir, for local use from the same directory)"
         ),
     )
+    p.add_argument(
+        "--key-type",
+        choices=("ec-p256", "rsa-2048"),
+        default="ec-p256",
+        help="workload key type (default %(default)s)",
+    )
+    p.add_argument(
+        "--workload-cert-ttl",
+        type=float,
+        default=env("SECRET_TTL_SECONDS", "86400"),
+        metavar="SECONDS",
+        help="lifetime asked for the workload certificate; renewed at half of it "
+        "(env SECRET_TTL_SECONDS; default %(default)s)",
+    )
+    p.add_argument(
+        "--trust-domain",
+        default=env("TRUST_DOMAIN", "cluster.local"),
+        help="SPIFFE trust domain named in the CSR (env TRUST_DOMAIN; default %(default)s)",
+    )
     p.add_argument("--status-port", type=int, default=15020)
     p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
     p.add_argument("--envoy-admin-port", type=int, default=15000)
@@ -214,6 +238,8 @@ def config_from_args(
     for name in ("status_port", "envoy_admin_port"):
         _check_port(getattr(args, name), "--" + name.replace("_", "-"))
     _check_port(args.dns_port, "--dns-port", allow_zero=True)
+    if not args.workload_cert_ttl > 0:
+        raise AgentConfigError("--workload-cert-ttl must be positive")
     if args.drain_duration < 0:
         raise AgentConfigError("--drain-duration must not be negative")
     upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
@@ -250,5 +276,8 @@ def config_from_args(
         envoy_binary=args.envoy_binary,
         envoy_delta=args.envoy_delta,
         drain_duration=args.drain_duration,
+        trust_domain=args.trust_domain,
+        key_type=args.key_type,
+        workload_cert_ttl=args.workload_cert_ttl,
         extra_metadata=extra,
     )

@@ -119,6 +119,11 @@ def node_metadata(opts: BootstrapOptions) -> dict[str, Any]:
         "INTERCEPTION_MODE": opts.interception_mode,
         "CLUSTER_ID": "Kubernetes",
     }
+    if opts.sds_address is not None:
+        # The sds-grpc cluster reaches the agent's SDS server: the control plane may send
+        # mTLS config that takes its certificates from there (without it, such config would
+        # wait forever for secrets nobody serves).
+        meta["SDS"] = "true"
     meta.update(opts.extra_metadata)
     return meta
 

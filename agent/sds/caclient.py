@@ -62,11 +62,9 @@ class CaClient:
 
     async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]:
         """The PEM chain for `csr_pem`, leaf first and root last."""
-        call_metadata: list[tuple[str, str]] = []
-        if not self._upstream.tls and self._token_file is not None:
-            token = await asyncio.to_thread(read_token, self._token_file)
-            if token:
-                call_metadata.append(("authorization", f"Bearer {token}"))
+        # Read afresh for every request: the token on disk may have been rotated.
+        token = await asyncio.to_thread(read_token, self._token_file) if self._token_file else ""
+        call_metadata = self._upstream.call_metadata(token)
         request = ca_pb2.IstioCertificateRequest(
             csr=csr_pem.decode(), validity_duration=int(ttl_seconds)
         )

@@ -14,9 +14,10 @@ again for each call (tokens are rotated by whoever writes the file).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,20 +64,6 @@ def read_token(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return ""
-
-
-class _TokenPlugin:
-    """gRPC metadata plugin: `authorization: Bearer <token>` on every call. gRPC runs it on
-    its own thread, so reading the file here does not block the event loop."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-
-    def __call__(
-        self, context: Any, callback: Callable[[Sequence[tuple[str, str]], Any], None]
-    ) -> None:
-        token = read_token(self._path)
-        callback((("authorization", f"Bearer {token}"),) if token else (), None)
 
 
 def _load_root(path: Path) -> bytes:
@@ -127,21 +114,42 @@ class UpstreamChannel:
             ("grpc.lb_policy_name", "pick_first"),
         ]
         self._channel: grpc.aio.Channel | None = None
+        self._token = ""
+        self._token_task: asyncio.Task[None] | None = None
 
     @property
     def tls(self) -> bool:
-        """Whether calls go over TLS and already carry the token (see `UpstreamTls`)."""
+        """Whether calls go over TLS (see `UpstreamTls`)."""
         return self._tls is not None
+
+    @property
+    def token_file(self) -> Path | None:
+        return self._tls.token_file if self._tls is not None else None
+
+    def call_metadata(self, token: str | None = None) -> tuple[tuple[str, str], ...]:
+        """`authorization: Bearer <token>` for a call over TLS (the control plane
+        authenticates xDS there); `token` overrides the cached one (CA calls read the file
+        afresh each time). Explicit metadata rather than gRPC call credentials: those run a
+        plugin on a thread gRPC spawns per call, which costs a thread per stream and can
+        deadlock with a fork (starting Envoy) under uvloop."""
+        token = self._token if token is None else token
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    async def _refresh_token(self, path: Path, interval: float = 5.0) -> None:
+        """Keep the cached token current (it is rotated on disk, e.g. by the kubelet)."""
+        while True:
+            self._token = await asyncio.to_thread(read_token, path)
+            await asyncio.sleep(interval)
 
     async def start(self) -> None:
         if self._tls is not None:
             self._root_pem = await asyncio.to_thread(_load_root, self._tls.root_cert)
-            creds = grpc.ssl_channel_credentials(root_certificates=self._root_pem)
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=self._root_pem)
             if self._tls.token_file is not None:
-                creds = grpc.composite_channel_credentials(
-                    creds, grpc.metadata_call_credentials(_TokenPlugin(self._tls.token_file))
+                self._token = await asyncio.to_thread(read_token, self._tls.token_file)
+                self._token_task = asyncio.create_task(
+                    self._refresh_token(self._tls.token_file), name="upstream-token"
                 )
-            self._credentials = creds
         if self._credentials is not None:
             self._channel = grpc.aio.secure_channel(
                 self.target, self._credentials, options=self._options
@@ -151,6 +159,11 @@ class UpstreamChannel:
         logger.info("upstream channel to %s%s", self.target, " (TLS)" if self.tls else "")
 
     async def close(self) -> None:
+        if self._token_task is not None:
+            self._token_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._token_task
+            self._token_task = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -177,7 +190,7 @@ class UpstreamChannel:
             request_serializer=identity,
             response_deserializer=identity,
         )
-        return method(wait_for_ready=True)
+        return method(wait_for_ready=True, metadata=self.call_metadata())
 
     def state(self) -> grpc.ChannelConnectivity:
         """The channel's state; asking also starts connecting an idle channel, so readiness

@@ -3,10 +3,13 @@
 Starts the control plane (`pilotfish-control --config examples/local/mesh.yaml`) and three
 pods, each `pilotfish-agent` (which generates Envoy's bootstrap and runs Envoy) on its own
 loopback IP: a client at 127.0.1.1, and reviews and ratings at 127.0.1.2 / 127.0.1.3 with a
-small HTTP app next to their agent. Requests go to the client's outbound listener
-127.0.1.1:9080, are routed by Host header, and reach each app through its own Envoy.
-Ctrl-C stops everything cleanly; `--once` exits after the traffic check (used by the e2e
-test).
+small HTTP app next to their agent. Each agent gets a token from `pilotfish-ctl token`,
+talks to the control plane over its TLS port (15012, verified against the root in the state
+dir), and gets a workload certificate for its service account, which its Envoy uses for mTLS
+(the mesh is STRICT). Requests go to the client's outbound listener 127.0.1.1:9080, are routed
+by Host header, and reach each app through its own Envoy; the apps print the caller's SPIFFE
+identity from `x-forwarded-client-cert`. Ctrl-C stops everything cleanly; `--once` exits after
+the traffic check (used by the e2e test).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ APPS = {"reviews": "127.0.1.2", "ratings": "127.0.1.3"}
 
 async def start_app(name: str, ip: str) -> web.AppRunner:
     async def handle(request: web.Request) -> web.Response:
-        body = {"app": name, "pod_ip": ip, "path": request.path, "host": request.host}
+        caller = caller_identity(request.headers.get("x-forwarded-client-cert", ""))
+        body = {"app": name, "pod_ip": ip, "path": request.path, "caller": caller}
         return web.json_response(body)
 
     app = web.Application()
@@ -44,6 +48,53 @@ async def start_app(name: str, ip: str) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, ip, 8080, reuse_address=True).start()
     return runner
+
+
+def caller_identity(xfcc: str) -> str:
+    """The caller's SPIFFE ID from Envoy's x-forwarded-client-cert (`By=...;URI=...`)."""
+    for element in xfcc.split(","):
+        for part in element.split(";"):
+            key, _, value = part.partition("=")
+            if key.strip().lower() == "uri":
+                return value.strip('"')
+    return "(no client certificate)"
+
+
+def mint_token(state_dir: Path, service_account: str, path: Path) -> None:
+    """`pilotfish-ctl token` for the pod's service account, written as its --token-file."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "control.ctl",
+            "token",
+            "--state-dir",
+            str(state_dir),
+            "--namespace",
+            "default",
+            "--service-account",
+            service_account,
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(0o600)
+    path.write_text(out.stdout.strip())
+
+
+async def plaintext_refused(ip: str) -> str:
+    """What a client without a mesh certificate gets from an app's inbound port."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s,
+            s.get(f"http://{ip}:9080/") as r,
+        ):
+            return f"HTTP {r.status}"
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return f"refused ({type(e).__name__})"
 
 
 def say(msg: str) -> None:
@@ -115,12 +166,16 @@ async def main() -> int:
         if not await wait_http("http://127.0.0.1:15014/ready", 20):
             say(f"control plane did not become ready; see {work / 'control.log'}")
             return 1
-        say("control plane ready: ADS on 127.0.0.1:15010, debug on http://127.0.0.1:15014")
+        say(
+            "control plane ready: ADS+CA on 127.0.0.1:15010 and TLS 127.0.0.1:15012, "
+            "debug on http://127.0.0.1:15014"
+        )
         for name, ip in APPS.items():
             runners.append(await start_app(name, ip))
             say(f"app {name} listening on {ip}:8080")
         pods = {"client": CLIENT_IP, **APPS}
         for pod, ip in pods.items():
+            await asyncio.to_thread(mint_token, work / "state", pod, work / pod / "token")
             log = (work / f"{pod}-agent.log").open("wb")
             procs.append(
                 subprocess.Popen(
@@ -134,6 +189,12 @@ async def main() -> int:
                         pod,
                         "--labels",
                         f"app={pod}",
+                        "--service-account",
+                        pod,
+                        "--control-plane",
+                        "127.0.0.1:15012",
+                        "--ca-root-cert",
+                        str(work / "state" / "root-cert.pem"),
                         "--workdir",
                         str(work / pod),
                         "--drain-duration",
@@ -145,7 +206,10 @@ async def main() -> int:
                     stderr=subprocess.STDOUT,
                 )
             )
-            say(f"pod {pod} at {ip}: agent + Envoy (status http://{ip}:15020/healthz/ready)")
+            say(
+                f"pod {pod} at {ip}: agent + Envoy, service account {pod} "
+                f"(status http://{ip}:15020/healthz/ready)"
+            )
         for pod, ip in pods.items():
             if not await wait_http(f"http://{ip}:15020/healthz/ready", 30):
                 say(f"pod {pod} did not become ready; see {work / (pod + '-agent.log')}")
@@ -160,11 +224,16 @@ async def main() -> int:
                 if status == 200:
                     break
                 await asyncio.sleep(0.2)
-            if status == 200:
-                say(f"GET http://{CLIENT_IP}:9080/demo Host: {host} -> {json.loads(text)}")
+            body = json.loads(text) if status == 200 else {}
+            if status == 200 and str(body.get("caller", "")).startswith("spiffe://"):
+                say(f"GET http://{CLIENT_IP}:9080/demo Host: {host} -> {body}")
             else:
                 ok = False
                 say(f"GET Host: {host} failed: {status} {text[:200]}")
+        refused = await plaintext_refused(APPS["reviews"])
+        say(f"plaintext GET http://{APPS['reviews']}:9080/ without a mesh certificate: {refused}")
+        if refused.startswith("HTTP 2"):
+            ok = False
         say("syncz: " + json.dumps(await syncz_summary()))
         if not ok:
             rc = 1

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -62,9 +62,19 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
     await app.start()
     async with running_control_plane(cfg) as cp:
         target = f"127.0.0.1:{cp.xds_port}"
-        backend = AgentProcess(target, tmp_path / "b", backend_ip, "backend", "app=backend")
+        token = agent_token(cp)
+        backend = AgentProcess(
+            target, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
+        )
         client = AgentProcess(
-            target, tmp_path / "c", client_ip, "client", "app=client", "--drain-duration", "2"
+            target,
+            tmp_path / "c",
+            client_ip,
+            "client",
+            "app=client",
+            "--drain-duration",
+            "2",
+            token=token,
         )
         backend.start()
         client.start()

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.integration.test_agent_xdsproxy import established_to
 from tests.integration.test_proxyless_grpc import backend, grpc_client, mesh_yaml
 from tests.support.agentproc import AgentProcess
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.net import pod_ip
 
 
@@ -32,6 +32,7 @@ async def test_proxyless_client_through_agent(tmp_path: Path) -> None:
             "grpcapp",
             "app=grpcapp",
             "--proxy-only",
+            token=agent_token(cp),
         )
         agent.start()
         try:
@@ -75,7 +76,13 @@ async def test_proxy_only_agent_is_ready_before_any_client(tmp_path: Path) -> No
     (cfg / "mesh.yaml").write_text(mesh_yaml(pod_ip()))
     async with running_control_plane(cfg) as cp:
         agent = AgentProcess(
-            f"127.0.0.1:{cp.xds_port}", tmp_path / "pod", pod, "lonely", "", "--proxy-only"
+            f"127.0.0.1:{cp.xds_port}",
+            tmp_path / "pod",
+            pod,
+            "lonely",
+            "",
+            "--proxy-only",
+            token=agent_token(cp),
         )
         agent.start()
         try:

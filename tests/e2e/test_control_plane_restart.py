@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.test_agent_pods import MESH, get
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane, state_dir_token
 from tests.support.net import free_port, pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -30,8 +30,11 @@ async def test_control_plane_restart_under_load(tmp_path: Path) -> None:
     app = EchoApp("backend", backend_ip, 8080)
     await app.start()
     target = f"127.0.0.1:{port}"
-    backend = AgentProcess(target, tmp_path / "b", backend_ip, "backend", "app=backend")
-    client = AgentProcess(target, tmp_path / "c", client_ip, "client", "app=client")
+    token = state_dir_token(state)
+    backend = AgentProcess(
+        target, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
+    )
+    client = AgentProcess(target, tmp_path / "c", client_ip, "client", "app=client", token=token)
     url = f"http://{client_ip}:9080/"
     results: list[int] = []
     stop = asyncio.Event()

@@ -21,7 +21,7 @@ from agent.app import Agent
 from agent.config import AgentConfig
 from control.app import ControlPlane
 from protos import nds_pb2, typeurls
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.dns import UpstreamDns, addresses, query, rcode, require_tool
 from tests.support.net import free_port, pod_ip
 
@@ -74,9 +74,13 @@ class Pod:
 def agent_config(
     cp: ControlPlane, tmp: Path, ip: str, upstreams: Sequence[str], **kw: Any
 ) -> AgentConfig:
+    workdir = tmp / f"agent-{ip}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "token").write_text(agent_token(cp))
     return AgentConfig(
         control_plane=(f"127.0.0.1:{cp.xds_port}",),
-        workdir=tmp / f"agent-{ip}",
+        workdir=workdir,
+        token_file=workdir / "token",
         ip=ip,
         pod_name="client",
         namespace="default",

@@ -20,8 +20,12 @@ class AgentProcess:
         pod: str,
         labels: str = "",
         *extra: str,
+        token: str | None = None,
     ) -> None:
+        """`token`: written to `<workdir>/token` (the agent's default --token-file) before
+        the agent starts, so it can get its workload certificate."""
         self.ip = ip
+        self.token = token
         self.workdir = workdir
         self.log_path = workdir.parent / f"{pod}-agent.log"
         self.args = [
@@ -46,6 +50,10 @@ class AgentProcess:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.token is not None:
+            token_file = self.workdir / "token"
+            token_file.write_text(self.token)
+            token_file.chmod(0o600)
         log = self.log_path.open("wb")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from control.app import ControlPlane, ControlPlaneOptions
+from control.ca.identity import Identity
 from control.xds.server import XdsOptions
 
 
@@ -84,3 +85,26 @@ async def eventually(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
+
+
+def agent_token(
+    cp: ControlPlane,
+    namespace: str = "default",
+    service_account: str = "default",
+    ttl: float = 3600.0,
+) -> str:
+    """A bearer token the control plane accepts, as `pilotfish-ctl token` would print it."""
+    assert cp.tokens is not None, "the control plane has not started"
+    return cp.tokens.issue(Identity(namespace, service_account), ttl, time.time())
+
+
+def state_dir_token(
+    state_dir: Path, namespace: str = "default", service_account: str = "default"
+) -> str:
+    """A token from a state dir's key (created when missing), before the control plane that
+    will own that state dir has started: what `pilotfish-ctl token --state-dir` does."""
+    from control.ca.authn import TokenIssuer, load_or_create_token_key
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    key = load_or_create_token_key(state_dir)
+    return TokenIssuer(key).issue(Identity(namespace, service_account), 3600.0, time.time())
