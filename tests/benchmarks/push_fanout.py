@@ -86,6 +86,23 @@ class Clients:
             self.proc.wait()
 
 
+async def marginal_rss(target: str, streams: int) -> tuple[float, Clients]:
+    """RSS per connected stream: what `streams` more streams cost once one stream has been
+    served, so one-time work (generating and caching the config, loading descriptors, the
+    client's channels) is not spread over the streams. The same method for ours and the
+    floor."""
+    warm = Clients(target, 1)
+    await warm.ready()
+    await asyncio.sleep(0.5)
+    rss0 = rss_bytes()
+    clients = Clients(target, streams)
+    await clients.ready()
+    await asyncio.sleep(0.5)
+    per_stream = (rss_bytes() - rss0) / streams
+    warm.close()
+    return per_stream, clients
+
+
 async def wait_acks(counter: object, attr: str, target: int, timeout: float = 120) -> float:
     deadline = time.monotonic() + timeout
     while getattr(counter, attr) < target:
@@ -115,11 +132,8 @@ async def run_ours(
     # The watcher re-reads files written in the last two seconds (it cannot trust mtimes for
     # those); let that settle so the RSS baseline holds only the control plane itself.
     await asyncio.sleep(2.5)
-    rss0 = rss_bytes()
-    clients = Clients(f"127.0.0.1:{cp.xds_port}", streams)
-    await clients.ready()
-    await asyncio.sleep(0.5)
-    rss_per_stream = (rss_bytes() - rss0) / streams
+    target = f"127.0.0.1:{cp.xds_port}"
+    rss_per_stream, clients = await marginal_rss(target, streams)
     times: list[float] = []
     serialized: list[int] = []
     eds_bytes = b""
@@ -198,11 +212,7 @@ async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    rss0 = rss_bytes()
-    clients = Clients(f"127.0.0.1:{port}", streams)
-    await clients.ready()
-    await asyncio.sleep(0.5)
-    rss_per_stream = (rss_bytes() - rss0) / streams
+    rss_per_stream, clients = await marginal_rss(f"127.0.0.1:{port}", streams)
     times = []
     for _ in range(rounds):
         before = floor.acks
