@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
 from control.app import ControlPlane, ControlPlaneOptions
+from control.ca.identity import Identity
 from protos import typeurls
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.envoy import EnvoyProcess
@@ -61,8 +62,15 @@ def rss_of(pid: int) -> int:
 
 
 class Agent:
-    def __init__(self, cp_port: int, workdir: Path, ip: str) -> None:
+    def __init__(self, cp: ControlPlane, workdir: Path, ip: str) -> None:
         self.workdir = workdir
+        # A token, so the agent holds its workload certificate like a real one does.
+        workdir.mkdir(parents=True, exist_ok=True)
+        assert cp.tokens is not None
+        (workdir / "token").write_text(
+            cp.tokens.issue(Identity("default", "default"), 3600, time.time())
+        )
+        cp_port = cp.xds_port
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -122,7 +130,7 @@ async def latency(tmp: Path, rounds: int) -> tuple[list[float], list[float]]:
             agent = None
             xds = f"127.0.0.1:{cp.xds_port}"
             if mode == "agent":
-                agent = Agent(cp.xds_port, tmp / "agent-lat", "127.77.0.3")
+                agent = Agent(cp, tmp / "agent-lat", "127.77.0.3")
                 await agent.wait_socket()
                 xds = f"unix://{(tmp / 'agent-lat' / 'XDS').resolve()}"
             envoy = EnvoyProcess(
@@ -163,7 +171,7 @@ async def cds_throughput(tmp: Path, services: int, rounds: int) -> tuple[float, 
     mesh = tmp / "cds.yaml"
     mesh.write_text(mesh_yaml(services))
     async with _cp(mesh) as cp:
-        agent = Agent(cp.xds_port, tmp / "agent-cds", "127.77.0.4")
+        agent = Agent(cp, tmp / "agent-cds", "127.77.0.4")
         await agent.wait_socket()
         targets = {
             "direct": f"127.0.0.1:{cp.xds_port}",
@@ -217,22 +225,47 @@ async def cds_throughput(tmp: Path, services: int, rounds: int) -> tuple[float, 
     return statistics.median(times["direct"]), statistics.median(times["agent"]), size
 
 
+_LIST_LIBRARIES = """
+import json, sys
+before = set(sys.modules)
+import agent.__main__, agent.app
+ours = ("agent", "control", "protos", "tests", "__main__")
+print(json.dumps(sorted(
+    m for m in set(sys.modules) - before
+    if m.split(".")[0] not in ours and not m.startswith("_") and sys.modules[m] is not None
+)))
+"""
+
+
 async def idle_rss(tmp: Path) -> tuple[int, int]:
     mesh = tmp / "idle.yaml"
     mesh.write_text(mesh_yaml(5))
     async with _cp(mesh) as cp:
-        agent = Agent(cp.xds_port, tmp / "agent-idle", "127.77.0.5")
+        agent = Agent(cp, tmp / "agent-idle", "127.77.0.5")
         await agent.wait_socket()
         await asyncio.sleep(2.0)
         agent_rss = rss_of(agent.proc.pid)
         agent.stop()
+    # The floor imports exactly the third-party modules the agent's code loads (everything
+    # but agent/, control/, protos/), so the difference is what the agent itself holds.
+    libraries = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _LIST_LIBRARIES],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     floor = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import grpc, aiohttp, uvloop, yaml, prometheus_client, google.protobuf, cryptography\n"
-            "from envoy.service.discovery.v3 import ads_pb2\n"
-            "import sys, time; print('ok', flush=True); time.sleep(30)",
+            "import importlib, json, sys, time\n"
+            "for m in json.loads(sys.argv[1]):\n"
+            "    importlib.import_module(m)\n"
+            "print('ok', flush=True); time.sleep(30)",
+            json.dumps(libraries),
         ],
         stdout=subprocess.PIPE,
         text=True,
