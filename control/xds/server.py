@@ -1,12 +1,13 @@
 """The ADS server: a thin grpc.aio adapter around the sans-IO stream state machines.
 
-Per stream there are two tasks. The reader decodes requests and feeds them to the state
-machine at once (the request direction never waits for writes). The sender (the handler
-coroutine itself) wakes when a request needs an answer or a push is pending, asks the
-generators for the resource sets of the subscribed types, lets the state machine decide what
-to send, and writes the pre-assembled bytes (each resource was serialized once, in the cache;
-here it is only framed, never re-encoded). Pushes are coalesced: a stream that is still
-writing when the next push arrives sends the newest state once.
+Per stream there is one task, the RPC's handler, and it only reads: it decodes requests and
+feeds them to the state machine at once (the request direction never waits for writes). A
+bounded pool of send workers serves streams that need an answer or have a push pending: it asks
+the generators for the resource sets of the subscribed types, lets the state machine decide
+what to send, and writes the pre-assembled bytes (each resource was serialized once, in the
+cache, and a response shared by many streams is framed once too; nothing is re-encoded).
+Pushes are coalesced: a stream that is still writing when the next push arrives sends the
+newest state once.
 """
 
 from __future__ import annotations
@@ -181,10 +182,11 @@ class XdsServer:
     async def _serve(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, delta: bool
     ) -> None:
-        it = requests.__aiter__()
-        try:
-            first_raw = await it.__anext__()
-        except StopAsyncIteration:
+        # context.read() rather than iterating `requests`: gRPC's request iterator keeps the
+        # last message it yielded alive until the next one arrives, and an EDS ACK naming every
+        # cluster is kilobytes that an idle stream would hold for nothing.
+        first_raw = await context.read()
+        if first_raw is grpc.aio.EOF:
             return
         try:
             first = _decode(first_raw, delta)
@@ -222,7 +224,7 @@ class XdsServer:
             self._handle_request(conn, first)
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
-            async for raw in it:
+            while (raw := await context.read()) is not grpc.aio.EOF:
                 self._handle_request(conn, _decode(raw, conn.delta))
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
