@@ -12,7 +12,6 @@ filter chain matches, XFCC settings, RBAC — is what the control plane generate
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,10 +20,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from envoy.config.bootstrap.v3.bootstrap_pb2 import Bootstrap
 from envoy.extensions.transport_sockets.tls.v3.secret_pb2 import Secret
 from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import (
@@ -60,6 +55,7 @@ from tests.integration.test_generate_envoy_validate import static_bootstrap
 from tests.support.apps import EchoApp
 from tests.support.envoy import EnvoyProcess
 from tests.support.net import free_port, pod_ip
+from tests.support.testca import TestCA
 
 pytestmark = pytest.mark.envoy
 
@@ -72,78 +68,7 @@ STRICT_PORT, PERMISSIVE_PORT = 8080, 8081
 # --- certificates ----------------------------------------------------------------------------
 
 
-def _pem(cert: x509.Certificate) -> str:
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
-
-
-class ScratchCA:
-    def __init__(self) -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pilotfish test root")])
-        now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-
-    def issue(self, spiffe: str) -> tuple[str, str]:
-        """A workload certificate as our CA issues them: empty subject, the SPIFFE ID as URI
-        SAN, for both client and server authentication. Returns (chain PEM, key PEM)."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(
-                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(spiffe)]),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [
-                        x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
-                        x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH,
-                    ]
-                ),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode()
-        return _pem(cert) + _pem(self.cert), key_pem
-
-
-def with_static_secrets(bootstrap: Bootstrap, ca: ScratchCA, spiffe: str) -> Bootstrap:
+def with_static_secrets(bootstrap: Bootstrap, ca: TestCA, spiffe: str) -> Bootstrap:
     """Point the generated SDS references at static secrets with the same names."""
     for cluster in bootstrap.static_resources.clusters:
         for match in cluster.transport_socket_matches:
@@ -159,12 +84,12 @@ def with_static_secrets(bootstrap: Bootstrap, ca: ScratchCA, spiffe: str) -> Boo
             ):
                 _strip_sds(downstream.common_tls_context)
                 chain.transport_socket.typed_config.Pack(downstream)
-    chain_pem, key_pem = ca.issue(spiffe)
+    issued = ca.client_cert(spiffe)  # our CA's workload certificate shape: SPIFFE URI SAN
     workload = Secret(name="default")
-    workload.tls_certificate.certificate_chain.inline_string = chain_pem
-    workload.tls_certificate.private_key.inline_string = key_pem
+    workload.tls_certificate.certificate_chain.inline_bytes = issued.cert_pem + ca.root_pem
+    workload.tls_certificate.private_key.inline_bytes = issued.key_pem
     root = Secret(name="ROOTCA")
-    root.validation_context.trusted_ca.inline_string = _pem(ca.cert)
+    root.validation_context.trusted_ca.inline_bytes = ca.root_pem
     bootstrap.static_resources.secrets.extend([workload, root])
     return bootstrap
 
@@ -258,7 +183,7 @@ def sidecar(ip: str, name: str, app: str) -> Proxy:
 
 
 def envoy_for(
-    config: MeshConfig, proxy: Proxy, others: list[Proxy], ca: ScratchCA, spiffe: str, workdir: Path
+    config: MeshConfig, proxy: Proxy, others: list[Proxy], ca: TestCA, spiffe: str, workdir: Path
 ) -> EnvoyProcess:
     ctx = GenContext(
         MeshIndex(config, [p.as_workload() for p in [proxy, *others]]), ResourceCache()
@@ -284,7 +209,7 @@ async def running_pods(tmp_path: Path, server_id: str) -> AsyncIterator[tuple[st
     client_ip, server_ip = pod_ip(), pod_ip()
     app = EchoApp("web", "127.0.0.1", free_port())
     await app.start()
-    ca = ScratchCA()
+    ca = TestCA()
     client = sidecar(client_ip, "client-0", "client")
     server = sidecar(server_ip, "web-0", "web")
     config = mesh(app.port)
