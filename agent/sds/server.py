@@ -14,8 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,13 +24,13 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
+from agent.unixsocket import bind_private
 from protos import typeurls
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 # The longest path a Unix socket address holds (sun_path, with its terminating NUL).
-_MAX_SOCKET_PATH = 107
 
 
 class SdsServer:
@@ -50,7 +48,7 @@ class SdsServer:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((self._handler(),))
         # A few syscalls once at startup; gRPC binds synchronously anyway.
-        _bind_private(server, self.socket_path.absolute())
+        bind_private(server, self.socket_path, 0o600)
         await server.start()
         self._server = server
         logger.info("SDS server listening on %s", self.socket_path)
@@ -211,28 +209,6 @@ class SdsServer:
             return []
         finally:
             unwatch()
-
-
-def _bind_private(server: grpc.aio.Server, path: Path) -> None:
-    """Listen on `path`, mode 0600, with no moment where the socket is reachable by others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a stale socket from a previous run
-    private = Path(tempfile.mkdtemp(prefix=".sds", dir=path.parent))  # mode 0700
-    try:
-        tmp = private / path.name
-        if len(str(tmp)) > _MAX_SOCKET_PATH:
-            # The private directory makes the path too long for a socket address: bind in
-            # place (the window before chmod is the only difference).
-            server.add_insecure_port(f"unix:{path}")
-            os.chmod(path, 0o600)
-        else:
-            server.add_insecure_port(f"unix:{tmp}")
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            private.rmdir()
 
 
 async def _read(

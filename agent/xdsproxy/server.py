@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 
+from agent.unixsocket import bind_private
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
@@ -37,9 +37,6 @@ class DownstreamServer:
         self.active = 0
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()  # a stale socket from a previous run
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
@@ -47,10 +44,9 @@ class DownstreamServer:
             ]
         )
         server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
-        server.add_insecure_port(f"unix:{self.socket_path.resolve()}")
-        await server.start()
         # Only this pod's processes (same user or group) may talk to the control plane as us.
-        os.chmod(self.socket_path, 0o660)
+        bind_private(server, self.socket_path, 0o660)
+        await server.start()
         self._server = server
         logger.info("xDS proxy listening on %s", self.socket_path)
 

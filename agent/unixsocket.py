@@ -1,0 +1,38 @@
+"""Binding the agent's gRPC servers to Unix sockets in the workdir (`XDS`, `SDS`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import grpc
+
+# sockaddr_un.sun_path holds 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+def bind_private(server: grpc.aio.Server, path: Path, mode: int) -> None:
+    """Listen on `path` with `mode`, with no moment at which the socket is reachable with
+    looser permissions: it is bound inside a fresh 0700 directory, chmod-ed there, then moved
+    into place (blocking, a few syscalls; call once at startup)."""
+    path = path.absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from a previous run
+    private = Path(tempfile.mkdtemp(prefix=f".{path.name}", dir=path.parent))  # mode 0700
+    try:
+        tmp = private / path.name
+        if len(str(tmp)) > MAX_SOCKET_PATH:
+            # The private directory makes the path too long for a socket address: bind in
+            # place (the window before chmod is the only difference).
+            server.add_insecure_port(f"unix:{path}")
+            os.chmod(path, mode)
+        else:
+            server.add_insecure_port(f"unix:{tmp}")
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            private.rmdir()
