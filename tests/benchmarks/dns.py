@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from control.app import ControlPlane, ControlPlaneOptions
+from control.ca.identity import Identity
 
 AGENT_IP = "127.53.0.1"
 DNSMASQ_IP = "127.53.0.2"
@@ -157,6 +158,12 @@ async def main() -> None:
         )
     )
     await cp.start()
+    # A token so the agent gets its certificate and turns ready, as a real one does.
+    assert cp.tokens is not None
+    (tmp / "agent").mkdir()
+    (tmp / "agent" / "token").write_text(
+        cp.tokens.issue(Identity("default", "default"), 3600, time.time())
+    )
     agent = dnsmasq = None
     try:
         agent = start(
