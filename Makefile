@@ -40,6 +40,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/relay.py
 	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ca.py
+	$(BIN)/python tests/benchmarks/translate.py
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -447,12 +447,16 @@ def _is_ip(host: str) -> bool:
 
 
 def _shape(config: MeshConfig) -> tuple[object, ...]:
-    """The config objects that clusters, listeners and routes are built from."""
+    """The config objects that clusters, listeners and routes are built from. A
+    VirtualService or DestinationRule change is a full push: it can add or remove clusters
+    (subsets), change cluster settings, routes and TCP listeners."""
     return (
         config.services,
         config.sidecars,
         config.peer_authentications,
         config.authorization_policies,
+        config.virtual_services,
+        config.destination_rules,
     )
 
 

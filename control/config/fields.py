@@ -11,6 +11,7 @@ Views remember which keys were read; `finish()` turns every key nobody read into
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -21,6 +22,24 @@ from control.config.yamlsource import Path
 from control.model.types import ConfigWarning, SourceRef
 
 PORT_RANGE = "must be an integer 1-65535"
+DURATION_FORM = "must be a duration like 10s, 1.5s, 250ms or 1m30s"
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Seconds in a protobuf/Go duration string (`10s`, `0.5s`, `250ms`, `1m30s`); None when
+    the text is not one."""
+    pos, total = 0, 0.0
+    for m in _DURATION_PART.finditer(text):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        return None
+    return total
 
 
 class Context:
@@ -163,6 +182,31 @@ class Fields:
         if value is None:
             self._missing(key)
         return value
+
+    def get_duration(self, key: str, *, positive: bool = False) -> float | None:
+        """A duration in seconds (`10s`, `250ms`, `1m30s`); absent -> None."""
+        value = self.raw(key)
+        if value is None:
+            return None
+        seconds = parse_go_duration(value) if isinstance(value, str) else None
+        if seconds is None:
+            self.fail(key, f"{DURATION_FORM} (got {value!r})")
+        if positive and seconds <= 0:
+            self.fail(key, "must be longer than zero")
+        return seconds
+
+    def get_percent(self, key: str) -> float | None:
+        """An Istio `Percent` (`{value: 12.5}`), 0-100; absent -> None."""
+        f = self.get_map(key)
+        if f is None:
+            return None
+        value = f.raw("value")
+        if value is None:
+            value = 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
+            f.fail("value", "must be a number 0-100")
+        f.finish()
+        return float(value)
 
     def get_bool(self, key: str, *, default: bool = False) -> bool:
         value = self.raw(key)

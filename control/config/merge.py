@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from control.config.conflicts import (
+    destination_rule_conflicts,
+    unknown_subsets,
+    virtual_service_conflicts,
+)
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig
 from control.model.types import (
@@ -59,12 +64,19 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
     warnings.extend(_namespace_wide_sidecars(sidecars))
     peer_authentications = [pa for obj in objects for pa in obj.peer_authentications]
     warnings.extend(_namespace_wide_peer_authentications(peer_authentications))
+    virtual_services = [vs for obj in objects for vs in obj.virtual_services]
+    destination_rules = [dr for obj in objects for dr in obj.destination_rules]
+    warnings.extend(virtual_service_conflicts(virtual_services))
+    warnings.extend(destination_rule_conflicts(destination_rules))
+    warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     return MeshConfig(
         services=tuple(services),
         workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
         sidecars=tuple(sidecars),
         peer_authentications=tuple(peer_authentications),
         authorization_policies=tuple(ap for obj in objects for ap in obj.authorization_policies),
+        virtual_services=tuple(virtual_services),
+        destination_rules=tuple(destination_rules),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

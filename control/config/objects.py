@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
     ConfigWarning,
@@ -28,6 +29,8 @@ class ConfigObject:
     sidecars: tuple[SidecarScope, ...] = ()
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
+    virtual_services: tuple[VirtualService, ...] = ()
+    destination_rules: tuple[DestinationRule, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -4,6 +4,10 @@
   cluster (Envoy's `envoy.cluster.dns` extension) with the endpoints inline for ServiceEntries
   with `resolution: DNS`; for a proxy with certificates (SDS), mesh-internal clusters carry
   Istio's auto mTLS `transport_socket_matches` (ISTIO_MUTUAL to endpoints with a sidecar);
+- `outbound|PORT|SUBSET|HOST` per DestinationRule subset, with the subset's endpoints only;
+  a DestinationRule's traffic policy (load balancer, connection pool, outlier detection, TLS)
+  applies as Istio merges it (top level, port level, subset, subset port level); its TLS
+  setting replaces auto mTLS;
 - `inbound|PORT||` per Sidecar ingress port: STATIC, pointing at the app (defaultEndpoint);
 - `BlackHoleCluster` and `PassthroughCluster`, which Istio users expect to find.
 
@@ -14,6 +18,7 @@ arguments of its pure builder below, so the key covers every input by constructi
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.endpoint.v3.endpoint_components_pb2 import (
@@ -44,16 +49,35 @@ from control.generate.common import (
     outbound_plan,
     pack,
     variant_resource,
+    warn_once,
 )
 from control.generate.context import GenContext
-from control.generate.tls import auto_mtls_matches, sni
+from control.generate.policy import (
+    HTTP_OPTIONS_KEY,
+    ClusterPolicy,
+    apply_policy,
+    origination_socket,
+)
+from control.generate.tls import auto_mtls_matches, sni, upstream_socket
 from control.model.proxy import Proxy
+from control.model.traffic import ClientTls, TlsMode
 from control.xds.cache import Resource, ResourceSet
 
 DNS_CLUSTER_EXTENSION = "envoy.cluster.dns"
-_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-# An mTLS cluster's settings: (SNI, SANs the server's certificate may carry).
-MtlsKey = tuple[str, tuple[str, ...]]
+_HTTP_OPTIONS_KEY = HTTP_OPTIONS_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTls:
+    """How a cluster speaks TLS: auto mTLS (per endpoint, `transport_socket_matches`),
+    ISTIO_MUTUAL to every endpoint, or SIMPLE/MUTUAL origination (`client`)."""
+
+    kind: str  # "auto" | "istio" | "origination"
+    sni: str
+    sans: tuple[str, ...] = ()
+    client: ClientTls | None = None
+
+
 # Istio's default DNS refresh for ServiceEntry hosts; Envoy's own 5s default is needlessly busy.
 _DNS_REFRESH_SECONDS = 60
 
@@ -63,13 +87,11 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     # Auto mTLS needs the proxy to hold certificates (SDS); without them it stays plaintext.
     mtls = proxy.sds
     outbound = ctx.memo(
-        ("cds-outbound", id(plan.visible), mtls), lambda: _outbound(ctx, plan.clusters, mtls)
+        ("cds-outbound", plan.key, mtls), lambda: _outbound(ctx, plan.all_clusters, mtls)
     )
     inbound = tuple(_inbound(ctx, port) for port in inbound_ports(ctx, proxy))
     # Proxies of one scope with equal inbound clusters share the set (and its digest).
-    return ctx.memo(
-        ("cds-set", id(plan.visible), mtls, inbound), lambda: ResourceSet(outbound + inbound)
-    )
+    return ctx.memo(("cds-set", plan.key, mtls, inbound), lambda: ResourceSet(outbound + inbound))
 
 
 def _outbound(
@@ -87,48 +109,71 @@ def _outbound(
     )
     # An outbound cluster's content depends on its service alone, never on who looks at it, so
     # it is looked up once per push however many scopes include it.
+    # The memo key holds the cluster object (not just its name): scopes that see different
+    # DestinationRules get different cluster objects under one name.
     return fixed + tuple(
-        ctx.memo(("cds", c.name, mtls), functools.partial(_resource, ctx, c, mtls))
-        for c in clusters
+        ctx.memo(("cds", id(c), mtls), functools.partial(_resource, ctx, c, mtls)) for c in clusters
     )
 
 
-def auto_mtls(cluster: OutboundCluster, mtls: bool) -> MtlsKey | None:
-    """The ISTIO_MUTUAL settings of a cluster (SNI, accepted SANs), or None for plaintext.
+def auto_mtls(cluster: OutboundCluster, mtls: bool) -> UpstreamTls | None:
+    """How a cluster speaks TLS, or None for plaintext.
 
-    As Istio: every mesh-internal cluster of a proxy that has certificates gets transport
-    socket matches, and EDS decides per endpoint (`tlsMode: istio`) which one applies, so an
-    endpoint gaining a sidecar is an EDS change only. Services outside the mesh are plaintext
-    (their endpoints have no sidecar to talk mTLS to)."""
+    A DestinationRule `tls` setting wins, as in Istio: DISABLE is plaintext, ISTIO_MUTUAL is
+    mesh mTLS to every endpoint, SIMPLE/MUTUAL originate TLS with the rule's files. Without
+    one, auto mTLS: every mesh-internal cluster of a proxy that has certificates gets
+    transport socket matches, and EDS decides per endpoint (`tlsMode: istio`) which one
+    applies, so an endpoint gaining a sidecar is an EDS change only. Services outside the
+    mesh are plaintext (their endpoints have no sidecar to talk mTLS to)."""
+    server_name = sni(cluster.port.port, cluster.service.hostname)
+    tls = cluster.policy.tls if cluster.policy is not None else None
+    if tls is not None:
+        if tls.mode is TlsMode.DISABLE:
+            return None
+        if tls.mode is TlsMode.ISTIO_MUTUAL:
+            if not mtls:
+                warn_once(
+                    ("istio-mutual-without-sds", cluster.name),
+                    "cluster %s: ISTIO_MUTUAL needs a proxy with SDS; plaintext for proxies "
+                    "without certificates",
+                    cluster.name,
+                )
+                return None
+            return UpstreamTls("istio", tls.sni or server_name, cluster.identities)
+        return UpstreamTls("origination", cluster.service.hostname, client=tls)
     if not mtls or cluster.service.mesh_external:
         return None
-    return (sni(cluster.port.port, cluster.service.hostname), cluster.identities)
+    return UpstreamTls("auto", server_name, cluster.identities)
 
 
 def _resource(ctx: GenContext, cluster: OutboundCluster, mtls: bool) -> Resource:
     http2 = cluster.port.protocol.is_http2
+    http = cluster.port.protocol.is_http
     tls = auto_mtls(cluster, mtls)
-    # A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8).
+    policy = ClusterPolicy.of(cluster.policy)
+    # A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8);
+    # so do clusters under other DestinationRules (a rule in the client's namespace).
+    variant = (mtls, cluster.policy)
     if cluster.eds:
-        eds_key = (http2, tls)
+        eds_key = (http2, tls, policy, http)
         return ctx.resource(
             CLUSTER_TYPE,
             cluster.name,
             eds_key,
             lambda: build_eds(cluster.name, *eds_key),
-            variant=mtls,
+            variant=variant,
         )
-    endpoints = endpoint_keys(cluster.endpoints) or (
+    endpoints = endpoint_keys(cluster.endpoints)
+    if not endpoints and not cluster.subset:
         # No endpoints: resolve the host itself, as Istio does for a DNS ServiceEntry.
-        (cluster.service.hostname, cluster.port.port, 0, "", False),
-    )
-    dns_key = (http2, endpoints, tls)
+        endpoints = ((cluster.service.hostname, cluster.port.port, 0, "", False),)
+    dns_key = (http2, endpoints, tls, policy, http)
     return ctx.resource(
         CLUSTER_TYPE,
         cluster.name,
         dns_key,
         lambda: build_dns(cluster.name, *dns_key),
-        variant=mtls,
+        variant=variant,
     )
 
 
@@ -155,24 +200,43 @@ def _base(name: str, kind: Cluster.DiscoveryType.ValueType | None, http2: bool) 
     return cluster
 
 
-def _apply_mtls(cluster: Cluster, tls: MtlsKey | None) -> None:
-    if tls is not None:
-        cluster.transport_socket_matches.extend(auto_mtls_matches(*tls))
+def _apply_tls(cluster: Cluster, tls: UpstreamTls | None) -> None:
+    if tls is None:
+        return
+    if tls.kind == "auto":
+        cluster.transport_socket_matches.extend(auto_mtls_matches(tls.sni, tls.sans))
+    elif tls.kind == "istio":
+        cluster.transport_socket.CopyFrom(upstream_socket(tls.sni, tls.sans))
+    elif tls.client is not None:
+        cluster.transport_socket.CopyFrom(origination_socket(tls.client, tls.sni))
 
 
-def build_eds(name: str, http2: bool, tls: MtlsKey | None = None) -> Cluster:
+def build_eds(
+    name: str,
+    http2: bool,
+    tls: UpstreamTls | None = None,
+    policy: ClusterPolicy | None = None,
+    http: bool = False,
+) -> Cluster:
     cluster = _base(name, Cluster.EDS, http2)
     cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     cluster.eds_cluster_config.service_name = name
-    _apply_mtls(cluster, tls)
+    _apply_tls(cluster, tls)
+    apply_policy(cluster, policy, http, http2)
     return cluster
 
 
 def build_dns(
-    name: str, http2: bool, endpoints: tuple[EndpointKey, ...], tls: MtlsKey | None = None
+    name: str,
+    http2: bool,
+    endpoints: tuple[EndpointKey, ...],
+    tls: UpstreamTls | None = None,
+    policy: ClusterPolicy | None = None,
+    http: bool = False,
 ) -> Cluster:
     cluster = _base(name, None, http2)
-    _apply_mtls(cluster, tls)
+    _apply_tls(cluster, tls)
+    apply_policy(cluster, policy, http, http2)
     # Envoy 1.40 deprecates the DNS settings on Cluster itself in favour of the DNS cluster
     # extension; with all_addresses_in_single_endpoint off it behaves as STRICT_DNS.
     dns = DnsCluster(

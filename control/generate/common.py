@@ -38,7 +38,9 @@ from google.protobuf.message import Message
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate.context import GenContext
+from control.model.index import MeshIndex
 from control.model.proxy import Proxy
+from control.model.traffic import Destination, DestinationRule, TrafficPolicy
 from control.model.types import (
     Endpoint,
     IngressListener,
@@ -69,6 +71,10 @@ DEFAULT_INBOUND_HOST: Final = "127.0.0.1"
 
 def outbound_cluster_name(port: int, hostname: str) -> str:
     return f"outbound|{port}||{hostname}"
+
+
+def subset_cluster_name(port: int, subset: str, hostname: str) -> str:
+    return f"outbound|{port}|{subset}|{hostname}"
 
 
 def inbound_cluster_name(port: int) -> str:
@@ -223,6 +229,9 @@ class OutboundCluster:
     endpoints: tuple[Endpoint, ...]
     # SPIFFE IDs of the endpoints reached with mTLS (the SANs an mTLS client accepts).
     identities: tuple[str, ...] = ()
+    subset: str = ""  # a DestinationRule subset: only endpoints with its labels
+    # The DestinationRule's traffic policy for this port (and subset), merged; None: no rule.
+    policy: TrafficPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -241,8 +250,21 @@ class OutboundPlan:
     # Holding the visible-services tuple keeps its id() unique for the whole push, which is what
     # makes `id(visible)` a sound memo key.
     visible: tuple[Service, ...]
-    clusters: tuple[OutboundCluster, ...]
+    clusters: tuple[OutboundCluster, ...]  # one per service port
     ports: tuple[OutboundPort, ...]
+    # DestinationRule subset clusters (`outbound|PORT|SUBSET|HOST`).
+    subsets: tuple[OutboundCluster, ...] = ()
+    # The traffic-rule scope (MeshIndex.traffic_scope) the plan was made for.
+    scope: str = ""
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Memo key of everything derived from this plan within a push."""
+        return (id(self.visible), self.scope)
+
+    @property
+    def all_clusters(self) -> tuple[OutboundCluster, ...]:
+        return self.clusters + self.subsets
 
 
 def _uses_eds(service: Service, endpoints: tuple[Endpoint, ...]) -> bool:
@@ -256,25 +278,37 @@ def _uses_eds(service: Service, endpoints: tuple[Endpoint, ...]) -> bool:
 
 def outbound_plan(ctx: GenContext, proxy: Proxy) -> OutboundPlan:
     visible = ctx.index.visible_services(proxy)
+    scope = ctx.index.traffic_scope(proxy.namespace)
     # MeshIndex memoizes visible_services per scope, so proxies with the same scope hand us the
     # same tuple object: keying on its identity avoids hashing every service for every proxy.
-    plan = ctx.memo(("outbound-plan", id(visible)), lambda: _build_plan(ctx, visible))
+    plan = ctx.memo(("outbound-plan", id(visible), scope), lambda: _build_plan(ctx, visible, scope))
     assert plan.visible is visible
     return plan
 
 
-def _build_plan(ctx: GenContext, visible: tuple[Service, ...]) -> OutboundPlan:
+def _build_plan(ctx: GenContext, visible: tuple[Service, ...], scope: str) -> OutboundPlan:
     clusters: list[OutboundCluster] = []
+    subsets: list[OutboundCluster] = []
     by_port: dict[int, list[OutboundCluster]] = {}
     for service in sorted(visible, key=lambda s: s.hostname):
+        rule = ctx.index.destination_rule(service.hostname, scope)
+        rule_key = rule.key if rule is not None else None
         for port in sorted(service.ports, key=lambda p: p.port):
-            # Cluster contents do not depend on the scope, so scopes share the objects.
+            # Cluster contents depend on the service and its DestinationRule only, so scopes
+            # that see the same rule share the objects.
             cluster = ctx.memo(
-                ("outbound-cluster", service.hostname, port.port),
-                functools.partial(_outbound_cluster, ctx, service, port),
+                ("outbound-cluster", service.hostname, port.port, rule_key),
+                functools.partial(_outbound_cluster, ctx, service, port, rule),
             )
             clusters.append(cluster)
             by_port.setdefault(port.port, []).append(cluster)
+            for subset in rule.subsets if rule is not None else ():
+                subsets.append(
+                    ctx.memo(
+                        ("outbound-subset", service.hostname, port.port, rule_key, subset.name),
+                        functools.partial(_outbound_cluster, ctx, service, port, rule, subset.name),
+                    )
+                )
     ports = []
     for number in sorted(by_port):
         members = by_port[number]
@@ -291,19 +325,56 @@ def _build_plan(ctx: GenContext, visible: tuple[Service, ...]) -> OutboundPlan:
                 ),
             )
         )
-    return OutboundPlan(visible, tuple(clusters), tuple(ports))
+    return OutboundPlan(visible, tuple(clusters), tuple(ports), tuple(subsets), scope)
 
 
-def _outbound_cluster(ctx: GenContext, service: Service, port: ServicePort) -> OutboundCluster:
+def _outbound_cluster(
+    ctx: GenContext,
+    service: Service,
+    port: ServicePort,
+    rule: DestinationRule | None,
+    subset: str = "",
+) -> OutboundCluster:
     endpoints = ctx.index.endpoints(service, port)
+    name = outbound_cluster_name(port.port, service.hostname)
+    # Whether the cluster is EDS or DNS is the service's choice, not the subset's.
+    eds = _uses_eds(service, endpoints)
+    found = rule.subset(subset) if rule is not None and subset else None
+    if found is not None:
+        endpoints = ctx.index.subset_endpoints(service, port, found.labels)
+        name = subset_cluster_name(port.port, subset, service.hostname)
     return OutboundCluster(
-        name=outbound_cluster_name(port.port, service.hostname),
+        name=name,
         service=service,
         port=port,
-        eds=_uses_eds(service, endpoints),
+        eds=eds,
         endpoints=endpoints,
         identities=ctx.index.identities(service, port),
+        subset=subset,
+        policy=rule.effective_policy(port.port, subset) if rule is not None else None,
     )
+
+
+def destination_port(index: MeshIndex, dest: Destination, listener_port: int) -> int:
+    """A VirtualService destination's port: stated, else the listener's port when the service
+    has it, else the service's only port (Istio lets a single-port service go unstated)."""
+    if dest.port is not None:
+        return dest.port
+    service = index.service_by_host.get(dest.host)
+    if service is None or service.port_by_number(listener_port) is not None:
+        return listener_port
+    if len(service.ports) == 1:
+        return service.ports[0].port
+    return listener_port
+
+
+def destination_cluster(index: MeshIndex, dest: Destination, listener_port: int) -> str:
+    """The cluster a VirtualService destination names (it may not exist: an unknown subset or
+    host, which Envoy answers with 503 as Istio's proxies do)."""
+    port = destination_port(index, dest, listener_port)
+    if dest.subset:
+        return subset_cluster_name(port, dest.subset, dest.host)
+    return outbound_cluster_name(port, dest.host)
 
 
 # --- inbound plan ----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""EDS: one ClusterLoadAssignment per outbound EDS cluster of the proxy's visible services.
+"""EDS: one ClusterLoadAssignment per outbound EDS cluster of the proxy's visible services
+(subset clusters included: their assignments hold the endpoints with the subset's labels).
 
 Every EDS cluster gets a CLA, empty when nothing backs it: Envoy keeps an EDS cluster warming
 (and holds back the listeners that use it) until its assignment arrives, so "no endpoints" has
@@ -28,11 +29,11 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # Nothing here depends on the proxy beyond its scope: one set per scope per push.
     return ctx.memo(
-        ("eds-set", id(plan.visible)),
+        ("eds-set", plan.key),
         lambda: ResourceSet(
             [
-                ctx.memo(("eds", c.name), functools.partial(_resource, ctx, c))
-                for c in plan.clusters
+                ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c))
+                for c in plan.all_clusters
                 if c.eds
             ]
         ),

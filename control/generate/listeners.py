@@ -31,6 +31,7 @@ from envoy.config.route.v3.route_components_pb2 import (
     VirtualHost,
 )
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from envoy.extensions.filters.http.fault.v3.fault_pb2 import HTTPFault
 from envoy.extensions.filters.http.router.v3.router_pb2 import Router
 from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import TlsInspector
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
@@ -38,14 +39,18 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+from envoy.type.v3.hash_policy_pb2 import HashPolicy
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate.common import (
     LISTENER_TYPE,
     InboundPort,
+    OutboundCluster,
     OutboundPort,
     ads_config_source,
+    destination_cluster,
+    destination_port,
     egress_bind,
     inbound_cluster_name,
     inbound_ports,
@@ -58,10 +63,13 @@ from control.generate.common import (
     warn_once,
 )
 from control.generate.context import GenContext
+from control.generate.httproute import FAULT_FILTER
 from control.generate.rbac import http_filters as http_rbac_filters
 from control.generate.rbac import network_filters as network_rbac_filters
 from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
+from control.model.index import MeshIndex
 from control.model.proxy import Proxy
+from control.model.traffic import TrafficPolicy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
@@ -70,8 +78,11 @@ TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 ROUTER_FILTER = "envoy.filters.http.router"
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 
-# A TCP-ish listener's filter chains: (SNI server names, cluster); no names = the default chain.
-Chains = tuple[tuple[tuple[str, ...], str], ...]
+# Where a TCP proxy sends a connection: (cluster, weight) pairs (one pair: that cluster), and
+# whether to hash on the source IP (a DestinationRule consistentHash useSourceIp).
+TcpTargets = tuple[tuple[tuple[str, int], ...], bool]
+# A TCP-ish listener's filter chains: (SNI server names, targets); no names = the default chain.
+Chains = tuple[tuple[tuple[str, ...], TcpTargets], ...]
 
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
@@ -111,11 +122,11 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 port.number,
             )
             continue
-        resources.append(_outbound(ctx, port, bind))
+        resources.append(_outbound(ctx, port, bind, plan.scope))
     return ResourceSet(resources)
 
 
-def _outbound(ctx: GenContext, port: OutboundPort, bind: str) -> Resource:
+def _outbound(ctx: GenContext, port: OutboundPort, bind: str, scope: str) -> Resource:
     name = listener_name(bind, port.number)
     if port.http:
         # Everything else an HTTP listener needs comes from RDS, so the address is all it reads.
@@ -124,24 +135,53 @@ def _outbound(ctx: GenContext, port: OutboundPort, bind: str) -> Resource:
             ctx, LISTENER_TYPE, name, ("http", *http_key), lambda: build_outbound_http(*http_key)
         )
     # The plan lives in the push memo, so id(port) cannot be reused during the push.
-    chains = ctx.memo(("lds-chains", id(port)), lambda: tcp_chains(port))
+    chains = ctx.memo(("lds-chains", id(port), scope), lambda: tcp_chains(port, ctx.index, scope))
     tcp_key = (bind, port.number, chains)
     return variant_resource(
         ctx, LISTENER_TYPE, name, ("tcp", *tcp_key), lambda: build_outbound_tcp(*tcp_key)
     )
 
 
-def tcp_chains(port: OutboundPort) -> Chains:
+def tcp_chains(port: OutboundPort, index: MeshIndex | None = None, scope: str = "") -> Chains:
     """TLS services get a chain each, matched on SNI; plain TCP carries nothing to tell
     services apart, so the first by hostname takes the default chain and the others are not
-    reachable on this port (as with any two servers that want the same address)."""
-    chains: list[tuple[tuple[str, ...], str]] = [
-        ((c.service.hostname,), c.name) for c in sorted(port.tls, key=lambda c: c.service.hostname)
+    reachable on this port (as with any two servers that want the same address). The default
+    chain follows the service's VirtualService `tcp` routes (weighted destinations)."""
+    chains: list[tuple[tuple[str, ...], TcpTargets]] = [
+        ((c.service.hostname,), (((c.name, 0),), False))
+        for c in sorted(port.tls, key=lambda c: c.service.hostname)
     ]
     if port.tcp:
         first = min(port.tcp, key=lambda c: c.service.hostname)
-        chains.append(((), first.name))
+        chains.append(((), _tcp_targets(first, port.number, index, scope)))
     return tuple(chains)
+
+
+def _tcp_targets(
+    cluster: OutboundCluster, number: int, index: MeshIndex | None, scope: str
+) -> TcpTargets:
+    source_ip = _source_ip_hash(cluster.policy)
+    vs = index.virtual_service(cluster.service.hostname, scope) if index is not None else None
+    route = (
+        next((r for r in vs.tcp if not r.ports or number in r.ports), None)
+        if vs is not None
+        else None
+    )
+    if index is None or route is None:
+        return (((cluster.name, 0),), source_ip)
+    targets = tuple((destination_cluster(index, d, number), d.weight) for d in route.destinations)
+    first = route.destinations[0]
+    rule = index.destination_rule(first.host, scope)
+    if rule is not None:
+        source_ip = _source_ip_hash(
+            rule.effective_policy(destination_port(index, first, number), first.subset)
+        )
+    return (targets, source_ip)
+
+
+def _source_ip_hash(policy: TrafficPolicy | None) -> bool:
+    lb = policy.load_balancer if policy is not None else None
+    return bool(lb and lb.consistent_hash and lb.consistent_hash.source_ip)
 
 
 def _inbound(
@@ -159,6 +199,11 @@ def _inbound(
 
 def build_outbound_http(bind: str, number: int) -> Listener:
     hcm = _hcm(f"outbound_{bind}_{number}")
+    # VirtualService fault injection is per route (typed_per_filter_config); the filter itself
+    # must be in the chain, before the router, as in Istio's outbound listeners.
+    hcm.http_filters.insert(
+        len(hcm.http_filters) - 1, HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault()))
+    )
     hcm.rds.config_source.CopyFrom(ads_config_source())
     hcm.rds.route_config_name = str(number)
     return Listener(
@@ -175,8 +220,8 @@ def build_outbound_tcp(bind: str, number: int, chains: Chains) -> Listener:
         address=socket_address(bind, number),
         traffic_direction=TrafficDirection.OUTBOUND,
     )
-    for server_names, cluster in chains:
-        chain = FilterChain(filters=[_tcp_proxy(cluster)])
+    for server_names, (targets, source_ip) in chains:
+        chain = FilterChain(filters=[_weighted_tcp_proxy(targets, source_ip, number)])
         if server_names:
             chain.filter_chain_match.CopyFrom(
                 FilterChainMatch(server_names=list(server_names), transport_protocol="tls")
@@ -287,6 +332,24 @@ def _hcm(stat_prefix: str) -> HttpConnectionManager:
         # The router must be last: filters after it never run.
         http_filters=[HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router()))],
     )
+
+
+def _weighted_tcp_proxy(
+    targets: tuple[tuple[str, int], ...], source_ip: bool, number: int
+) -> Filter:
+    if len(targets) == 1 and not source_ip:
+        return _tcp_proxy(targets[0][0])
+    proxy = TcpProxy()
+    if len(targets) == 1:
+        proxy.stat_prefix = proxy.cluster = targets[0][0]
+    else:
+        proxy.stat_prefix = f"outbound|{number}|weighted"
+        proxy.weighted_clusters.clusters.extend(
+            TcpProxy.WeightedCluster.ClusterWeight(name=c, weight=w) for c, w in targets
+        )
+    if source_ip:
+        proxy.hash_policy.append(HashPolicy(source_ip=HashPolicy.SourceIp()))
+    return Filter(name=TCP_PROXY_FILTER, typed_config=pack(proxy))
 
 
 def _tcp_proxy(cluster: str) -> Filter:

@@ -2,56 +2,61 @@
 Istio does. HTTP services sharing a port share its listener and are told apart by the
 Host/authority header, so each gets a virtual host `HOST:PORT` whose domains are every name a
 client in the proxy's namespace may use for it.
+
+A service without a VirtualService has one route, `default`, to its cluster. A VirtualService
+for the host replaces it with its `http` routes for this port, in order (control/generate/
+httproute.py translates them); a request none of them matches gets 404, as with Istio.
 """
 
 from __future__ import annotations
 
-from envoy.config.route.v3.route_components_pb2 import (
-    Route,
-    RouteAction,
-    RouteMatch,
-    VirtualHost,
-)
+from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate.common import (
     ROUTE_TYPE,
     OutboundPort,
+    destination_cluster,
+    destination_port,
     outbound_plan,
     variant_resource,
     warn_once,
 )
 from control.generate.context import GenContext
+from control.generate.httproute import DEFAULT_ROUTE, RouteSpec, WeightedCluster, build_route
+from control.model.index import MeshIndex
 from control.model.proxy import Proxy
+from control.model.traffic import ConsistentHash, Destination, HttpRoute, VirtualService
 from control.model.types import Service
 from control.xds.cache import Resource, ResourceSet
 
-# (virtual host name, cluster, domains): everything a virtual host's bytes are made of.
-VhostSpec = tuple[str, str, tuple[str, ...]]
+# (virtual host name, domains, routes): everything a virtual host's bytes are made of.
+VhostSpec = tuple[str, tuple[str, ...], tuple[RouteSpec, ...]]
 
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # Short names depend on the client's namespace, so the scope alone is not enough.
     return ctx.memo(
-        ("rds-set", proxy.namespace, id(plan.visible)),
+        ("rds-set", proxy.namespace, plan.key),
         lambda: ResourceSet(
-            [_resource(ctx, port, proxy.namespace) for port in plan.ports if port.http]
+            [_resource(ctx, port, proxy.namespace, plan.scope) for port in plan.ports if port.http]
         ),
     )
 
 
-def _resource(ctx: GenContext, port: OutboundPort, client_namespace: str) -> Resource:
-    key = (port.number, vhost_specs(port, client_namespace))
+def _resource(ctx: GenContext, port: OutboundPort, client_namespace: str, scope: str) -> Resource:
+    key = (port.number, vhost_specs(ctx.index, port, client_namespace, scope))
     # The same name ("9080") carries different domains for clients in different namespaces;
     # the key holds the finished domains, so namespaces that end up with the same names (the
     # usual case: no service of theirs on the port) share the bytes.
     return variant_resource(ctx, ROUTE_TYPE, str(port.number), key, lambda: build(*key))
 
 
-def vhost_specs(port: OutboundPort, client_namespace: str) -> tuple[VhostSpec, ...]:
+def vhost_specs(
+    index: MeshIndex, port: OutboundPort, client_namespace: str, scope: str = ""
+) -> tuple[VhostSpec, ...]:
     """Virtual hosts in hostname order; a domain two services could claim goes to the first
     (Envoy rejects a RouteConfiguration with a duplicate domain, case-insensitively)."""
     claimed: dict[str, str] = {}
@@ -78,8 +83,76 @@ def vhost_specs(port: OutboundPort, client_namespace: str) -> tuple[VhostSpec, .
                 owner,
             )
         if domains:
-            specs.append((f"{service.hostname}:{port.number}", cluster.name, tuple(domains)))
+            routes = _routes(index, service, port.number, client_namespace, scope)
+            specs.append((f"{service.hostname}:{port.number}", tuple(domains), routes))
     return tuple(specs)
+
+
+def _routes(
+    index: MeshIndex, service: Service, port: int, client_namespace: str, scope: str
+) -> tuple[RouteSpec, ...]:
+    vs = index.virtual_service(service.hostname, scope)
+    if vs is None or not vs.http:
+        target = _destination(index, Destination(service.hostname), port, scope)
+        return (
+            RouteSpec(
+                DEFAULT_ROUTE, (), (target,), _hash(index, service.hostname, port, "", scope)
+            ),
+        )
+    return _vs_routes(index, vs, port, client_namespace, scope)
+
+
+def _vs_routes(
+    index: MeshIndex, vs: VirtualService, port: int, client_namespace: str, scope: str
+) -> tuple[RouteSpec, ...]:
+    out: list[RouteSpec] = []
+    for route in vs.http:
+        matches = tuple(
+            m
+            for m in route.matches
+            if (m.port is None or m.port == port)
+            and (not m.source_namespace or m.source_namespace == client_namespace)
+        )
+        if route.matches and not matches:
+            continue  # every match is for another port or other clients
+        out.append(_route_spec(index, route, matches, port, scope))
+    return tuple(out)
+
+
+def _route_spec(
+    index: MeshIndex,
+    route: HttpRoute,
+    matches: tuple[object, ...],
+    port: int,
+    scope: str,
+) -> RouteSpec:
+    targets = tuple(_destination(index, d, port, scope) for d in route.destinations)
+    mirror = _destination(index, route.mirror, port, scope).cluster if route.mirror else ""
+    hashed = None
+    if route.destinations:
+        first = route.destinations[0]
+        hashed = _hash(index, first.host, _port_of(index, first, port), first.subset, scope)
+    return RouteSpec(route, matches, targets, hashed, mirror)  # type: ignore[arg-type]
+
+
+def _port_of(index: MeshIndex, dest: Destination, listener_port: int) -> int:
+    return destination_port(index, dest, listener_port)
+
+
+def _destination(
+    index: MeshIndex, dest: Destination, listener_port: int, scope: str
+) -> WeightedCluster:
+    return WeightedCluster(
+        destination_cluster(index, dest, listener_port), dest.weight, dest.headers
+    )
+
+
+def _hash(index: MeshIndex, host: str, port: int, subset: str, scope: str) -> ConsistentHash | None:
+    rule = index.destination_rule(host, scope)
+    if rule is None:
+        return None
+    lb = rule.effective_policy(port, subset).load_balancer
+    return lb.consistent_hash if lb is not None else None
 
 
 def domains_for(service: Service, port: int, client_namespace: str) -> list[str]:
@@ -109,17 +182,9 @@ def build(port: int, vhosts: tuple[VhostSpec, ...]) -> RouteConfiguration:
             VirtualHost(
                 name=name,
                 domains=list(domains),
-                routes=[
-                    Route(
-                        name="default",
-                        match=RouteMatch(prefix="/"),
-                        # 0s disables Envoy's 15s default route timeout, as Istio does:
-                        # streaming and long-poll calls must not be cut by the mesh.
-                        route=RouteAction(cluster=cluster, timeout=Duration(seconds=0)),
-                    )
-                ],
+                routes=[r for spec in routes for r in build_route(spec)],
             )
-            for name, cluster, domains in vhosts
+            for name, domains, routes in vhosts
         ],
         # Clusters and routes travel on one ADS stream in separate responses; validating
         # references would reject a route that merely arrived before its cluster.

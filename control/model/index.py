@@ -9,6 +9,12 @@ import fnmatch
 from collections.abc import Callable, Iterable
 
 from control.model.proxy import Proxy
+from control.model.traffic import (
+    DestinationRule,
+    VirtualService,
+    pick_destination_rule,
+    pick_virtual_service,
+)
 from control.model.types import (
     ROOT_NAMESPACE,
     TLS_MODE_LABEL,
@@ -60,6 +66,7 @@ class MeshIndex:
         self._authz_by_ns: dict[str, list[AuthorizationPolicy]] = {}
         for ap in sorted(config.authorization_policies, key=lambda p: p.name):
             self._authz_by_ns.setdefault(ap.namespace, []).append(ap)
+        self._init_traffic(config)
         # Inverted index (namespace, label key, label value) -> workloads, so selecting the
         # workloads of a service costs the size of its smallest label bucket, not the mesh.
         self._by_label: dict[tuple[str, str, str], list[Workload]] = {}
@@ -166,6 +173,91 @@ class MeshIndex:
         """identities() of every service port: a push compares these between two indexes to
         tell whether clusters (their SANs) changed along with the endpoints."""
         return {(s.hostname, p.port): self.identities(s, p) for s in self.services for p in s.ports}
+
+    def subset_endpoints(
+        self, service: Service, port: ServicePort, labels: Labels
+    ) -> tuple[Endpoint, ...]:
+        """The endpoints of a DestinationRule subset: those whose labels include `labels`."""
+        key = (service.hostname, port.port, labels)
+        cached = self._subset_endpoints.get(key)
+        if cached is None:
+            cached = tuple(
+                e
+                for e in self.endpoints(service, port)
+                if workload_selector_matches(labels, e.labels)
+            )
+            self._subset_endpoints[key] = cached
+        return cached
+
+    # --- traffic rules (VirtualService, DestinationRule) -----------------------------------
+
+    def _init_traffic(self, config: MeshConfig) -> None:
+        self.virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
+        self.destination_rules = tuple(sorted(config.destination_rules, key=lambda r: r.key))
+        self._subset_endpoints: dict[tuple[str, int, Labels], tuple[Endpoint, ...]] = {}
+        # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
+        self._vs_by_host: dict[str, list[VirtualService]] = {}
+        self._vs_wild: list[VirtualService] = []
+        for vs in self.virtual_services:
+            for host in vs.hosts:
+                if host.startswith("*"):
+                    if not self._vs_wild or self._vs_wild[-1] is not vs:
+                        self._vs_wild.append(vs)
+                else:
+                    self._vs_by_host.setdefault(host, []).append(vs)
+        self._dr_by_host: dict[str, list[DestinationRule]] = {}
+        self._dr_wild: list[DestinationRule] = []
+        for dr in self.destination_rules:
+            if dr.host.startswith("*"):
+                self._dr_wild.append(dr)
+            else:
+                self._dr_by_host.setdefault(dr.host, []).append(dr)
+        # Namespaces whose clients may see traffic rules differently from everyone else: they
+        # hold rules of their own, or rules are exported to them by name.
+        self._rule_namespaces: set[str] = set()
+        owners = [(v.namespace, v.export_to) for v in self.virtual_services]
+        owners += [(r.namespace, r.export_to) for r in self.destination_rules]
+        for namespace, exports in owners:
+            self._rule_namespaces.add(namespace)
+            self._rule_namespaces.update(n for n in exports if n not in ("*", "."))
+        self._vs_for: dict[tuple[str, str], VirtualService | None] = {}
+        self._dr_for: dict[tuple[str, str], DestinationRule | None] = {}
+
+    def traffic_scope(self, client_namespace: str) -> str:
+        """The namespace that traffic rules are resolved for: the client's own when it could
+        see them differently from other namespaces, else "" (shared by all such clients, so
+        their clusters and routes are computed once)."""
+        return client_namespace if client_namespace in self._rule_namespaces else ""
+
+    def virtual_service(self, host: str, scope: str) -> VirtualService | None:
+        """The VirtualService routing `host` for clients of `scope` (see traffic_scope)."""
+        key = (host, scope)
+        if key in self._vs_for:
+            return self._vs_for[key]
+        candidates = tuple(
+            sorted({*self._vs_by_host.get(host, ()), *self._vs_wild}, key=lambda v: v.key)
+        )
+        found = pick_virtual_service(candidates, host, scope) if candidates else None
+        self._vs_for[key] = found
+        return found
+
+    def destination_rule(self, host: str, scope: str) -> DestinationRule | None:
+        """The DestinationRule for `host` as clients of `scope` see it."""
+        key = (host, scope)
+        if key in self._dr_for:
+            return self._dr_for[key]
+        candidates = (*self._dr_by_host.get(host, ()), *self._dr_wild)
+        found = None
+        if candidates:
+            service = self.service_by_host.get(host)
+            found = pick_destination_rule(
+                tuple(sorted(candidates, key=lambda r: r.key)),
+                host,
+                scope,
+                service.namespace if service else "",
+            )
+        self._dr_for[key] = found
+        return found
 
     # --- security policies -----------------------------------------------------------------
 

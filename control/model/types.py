@@ -10,6 +10,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from control.model.traffic import DestinationRule, VirtualService
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -336,6 +340,8 @@ class MeshConfig:
     sidecars: tuple[SidecarScope, ...] = ()
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
+    virtual_services: tuple[VirtualService, ...] = ()
+    destination_rules: tuple[DestinationRule, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

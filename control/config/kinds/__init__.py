@@ -12,10 +12,12 @@ from collections.abc import Callable
 from control.config.fields import Context
 from control.config.kinds import (
     authorizationpolicy,
+    destinationrule,
     peerauthentication,
     service,
     serviceentry,
     sidecar,
+    virtualservice,
     workloadentry,
 )
 from control.config.manifest import RawObject
@@ -29,6 +31,8 @@ CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
     "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
     "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
     "Sidecar": (sidecar.API_VERSIONS, sidecar.convert),
+    "VirtualService": (virtualservice.API_VERSIONS, virtualservice.convert),
+    "DestinationRule": (destinationrule.API_VERSIONS, destinationrule.convert),
     "PeerAuthentication": (peerauthentication.API_VERSIONS, peerauthentication.convert),
     "AuthorizationPolicy": (authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),
 }

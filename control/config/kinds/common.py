@@ -72,3 +72,33 @@ def check_endpoint_address(f: Fields, key: str, value: str, *, allow_hostname: b
         return
     expected = "an IP address or a hostname" if allow_hostname else "an IP address"
     f.fail(key, f"must be {expected} (got {value!r})")
+
+
+def resolve_host(host: str, namespace: str, domain: str) -> str:
+    """Istio's short-name rule for VirtualService and DestinationRule hosts: a name without a
+    dot is a service of the object's namespace (`reviews` -> `reviews.NS.svc.DOMAIN`); every
+    other name (FQDN, `reviews.default`, wildcard) is taken as written."""
+    if host == "*" or "." in host:
+        return host
+    return f"{host}.{namespace}.svc.{domain}"
+
+
+def check_host(f: Fields, path: tuple[str | int, ...], host: str) -> None:
+    """A VirtualService/DestinationRule host: a DNS name, optionally with a leading `*.`."""
+    if host == "*":
+        return
+    if problem := formats.wildcard_host(host):
+        f.ctx.fail(path, f"{problem} (got {host!r})")
+
+
+def export_to(spec: Fields) -> tuple[str, ...]:
+    """`exportTo`: `*`, `.`, or namespace names; absent -> everywhere."""
+    values: list[str] = []
+    for path, value in spec.get_strs("exportTo"):
+        if value not in ("*", ".") and (problem := formats.dns1123_label(value)):
+            spec.ctx.fail(path, f"must be '*', '.' or a namespace name: {problem}")
+        if value not in values:
+            values.append(value)
+    if "*" in values and len(values) > 1:
+        spec.fail("exportTo", "'*' cannot be combined with other values")
+    return tuple(values) or ("*",)

@@ -1,0 +1,344 @@
+"""Traffic management in the typed model: Istio `DestinationRule` and `VirtualService`.
+
+Frozen dataclasses like the rest of the model (they are parts of cache keys). Durations are
+seconds as floats, percentages floats 0-100; hosts are already resolved by the config loader
+(short names expanded in the object's namespace), so generators never see a short name.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields, replace
+
+from control.model.types import Labels, SourceRef
+
+
+def exported_to(export_to: tuple[str, ...], owner_namespace: str, client_namespace: str) -> bool:
+    """Istio `exportTo`: `*` everyone, `.` the object's own namespace, else namespace names."""
+    for value in export_to:
+        if value == "*" or value == client_namespace:
+            return True
+        if value == "." and client_namespace == owner_namespace:
+            return True
+    return False
+
+
+# --- DestinationRule -------------------------------------------------------------------------
+
+
+class LbPolicy(enum.StrEnum):
+    ROUND_ROBIN = "ROUND_ROBIN"
+    LEAST_REQUEST = "LEAST_REQUEST"
+    RANDOM = "RANDOM"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsistentHash:
+    """`loadBalancer.consistentHash`: exactly one of header, cookie, source IP, query param."""
+
+    header: str = ""
+    cookie: str = ""
+    cookie_path: str = ""
+    cookie_ttl: float | None = None
+    source_ip: bool = False
+    query_param: str = ""
+    minimum_ring_size: int = 0
+    maglev: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancer:
+    simple: LbPolicy | None = None
+    consistent_hash: ConsistentHash | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPool:
+    max_connections: int | None = None
+    connect_timeout: float | None = None
+    http1_max_pending_requests: int | None = None
+    http2_max_requests: int | None = None
+    max_requests_per_connection: int | None = None
+    max_retries: int | None = None
+    idle_timeout: float | None = None
+    h2_upgrade: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierDetection:
+    consecutive_5xx: int | None = None
+    consecutive_gateway: int | None = None
+    interval: float | None = None
+    base_ejection_time: float | None = None
+    max_ejection_percent: int | None = None
+    min_health_percent: int = 0
+
+
+class TlsMode(enum.StrEnum):
+    DISABLE = "DISABLE"
+    SIMPLE = "SIMPLE"
+    MUTUAL = "MUTUAL"
+    ISTIO_MUTUAL = "ISTIO_MUTUAL"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """`trafficPolicy.tls`: how the client side of a cluster speaks TLS. Certificate fields are
+    file paths on the proxy's host, as Istio's are."""
+
+    mode: TlsMode
+    client_certificate: str = ""
+    private_key: str = ""
+    ca_certificates: str = ""
+    subject_alt_names: tuple[str, ...] = ()
+    sni: str = ""
+    insecure_skip_verify: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficPolicy:
+    """A DestinationRule traffic policy (top level or a subset's). `port_settings` are the
+    `portLevelSettings`, sorted by port; they hold no port settings of their own."""
+
+    load_balancer: LoadBalancer | None = None
+    connection_pool: ConnectionPool | None = None
+    outlier_detection: OutlierDetection | None = None
+    tls: ClientTls | None = None
+    port_settings: tuple[tuple[int, TrafficPolicy], ...] = ()
+
+    def overridden_by(self, other: TrafficPolicy | None) -> TrafficPolicy:
+        """This policy with every field `other` sets replaced (field by field)."""
+        if other is None:
+            return self
+        changes = {
+            f.name: getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "port_settings" and getattr(other, f.name) is not None
+        }
+        return replace(self, **changes)
+
+    def at_port(self, port: int) -> TrafficPolicy:
+        """The settings for one port: the port-level entry, where it sets a field, wins."""
+        base = replace(self, port_settings=())
+        return base.overridden_by(dict(self.port_settings).get(port))
+
+
+@dataclass(frozen=True, slots=True)
+class Subset:
+    name: str
+    labels: Labels
+    policy: TrafficPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationRule:
+    namespace: str
+    name: str
+    source: SourceRef = field(compare=False)
+    host: str = ""  # FQDN or wildcard (`*.example.com`), resolved in the rule's namespace
+    policy: TrafficPolicy | None = None
+    subsets: tuple[Subset, ...] = ()
+    export_to: tuple[str, ...] = ("*",)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    def subset(self, name: str) -> Subset | None:
+        return next((s for s in self.subsets if s.name == name), None)
+
+    def effective_policy(self, port: int, subset: str = "") -> TrafficPolicy:
+        """Istio's merge: top level, its port-level entry, the subset's policy, its port-level
+        entry; each layer overrides the fields it sets."""
+        merged = (self.policy or TrafficPolicy()).at_port(port)
+        found = self.subset(subset) if subset else None
+        if found is not None and found.policy is not None:
+            merged = merged.overridden_by(found.policy.at_port(port))
+        return merged
+
+
+# --- VirtualService --------------------------------------------------------------------------
+
+
+class MatchKind(enum.StrEnum):
+    EXACT = "exact"
+    PREFIX = "prefix"
+    REGEX = "regex"
+
+
+@dataclass(frozen=True, slots=True)
+class StringMatch:
+    kind: MatchKind
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderMatch:
+    name: str
+    match: StringMatch | None  # None: the header must be present (any value)
+    invert: bool = False  # `withoutHeaders`
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMatch:
+    """One `http[].match[]` entry: every condition must hold."""
+
+    name: str = ""
+    uri: StringMatch | None = None
+    ignore_uri_case: bool = False
+    method: StringMatch | None = None
+    authority: StringMatch | None = None
+    headers: tuple[HeaderMatch, ...] = ()
+    query_params: tuple[tuple[str, StringMatch], ...] = ()
+    port: int | None = None
+    source_namespace: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderOps:
+    """`headers.request` / `headers.response`: set, add, remove."""
+
+    request_set: tuple[tuple[str, str], ...] = ()
+    request_add: tuple[tuple[str, str], ...] = ()
+    request_remove: tuple[str, ...] = ()
+    response_set: tuple[tuple[str, str], ...] = ()
+    response_add: tuple[tuple[str, str], ...] = ()
+    response_remove: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+
+NO_HEADERS = HeaderOps()
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    host: str  # resolved FQDN
+    subset: str = ""
+    port: int | None = None
+    weight: int = 0
+    headers: HeaderOps = NO_HEADERS
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    attempts: int
+    per_try_timeout: float | None = None
+    retry_on: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    delay: float | None = None
+    delay_percent: float = 100.0
+    abort_status: int | None = None
+    abort_percent: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    uri: str = ""
+    authority: str = ""
+    port: int | None = None
+    scheme: str = ""
+    code: int = 301
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    uri: str = ""
+    authority: str = ""
+    uri_regex: tuple[str, str] | None = None  # (pattern, substitution)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRoute:
+    name: str = ""
+    matches: tuple[HttpMatch, ...] = ()  # empty: matches every request
+    destinations: tuple[Destination, ...] = ()
+    redirect: Redirect | None = None
+    rewrite: Rewrite | None = None
+    timeout: float | None = None
+    retries: Retries | None = None
+    fault: Fault | None = None
+    mirror: Destination | None = None
+    mirror_percent: float = 100.0
+    headers: HeaderOps = NO_HEADERS
+
+
+@dataclass(frozen=True, slots=True)
+class TcpRoute:
+    ports: tuple[int, ...] = ()  # from `match[].port`; empty: every port
+    destinations: tuple[Destination, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualService:
+    namespace: str
+    name: str
+    source: SourceRef = field(compare=False)
+    hosts: tuple[str, ...] = ()  # resolved FQDNs or wildcards
+    http: tuple[HttpRoute, ...] = ()
+    tcp: tuple[TcpRoute, ...] = ()
+    export_to: tuple[str, ...] = ("*",)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+# --- which object applies (shared by MeshIndex and the conflict warnings of merge) ----------
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """A VirtualService/DestinationRule host against a service hostname: equal, `*`, or a
+    `*.suffix` wildcard that the host ends with."""
+    if pattern == host or pattern == "*":
+        return True
+    return pattern.startswith("*.") and host.endswith(pattern[1:])
+
+
+def _specificity(pattern: str, host: str) -> int:
+    # Exact beats any wildcard; a longer wildcard suffix beats a shorter one.
+    return 1 << 16 if pattern == host else len(pattern)
+
+
+def pick_destination_rule(
+    rules: tuple[DestinationRule, ...], host: str, client_namespace: str, service_namespace: str
+) -> DestinationRule | None:
+    """The DestinationRule for `host` as a client in `client_namespace` sees it, as Istio looks
+    it up: rules in the client's namespace, then in the service's namespace, then in the root
+    namespace; within one namespace the most specific host wins, then the first by name.
+    `rules` must be sorted by (namespace, name)."""
+    from control.model.types import ROOT_NAMESPACE
+
+    for namespace in dict.fromkeys((client_namespace, service_namespace, ROOT_NAMESPACE)):
+        best: DestinationRule | None = None
+        for rule in rules:
+            if rule.namespace != namespace or not host_matches(rule.host, host):
+                continue
+            if not exported_to(rule.export_to, rule.namespace, client_namespace):
+                continue
+            if best is None or _specificity(rule.host, host) > _specificity(best.host, host):
+                best = rule
+        if best is not None:
+            return best
+    return None
+
+
+def pick_virtual_service(
+    services: tuple[VirtualService, ...], host: str, client_namespace: str
+) -> VirtualService | None:
+    """The VirtualService that routes `host` for a client: one VirtualService per host (Istio
+    does not merge them for sidecars). The most specific host wins, then the first by
+    (namespace, name). `services` must be sorted by (namespace, name)."""
+    best: VirtualService | None = None
+    best_rank = -1
+    for vs in services:
+        if not exported_to(vs.export_to, vs.namespace, client_namespace):
+            continue
+        rank = max((_specificity(p, host) for p in vs.hosts if host_matches(p, host)), default=-1)
+        if rank > best_rank:
+            best, best_rank = vs, rank
+    return best
