@@ -39,6 +39,8 @@ from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.generate import generators_for
 from control.generate.context import GenContext
+from control.kube.client import kube_config
+from control.kube.source import KubeSource
 from control.metrics import Metrics
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
@@ -83,6 +85,11 @@ class ControlPlaneOptions:
     config_poll_interval: float = 0.25
     # Files must be quiet this long before they are re-read (a writer may still be writing).
     config_settle: float = 0.05
+    # Config from the Kubernetes API instead of files: in-cluster credentials, or the
+    # kubeconfig file given (control/kube/). Pods are the workloads; proxies do not
+    # auto-register.
+    kubernetes: bool = False
+    kubeconfig: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
 
 
@@ -94,13 +101,19 @@ class ControlPlane:
         self.metrics = metrics or Metrics()
         self.cache = ResourceCache()
         self.registry = WorkloadRegistry(grace=options.workload_grace)
-        self.watcher = ConfigWatcher(
-            list(options.config_paths),
-            self._on_config,
-            debounce=options.config_settle,
-            poll_interval=options.config_poll_interval,
-            domain=options.trust_domain,
-        )
+        self.watcher: ConfigWatcher | KubeSource
+        if options.kubernetes:
+            self.watcher = KubeSource(
+                kube_config(options.kubeconfig), self._on_config, domain=options.trust_domain
+            )
+        else:
+            self.watcher = ConfigWatcher(
+                list(options.config_paths),
+                self._on_config,
+                debounce=options.config_settle,
+                poll_interval=options.config_poll_interval,
+                domain=options.trust_domain,
+            )
         self.xds = XdsServer(
             self,
             self.metrics,
@@ -355,6 +368,8 @@ class ControlPlane:
         self.push_loop.notify("config")
 
     def _on_proxy_connect(self, proxy: Proxy) -> None:
+        if self.options.kubernetes:
+            return  # pods come from the API server
         if self.registry.connect(proxy):
             self.push_loop.notify("registry")
             self._save_wake.set()
