@@ -41,6 +41,7 @@ from control.generate import generators_for
 from control.generate.context import GenContext
 from control.kube.client import kube_config
 from control.kube.source import KubeSource
+from control.kube.tokenreview import KubeTokenReviewer
 from control.metrics import Metrics
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
@@ -158,8 +159,11 @@ class ControlPlane:
         ca, tokens = await asyncio.to_thread(self._load_security)
         self.ca, self.tokens = ca, tokens
         self.metrics.root_expiry.set(ca.root.not_valid_after_utc.timestamp())
+        reviewer = (
+            KubeTokenReviewer(self.watcher.client) if isinstance(self.watcher, KubeSource) else None
+        )
         self._call_auth = CallAuthenticator(
-            Authenticator(tokens.verifier(), self.options.trust_domain)
+            Authenticator(tokens.verifier(), self.options.trust_domain, reviewer)
         )
         server = grpc.aio.server(
             options=[
@@ -248,7 +252,7 @@ class ControlPlane:
             if self.mtls_xds_port == 0:
                 raise OSError(f"cannot listen on --mtls-xds-address {o.mtls_xds_address}")
 
-    def _authorize_stream(
+    async def _authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
     ) -> tuple[grpc.StatusCode, str] | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
@@ -257,7 +261,7 @@ class ControlPlane:
             return None
         assert self._call_auth is not None
         try:
-            identity = self._call_auth.identity(context)
+            identity = await self._call_auth.identity_async(context)
             check_claim(identity, proxy.namespace, proxy.service_account)
         except AuthError as e:
             self.metrics.xds_auth_failures.labels(e.denial.value).inc()

@@ -253,3 +253,77 @@ async def _eq(call: Any, want: set[str]) -> bool:
 async def _ok(call: Any) -> tuple[int, str] | None:
     status, body = await call
     return (status, body) if status == 200 else None
+
+
+async def test_token_review_gives_the_callers_identity(tmp_path: Path) -> None:
+    """Kubernetes mode: a service-account token the control plane did not sign is checked
+    with TokenReview (audience istio-ca) on CreateCertificate and on the TLS xDS port."""
+    import grpc
+    from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+
+    from protos.ads import SOTW_METHOD
+    from tests.integration.test_ca_service import create
+    from tests.support.kubeapi import TokenInfo
+    from tests.support.pki import make_csr, spiffe_ids
+
+    async with FakeKubeApi() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(api.kubeconfig())
+        sa_token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"  # opaque to us: RS256
+        api.tokens[sa_token] = TokenInfo("shop", "cart")
+        api.tokens["wrong-audience"] = TokenInfo("shop", "cart", audiences=("other",))
+        cp = ControlPlane(
+            ControlPlaneOptions(
+                kubernetes=True,
+                kubeconfig=str(kubeconfig),
+                xds_address="127.0.0.1:0",
+                secure_xds_address="127.0.0.1:0",
+                http_address="127.0.0.1:0",
+            )
+        )
+        await cp.start()
+        try:
+            assert cp.ca is not None
+            creds = grpc.ssl_channel_credentials(root_certificates=cp.ca.root_pem.encode())
+            async with grpc.aio.secure_channel(f"127.0.0.1:{cp.secure_xds_port}", creds) as ch:
+                chain = await create(ch, make_csr(), sa_token)
+                assert spiffe_ids(chain[0]) == ["spiffe://cluster.local/ns/shop/sa/cart"]
+                # Cached: a second call does not ask again.
+                await create(ch, make_csr(), sa_token)
+                assert api.requests.count("TOKENREVIEW") == 1
+                for bad in ("unknown-token", "wrong-audience"):
+                    try:
+                        await create(ch, make_csr(), bad)
+                        raise AssertionError(f"{bad} accepted")
+                    except grpc.aio.AioRpcError as e:
+                        assert e.code() is grpc.StatusCode.UNAUTHENTICATED
+                        assert "token review" in (e.details() or ""), e.details()
+                # Our own tokens still work (pilotfish-ctl token).
+                chain = await create(ch, make_csr(), agent_token(cp, "default", "sleep"))
+                assert spiffe_ids(chain[0]) == ["spiffe://cluster.local/ns/default/sa/sleep"]
+
+                # An xDS stream on the TLS port: the reviewed identity must match the node.
+                async def first_answer(namespace: str) -> int:
+                    call = ch.stream_stream(
+                        SOTW_METHOD,
+                        request_serializer=DiscoveryRequest.SerializeToString,
+                        response_deserializer=DiscoveryResponse.FromString,
+                    )(metadata=[("authorization", f"Bearer {sa_token}")])
+                    r = DiscoveryRequest(
+                        type_url="type.googleapis.com/envoy.config.cluster.v3.Cluster"
+                    )
+                    r.node.id = f"sidecar~10.0.0.1~cart-1.{namespace}~{namespace}.svc.cluster.local"
+                    r.node.metadata.update({"SERVICE_ACCOUNT": "cart", "NAMESPACE": namespace})
+                    try:
+                        await call.write(r)
+                        await call.read()
+                        return 0
+                    except grpc.aio.AioRpcError as e:
+                        return int(e.code().value[0])
+                    finally:
+                        call.cancel()
+
+                assert await first_answer("shop") == 0
+                assert await first_answer("default") == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        finally:
+            await bounded_teardown(cp.close(0.2), "control plane close")
