@@ -62,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file or directory (recursive); repeatable; watched and hot-reloaded",
     )
     p.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="read Services, Pods and Istio config from the Kubernetes API (in-cluster "
+        "credentials, or --kubeconfig) instead of --config files",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        metavar="PATH",
+        help="kubeconfig file for --kubernetes (its current context); implies --kubernetes",
+    )
+    p.add_argument(
         "--xds-address",
         type=_address,
         default="127.0.0.1:15010",
@@ -181,6 +193,8 @@ async def _run(args: argparse.Namespace) -> int:
         debounce_quiet=args.debounce_after,
         debounce_max=args.debounce_max,
         workload_grace=args.workload_grace,
+        kubernetes=args.kubernetes or bool(args.kubeconfig),
+        kubeconfig=args.kubeconfig,
         xds=XdsOptions(
             control_plane_id=args.id,
             max_concurrent_pushes=max(1, args.max_concurrent_pushes),
@@ -188,7 +202,13 @@ async def _run(args: argparse.Namespace) -> int:
             connection_burst=max(1.0, 2 * args.connection_rate),
         ),
     )
-    cp = ControlPlane(opts)
+    from control.kube.client import KubeConfigError
+
+    try:
+        cp = ControlPlane(opts)
+    except KubeConfigError as e:
+        print(f"pilotfish-control: {e}", file=sys.stderr)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -214,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if bool(args.ca_cert) != bool(args.ca_key):
         parser.error("--ca-cert and --ca-key go together")
+    if (args.kubernetes or args.kubeconfig) and args.config:
+        parser.error("--config and --kubernetes are alternatives: config comes from one source")
     if args.ca_chain and not args.ca_cert:
         parser.error("--ca-chain needs --ca-cert and --ca-key")
     logsetup.setup(args.log_level, args.log_format)

@@ -39,6 +39,9 @@ from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.generate import generators_for
 from control.generate.context import GenContext
+from control.kube.client import kube_config
+from control.kube.source import KubeSource
+from control.kube.tokenreview import KubeTokenReviewer
 from control.metrics import Metrics
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
@@ -83,6 +86,11 @@ class ControlPlaneOptions:
     config_poll_interval: float = 0.25
     # Files must be quiet this long before they are re-read (a writer may still be writing).
     config_settle: float = 0.05
+    # Config from the Kubernetes API instead of files: in-cluster credentials, or the
+    # kubeconfig file given (control/kube/). Pods are the workloads; proxies do not
+    # auto-register.
+    kubernetes: bool = False
+    kubeconfig: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
 
 
@@ -94,13 +102,19 @@ class ControlPlane:
         self.metrics = metrics or Metrics()
         self.cache = ResourceCache()
         self.registry = WorkloadRegistry(grace=options.workload_grace)
-        self.watcher = ConfigWatcher(
-            list(options.config_paths),
-            self._on_config,
-            debounce=options.config_settle,
-            poll_interval=options.config_poll_interval,
-            domain=options.trust_domain,
-        )
+        self.watcher: ConfigWatcher | KubeSource
+        if options.kubernetes:
+            self.watcher = KubeSource(
+                kube_config(options.kubeconfig), self._on_config, domain=options.trust_domain
+            )
+        else:
+            self.watcher = ConfigWatcher(
+                list(options.config_paths),
+                self._on_config,
+                debounce=options.config_settle,
+                poll_interval=options.config_poll_interval,
+                domain=options.trust_domain,
+            )
         self.xds = XdsServer(
             self,
             self.metrics,
@@ -145,8 +159,11 @@ class ControlPlane:
         ca, tokens = await asyncio.to_thread(self._load_security)
         self.ca, self.tokens = ca, tokens
         self.metrics.root_expiry.set(ca.root.not_valid_after_utc.timestamp())
+        reviewer = (
+            KubeTokenReviewer(self.watcher.client) if isinstance(self.watcher, KubeSource) else None
+        )
         self._call_auth = CallAuthenticator(
-            Authenticator(tokens.verifier(), self.options.trust_domain)
+            Authenticator(tokens.verifier(), self.options.trust_domain, reviewer)
         )
         server = grpc.aio.server(
             options=[
@@ -235,7 +252,7 @@ class ControlPlane:
             if self.mtls_xds_port == 0:
                 raise OSError(f"cannot listen on --mtls-xds-address {o.mtls_xds_address}")
 
-    def _authorize_stream(
+    async def _authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
     ) -> tuple[grpc.StatusCode, str] | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
@@ -244,7 +261,7 @@ class ControlPlane:
             return None
         assert self._call_auth is not None
         try:
-            identity = self._call_auth.identity(context)
+            identity = await self._call_auth.identity_async(context)
             check_claim(identity, proxy.namespace, proxy.service_account)
         except AuthError as e:
             self.metrics.xds_auth_failures.labels(e.denial.value).inc()
@@ -355,6 +372,8 @@ class ControlPlane:
         self.push_loop.notify("config")
 
     def _on_proxy_connect(self, proxy: Proxy) -> None:
+        if self.options.kubernetes:
+            return  # pods come from the API server
         if self.registry.connect(proxy):
             self.push_loop.notify("registry")
             self._save_wake.set()

@@ -22,7 +22,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -202,9 +202,16 @@ class Authenticator:
     token; otherwise exactly one `Bearer` token is expected. Verified tokens are remembered
     until they expire, so a busy caller costs one signature check, not one per call."""
 
-    def __init__(self, verifier: TokenVerifier, trust_domain: str) -> None:
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        trust_domain: str,
+        reviewer: TokenReviewer | None = None,
+    ) -> None:
         self.verifier = verifier
         self.trust_domain = trust_domain
+        # Kubernetes mode: tokens our key did not sign are asked about (TokenReview).
+        self.reviewer = reviewer
         self._tokens: dict[str, tuple[Identity, float]] = {}
         self._certs: dict[bytes, Identity | AuthError] = {}
 
@@ -213,28 +220,51 @@ class Authenticator:
     ) -> Identity:
         if peer_cert_pem:
             return self._from_cert(peer_cert_pem)
-        if not authorization:
-            raise _unauthenticated(
-                "no credentials: send 'authorization: Bearer <token>' (pilotfish-ctl token) "
-                "or a client certificate issued by this control plane"
-            )
-        if len(authorization) > 1:
-            raise _unauthenticated("more than one authorization header")
-        scheme, _, token = authorization[0].strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthenticated("authorization header is not 'Bearer <token>'")
-        token = token.strip()
-        cached = self._tokens.get(token)
+        token = _bearer(authorization)
+        cached = self._cached(token, now)
         if cached is not None:
-            identity, exp = cached
-            if now < exp + self.verifier.leeway:
-                return identity
-            del self._tokens[token]
+            return cached
         identity, exp = self.verifier.verify(token, now)
+        self._remember(token, identity, exp)
+        return identity
+
+    async def authenticate_async(
+        self, authorization: Sequence[str], peer_cert_pem: bytes | None, now: float
+    ) -> Identity:
+        """`authenticate`, and when our own key did not sign the token and a reviewer is set
+        (Kubernetes mode), the answer of the reviewer (remembered until it expires)."""
+        if self.reviewer is None or peer_cert_pem:
+            return self.authenticate(authorization, peer_cert_pem, now)
+        token = _bearer(authorization)
+        cached = self._cached(token, now)
+        if cached is not None:
+            return cached
+        try:
+            identity, exp = self.verifier.verify(token, now)
+        except AuthError as own:
+            try:
+                identity, exp = await self.reviewer.review(token, now)
+            except AuthError as reviewed:
+                raise _unauthenticated(
+                    f"{reviewed.message} (and not one of ours: {own.message})"
+                ) from None
+        self._remember(token, identity, exp)
+        return identity
+
+    def _cached(self, token: str, now: float) -> Identity | None:
+        cached = self._tokens.get(token)
+        if cached is None:
+            return None
+        identity, exp = cached
+        if now < exp + self.verifier.leeway:
+            return identity
+        del self._tokens[token]
+        return None
+
+    def _remember(self, token: str, identity: Identity, exp: float) -> None:
         if len(self._tokens) >= _CACHE_SIZE:
             self._tokens.clear()
         self._tokens[token] = (identity, exp)
-        return identity
 
     def _from_cert(self, pem: bytes) -> Identity:
         found = self._certs.get(pem)
@@ -269,6 +299,27 @@ class Authenticator:
                 )
             return identity
         return denied
+
+
+def _bearer(authorization: Sequence[str]) -> str:
+    if not authorization:
+        raise _unauthenticated(
+            "no credentials: send 'authorization: Bearer <token>' (pilotfish-ctl token) "
+            "or a client certificate issued by this control plane"
+        )
+    if len(authorization) > 1:
+        raise _unauthenticated("more than one authorization header")
+    scheme, _, token = authorization[0].strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthenticated("authorization header is not 'Bearer <token>'")
+    return token.strip()
+
+
+class TokenReviewer(Protocol):
+    """Validates a token elsewhere (Kubernetes TokenReview): (identity, valid until) or
+    AuthError."""
+
+    async def review(self, token: str, now: float) -> tuple[Identity, float]: ...
 
 
 def check_claim(identity: Identity, namespace: str, service_account: str) -> None:

@@ -35,6 +35,18 @@ class CallAuthenticator:
             authorization, certs[0] if certs else None, self._clock()
         )
 
+    async def identity_async(self, context: grpc.aio.ServicerContext) -> Identity:
+        """`identity`, asking the token reviewer (Kubernetes TokenReview) when one is set."""
+        authorization = [
+            v if isinstance(v, str) else v.decode("latin-1")
+            for k, v in (context.invocation_metadata() or ())
+            if k == "authorization"
+        ]
+        certs = context.auth_context().get("x509_pem_cert") or ()
+        return await self.authenticator.authenticate_async(
+            authorization, certs[0] if certs else None, self._clock()
+        )
+
 
 def is_secure(context: grpc.aio.ServicerContext) -> bool:
     """Whether the call came over TLS. Anything but an explicit insecure transport counts as

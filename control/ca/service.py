@@ -54,7 +54,7 @@ class CertificateService:
         m = self.metrics
         m.csr_count.inc()
         try:
-            identity = self.auth.identity(context)
+            identity = await self.auth.identity_async(context)
         except AuthError as e:
             m.csr_auth_errors.inc()
             logger.info("CreateCertificate from %s refused: %s", context.peer(), e.message)

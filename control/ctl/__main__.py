@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
+import shutil
 import sys
+from collections.abc import Coroutine
 from importlib import metadata
+from typing import Any, TypeVar
+
+from control.ctl.configdump import KINDS
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -16,13 +23,93 @@ def _version(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_yet(args: argparse.Namespace) -> int:
-    print(
-        f"pilotfish-ctl: '{args.command}' is not available yet in this version "
-        "(see the README's feature table)",
-        file=sys.stderr,
-    )
-    return 2
+def _addresses(values: list[str], default: str) -> list[str]:
+    out = [a.strip() for v in values for a in v.split(",") if a.strip()]
+    return out or [default]
+
+
+def _terminal_width() -> int | None:
+    """The terminal's width, or None when stdout is piped (never shorten piped output)."""
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size((120, 24)).columns
+
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+def _proxy_status(args: argparse.Namespace) -> int:
+    from control.ctl import status, table
+
+    addresses = _addresses(args.xds_address, "127.0.0.1:15010")
+    for a in addresses:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            print(f"pilotfish-ctl proxy-status: {a!r} is not HOST:PORT", file=sys.stderr)
+            return 2
+    rows, errors = _run(status.gather_status(addresses, args.timeout))
+    for e in errors:
+        print(f"pilotfish-ctl proxy-status: cannot ask {e}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps([r.as_json() for r in rows], indent=2))
+    else:
+        headers, body = status.table_rows(rows)
+        sys.stdout.write(table.render(headers, body, _terminal_width()))
+    return 1 if errors else 0
+
+
+def _proxy_config(args: argparse.Namespace) -> int:
+    from control.ctl import configdump, table
+
+    try:
+        resources = _run(_dump_resources(args))
+    except configdump.DumpError as e:
+        print(f"pilotfish-ctl proxy-config: {e}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(resources, indent=2))
+    else:
+        headers, body = configdump.table(args.kind, resources)
+        sys.stdout.write(table.render(headers, body, _terminal_width()))
+    return 0
+
+
+async def _dump_resources(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from urllib.parse import quote
+
+    from control.ctl import configdump
+
+    if _is_ip(args.target):
+        host = f"[{args.target}]" if ":" in args.target else args.target
+        query = "?include_eds" if args.kind == "endpoints" else ""
+        url = f"http://{host}:{args.admin_port}/config_dump{query}"
+        return configdump.envoy_resources(await configdump.fetch_json(url, args.timeout), args.kind)
+    if args.kind not in ("clusters", "listeners", "routes", "endpoints"):
+        configdump.control_resources({}, args.kind)  # raises with the reason
+    errors = []
+    for address in _addresses(args.http_address, "127.0.0.1:15014"):
+        url = f"http://{address}/debug/config_dump?proxyID={quote(args.target)}"
+        try:
+            dump = await configdump.fetch_json(url, args.timeout)
+        except configdump.DumpError as e:
+            errors.append(str(e))
+            continue
+        return configdump.control_resources(dump, args.kind)
+    raise configdump.DumpError("; ".join(errors))
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -73,19 +160,70 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--service-account", "-s", required=True)
     tok.add_argument("--ttl", default="1h", help="lifetime, e.g. 90s, 30m, 1h, 2d (default 1h)")
     tok.set_defaults(func=_token)
-    for name, text in (
-        ("proxy-status", "sync status of every proxy on every control-plane replica"),
-        ("proxy-config", "a proxy's clusters, listeners, routes, endpoints or secrets"),
-    ):
-        sp = sub.add_parser(name, help=text + " (planned)")
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
-        sp.set_defaults(func=_not_yet)
+    ps = sub.add_parser(
+        "proxy-status",
+        help="sync status of every proxy on every control-plane replica",
+        description=(
+            "Ask every control-plane replica for its syncz (over xDS, type "
+            "istio.io/debug/syncz) and print one row per proxy: the replica it is connected "
+            "to and the state of each xDS type (SYNCED, NOT SENT, STALE, ERROR; - when not "
+            "subscribed). Exits 1 when a replica could not be asked (the others still print)."
+        ),
+    )
+    ps.add_argument(
+        "--xds-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT[,...]",
+        help="a replica's plaintext xDS address; repeatable or comma-separated "
+        "(default 127.0.0.1:15010)",
+    )
+    ps.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    ps.add_argument("--timeout", type=float, default=5.0, help="seconds per replica")
+    ps.set_defaults(func=_proxy_status)
+    pc = sub.add_parser(
+        "proxy-config",
+        help="a proxy's clusters, listeners, routes, endpoints or secrets",
+        description=(
+            "Show what a proxy holds. TARGET is a pod IP (read from that pod's Envoy admin, "
+            "http://IP:15000/config_dump: what Envoy accepted) or a proxy id / pod.namespace "
+            "(read from the control plane's /debug/config_dump: what it generates)."
+        ),
+    )
+    pc.add_argument("kind", choices=KINDS, metavar="{" + ",".join(KINDS) + "}")
+    pc.add_argument("target", metavar="TARGET", help="pod IP, proxy id or pod.namespace")
+    pc.add_argument(
+        "--admin-port", type=int, default=15000, help="Envoy admin port (default %(default)s)"
+    )
+    pc.add_argument(
+        "--http-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT[,...]",
+        help="control-plane --http-address(es) to ask for a proxy id; repeatable or "
+        "comma-separated, the first that knows the proxy answers (default 127.0.0.1:15014)",
+    )
+    pc.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    pc.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    pc.set_defaults(func=_proxy_config)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    sys.exit(args.func(args))
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `pilotfish-ctl ... | head`: the reader left; not an error worth a traceback.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":

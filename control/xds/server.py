@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +45,9 @@ logger = logging.getLogger(__name__)
 # Decides whether a stream may go on once its node is known: None to allow, or the status
 # and message to end it with (the TLS port authenticates the caller and checks that the node
 # claims the caller's own identity).
-StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], tuple[grpc.StatusCode, str] | None]
+_Refusal = tuple[grpc.StatusCode, str] | None
+# May be async (Kubernetes mode asks the API server about tokens).
+StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
 
 
 class ResourceSource(Protocol):
@@ -195,7 +198,8 @@ class XdsServer:
             await context.abort(e.code, e.message)
             return
         if self._authorize is not None:
-            refused = self._authorize(context, proxy)
+            verdict = self._authorize(context, proxy)
+            refused = await verdict if inspect.isawaitable(verdict) else verdict
             if refused is not None:
                 logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
                 await context.abort(*refused)

@@ -143,11 +143,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_ctl_version_and_planned_commands() -> None:
+def test_ctl_version_and_bad_input() -> None:
     r = run("-m", "control.ctl", "version")
     assert r.returncode == 0 and r.stdout.startswith("pilotfish-ctl ")
-    r = run("-m", "control.ctl", "proxy-status")
-    assert r.returncode == 2 and "not available yet" in r.stderr and "Traceback" not in r.stderr
+    r = run("-m", "control.ctl", "proxy-status", "--xds-address", "nonsense")
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr and "Traceback" not in r.stderr
+    r = run("-m", "control.ctl", "proxy-config", "bogus", "127.0.0.1")
+    assert r.returncode == 2 and "invalid choice" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_agent_help_and_bad_flags() -> None:

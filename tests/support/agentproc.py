@@ -21,10 +21,13 @@ class AgentProcess:
         labels: str = "",
         *extra: str,
         token: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """`token`: written to `<workdir>/token` (the agent's default --token-file) before
-        the agent starts, so it can get its workload certificate."""
+        the agent starts, so it can get its workload certificate. `env`: extra environment
+        (e.g. ISTIO_META_* node metadata)."""
         self.ip = ip
+        self.extra_env = dict(env or {})
         self.token = token
         self.workdir = workdir
         self.log_path = workdir.parent / f"{pod}-agent.log"
@@ -55,7 +58,7 @@ class AgentProcess:
             token_file.write_text(self.token)
             token_file.chmod(0o600)
         log = self.log_path.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
         self.proc = subprocess.Popen(
             self.args,
             cwd=ROOT,

@@ -1,0 +1,1 @@
+"""The Kubernetes config source: list+watch of the API server (client, reflector, source)."""

@@ -1,0 +1,113 @@
+"""List+watch of one Kubernetes resource, as a sans-IO state machine (client-go's Reflector).
+
+    r = Reflector()
+    r.listed(items, resource_version)        # after GET ...?limit= (all pages)
+    for line in watch stream: r.event(json)  # GET ...?watch=1&resourceVersion=r.resource_version
+                                             #     &allowWatchBookmarks=true
+
+`event()` answers what to do next: CONTINUE (the store may have changed: `changed`), RELIST
+(410 Gone: our resourceVersion is too old; list again, which replaces the store, so objects
+deleted meanwhile disappear and nothing is lost). A watch that ends normally is re-opened from
+`resource_version` (resume); errors back off with `Backoff`. `synced` turns true after the
+first complete list, which is what the source's readiness waits for.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+
+
+class Next(enum.Enum):
+    CONTINUE = "continue"
+    RELIST = "relist"
+
+
+class WatchError(Exception):
+    """The server sent a watch event we cannot use (other than 410 Gone)."""
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def resource_version_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+@dataclass
+class Reflector:
+    store: dict[Key, Mapping[str, Any]] = field(default_factory=dict)
+    resource_version: str = ""
+    synced: bool = False
+    changed: bool = False  # set when the store changed; the owner clears it
+    relists: int = 0
+    bookmarks: int = 0
+
+    def listed(self, items: Iterable[Mapping[str, Any]], resource_version: str) -> None:
+        """A complete list: it replaces the store (objects absent from it are gone)."""
+        store = {key_of(o): o for o in items}
+        if store != self.store:
+            self.changed = True
+        self.store = store
+        self.resource_version = resource_version
+        if self.synced:
+            self.relists += 1
+        self.synced = True
+
+    def event(self, event: Mapping[str, Any]) -> Next:
+        etype = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, Mapping):
+            raise WatchError(f"watch event {etype!r} without an object")
+        if etype == "ERROR":
+            # A metav1.Status. 410 Gone (or reason Expired): the resourceVersion we resume
+            # from was compacted away; only a fresh list is consistent.
+            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
+                return Next.RELIST
+            raise WatchError(f"watch error {obj.get('code')}: {obj.get('message', '')}")
+        rv = resource_version_of(obj)
+        if etype == "BOOKMARK":
+            # No object change, only progress: resume from here next time.
+            self.bookmarks += 1
+        elif etype in ("ADDED", "MODIFIED"):
+            key = key_of(obj)
+            if self.store.get(key) != obj:
+                self.store[key] = obj
+                self.changed = True
+        elif etype == "DELETED":
+            if self.store.pop(key_of(obj), None) is not None:
+                self.changed = True
+        else:
+            raise WatchError(f"unknown watch event type {etype!r}")
+        if rv:
+            self.resource_version = rv
+        return Next.CONTINUE
+
+
+@dataclass
+class Backoff:
+    """Jittered exponential delays between failed list/watch attempts; reset on success."""
+
+    initial: float = 0.2
+    maximum: float = 10.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+    rng: random.Random = field(default_factory=random.Random)
+    _next: float = -1.0
+
+    def next_delay(self) -> float:
+        if self._next < 0:
+            self._next = self.initial
+        base = self._next
+        self._next = min(self.maximum, self._next * self.multiplier)
+        return max(0.0, base * (1 + self.rng.uniform(-self.jitter, self.jitter)))
+
+    def reset(self) -> None:
+        self._next = -1.0

@@ -1,0 +1,359 @@
+"""Mesh config from the Kubernetes API: the same MeshConfig the file watcher builds.
+
+One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces and the
+Istio kinds we support (networking.istio.io and security.istio.io, version v1). Services and
+Istio objects go through the same kind converters as YAML files; Pods become workloads (pod IP,
+labels, service account, named container ports). `start()` returns once every resource has
+been listed (readiness waits for the initial sync); afterwards changes are merged after a short
+quiet period and `on_change` is called when the MeshConfig differs. An object that fails to
+convert is reported once and its previous good version stays in use, as with a bad file.
+
+`KubeSource` has the interface of `ConfigWatcher` (`current`, `errors`, `start`, `close`,
+`status`), so the control plane uses either one the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from control.config import kinds
+from control.config.errors import ConfigError
+from control.config.manifest import RawObject
+from control.config.merge import merge
+from control.config.objects import ConfigObject, FileConfig
+from control.kube.client import ApiError, KubeClient, KubeConfig
+from control.kube.reflector import Backoff, Key, Next, Reflector, WatchError
+from control.model.types import (
+    TLS_MODE_LABEL,
+    ConfigWarning,
+    MeshConfig,
+    SourceRef,
+    Workload,
+    labels_of,
+)
+
+logger = logging.getLogger(__name__)
+
+OnChange = Callable[[MeshConfig], Awaitable[None] | None]
+
+SOURCE_FILE = "kubernetes"
+# Istio marks injected pods with this annotation; its value names the sidecar containers.
+SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    kind: str
+    api_version: str  # "v1" or "group/version"
+    plural: str
+
+    @property
+    def path(self) -> str:
+        prefix = "/api/" if "/" not in self.api_version else "/apis/"
+        return f"{prefix}{self.api_version}/{self.plural}"
+
+
+SERVICES = Resource("Service", "v1", "services")
+PODS = Resource("Pod", "v1", "pods")
+NAMESPACES = Resource("Namespace", "v1", "namespaces")
+ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
+
+_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
+
+
+def _plural(kind: str) -> str:
+    lower = kind.lower()
+    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+
+
+def istio_resources() -> list[Resource]:
+    """Every Istio kind a converter exists for, at the group's v1 version."""
+    out = []
+    for kind, (versions, _) in sorted(kinds.CONVERTERS.items()):
+        groups = {v.split("/")[0] for v in versions if "/" in v}
+        for group in _ISTIO_GROUPS:
+            if group in groups:
+                out.append(Resource(kind, f"{group}/v1", _plural(kind)))
+    return out
+
+
+def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
+    """A running, ready pod with an IP as a workload; None for any other pod."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        return None
+    if spec.get("hostNetwork"):
+        return None  # shares the node's IP: not a mesh endpoint of its own
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
+    if conditions.get("Ready") != "True":
+        return None
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = meta.get("annotations") or {}
+    ports: dict[str, int] = {}
+    for container in spec.get("containers") or ():
+        for port in container.get("ports") or ():
+            if port.get("name") and isinstance(port.get("containerPort"), int):
+                ports.setdefault(str(port["name"]), int(port["containerPort"]))
+    namespace = str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or ip)
+    return Workload(
+        name=name,
+        namespace=namespace,
+        address=str(ip),
+        labels=labels_of(labels),
+        service_account=str(spec.get("serviceAccountName") or "default"),
+        source=SourceRef("Pod", namespace, name, SOURCE_FILE, 0),
+        ports=tuple(sorted(ports.items())),
+        has_sidecar=labels.get(TLS_MODE_LABEL) == "istio"
+        or SIDECAR_STATUS_ANNOTATION in annotations,
+    )
+
+
+class KubeSource:
+    """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        on_change: OnChange,
+        *,
+        domain: str = "cluster.local",
+        debounce: float = 0.05,
+        watch_timeout: int = 300,
+        page_size: int = 500,
+    ) -> None:
+        self.config = config
+        self.client = KubeClient(config)
+        self.on_change = on_change
+        self.domain = domain
+        self.debounce = debounce
+        self.watch_timeout = watch_timeout
+        self.page_size = page_size
+        self.resources = [SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources()]
+        self.reflectors = {r.kind: Reflector() for r in self.resources}
+        self.current = MeshConfig()
+        self.errors: dict[str, ConfigError] = {}
+        self.reloads = 0
+        self._good: dict[tuple[str, Key], tuple[str, ConfigObject]] = {}  # by (kind, key)
+        self._logged_warnings: set[ConfigWarning] = set()
+        self._wake = asyncio.Event()
+        self._synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every list+watch and wait for the initial list of each (readiness)."""
+        await self.client.start()
+        for r in self.resources:
+            self._tasks.append(asyncio.create_task(self._reflect(r), name=f"kube-{r.plural}"))
+        await self._synced.wait()
+        self.current = self._build()
+        self._log_new_warnings()
+        self._tasks.append(asyncio.create_task(self._merge_loop(), name="kube-merge"))
+        logger.info(
+            "kubernetes config synced from %s: %d services, %d pods as workloads",
+            self.config.server,
+            len(self.current.services),
+            len(self.current.workload_entries),
+        )
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.client.close()
+
+    async def __aenter__(self) -> KubeSource:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def files(self) -> list[str]:
+        return [SOURCE_FILE]
+
+    def status(self) -> Mapping[str, object]:
+        return {
+            "kubernetes": self.config.server,
+            "resources": {
+                kind: {
+                    "objects": len(r.store),
+                    "resourceVersion": r.resource_version,
+                    "synced": r.synced,
+                    "relists": r.relists,
+                }
+                for kind, r in self.reflectors.items()
+            },
+            "errors": {k: str(e) for k, e in sorted(self.errors.items())},
+            "reloads": self.reloads,
+        }
+
+    # --- list+watch ------------------------------------------------------------------------
+
+    async def _reflect(self, resource: Resource) -> None:
+        r = self.reflectors[resource.kind]
+        backoff = Backoff()
+        must_list = True
+        while True:
+            try:
+                if must_list:
+                    try:
+                        items, rv = await self.client.list_all(resource.path, self.page_size)
+                    except ApiError as e:
+                        if e.status != 404:
+                            raise
+                        # The CRD is not installed: nothing of that kind, look again later.
+                        logger.info("%s: not served by the API server (%s)", resource.path, e)
+                        r.listed([], "")
+                        self._mark_synced()
+                        await asyncio.sleep(30)
+                        continue
+                    r.listed(items, rv)
+                    must_list = False
+                    self._changed(r)
+                    self._mark_synced()
+                async for event in self.client.watch(
+                    resource.path, r.resource_version, self.watch_timeout
+                ):
+                    if r.event(event) is Next.RELIST:
+                        logger.info("%s: watch expired (410); listing again", resource.path)
+                        must_list = True
+                        break
+                    self._changed(r)
+                backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, ApiError, WatchError, OSError, ValueError) as e:
+                delay = backoff.next_delay()
+                logger.warning("%s: %s; retrying in %.1fs", resource.path, e, delay)
+                if isinstance(e, ApiError) and e.status == 410:
+                    must_list = True
+                await asyncio.sleep(delay)
+            except Exception as e:  # aiohttp.ClientError and friends
+                delay = backoff.next_delay()
+                logger.warning("%s: %r; retrying in %.1fs", resource.path, e, delay)
+                await asyncio.sleep(delay)
+
+    def _changed(self, r: Reflector) -> None:
+        if r.changed:
+            r.changed = False
+            self._wake.set()
+
+    def _mark_synced(self) -> None:
+        if all(r.synced for r in self.reflectors.values()):
+            self._synced.set()
+
+    # --- building the MeshConfig -----------------------------------------------------------
+
+    async def _merge_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.debounce)  # let a burst of events land together
+            self._wake.clear()
+            try:
+                merged = self._build()
+            except Exception:
+                logger.exception("building config from the Kubernetes API failed")
+                continue
+            previous, self.current = self.current, merged
+            self._log_new_warnings()
+            if merged != previous:
+                self.reloads += 1
+                await self._notify(merged)
+
+    def _build(self) -> MeshConfig:
+        objects: list[ConfigObject] = []
+        warnings: list[ConfigWarning] = []
+        errors: dict[str, ConfigError] = {}
+        seen: set[tuple[str, Key]] = set()
+        for resource in self.resources:
+            store = self.reflectors[resource.kind].store
+            for key in sorted(store):
+                obj = store[key]
+                if resource is PODS:
+                    wl = pod_workload(obj)
+                    if wl is not None:
+                        objects.append(ConfigObject(wl.source, obj, workloads=(wl,)))
+                    continue
+                if resource in (NAMESPACES, ENDPOINT_SLICES):
+                    continue
+                converted = self._convert(resource, key, obj, errors)
+                if converted is not None:
+                    seen.add((resource.kind, key))
+                    obj_out, obj_warnings = converted
+                    objects.append(obj_out)
+                    warnings.extend(obj_warnings)
+        for gone in set(self._good) - seen:
+            del self._good[gone]
+        self._set_errors(errors)
+        return merge([FileConfig(SOURCE_FILE, tuple(objects), tuple(dict.fromkeys(warnings)))])
+
+    def _convert(
+        self,
+        resource: Resource,
+        key: Key,
+        obj: Mapping[str, Any],
+        errors: dict[str, ConfigError],
+    ) -> tuple[ConfigObject, tuple[ConfigWarning, ...]] | None:
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        cached = self._good.get((resource.kind, key))
+        if cached is not None and cached[0] == rv:
+            return cached[1], ()
+        raw = RawObject(
+            file=SOURCE_FILE,
+            line=0,
+            api_version=str(obj.get("apiVersion") or resource.api_version),
+            kind=resource.kind,
+            namespace=key[0] or "default",
+            name=key[1],
+            # List items carry no apiVersion/kind; the converters read the whole object.
+            data={**obj, "apiVersion": resource.api_version, "kind": resource.kind},
+            lines={},
+        )
+        try:
+            converted = kinds.convert(raw, self.domain)
+        except ConfigError as e:
+            errors[f"{resource.kind} {key[0]}/{key[1]}"] = e
+            return (cached[1], ()) if cached is not None else None
+        if converted.object is None:
+            return None
+        self._good[(resource.kind, key)] = (rv, converted.object)
+        return converted.object, converted.warnings
+
+    def _set_errors(self, errors: dict[str, ConfigError]) -> None:
+        for name, err in sorted(errors.items()):
+            if self.errors.get(name) != err:
+                logger.error("%s (keeping its last good version, if any)", err)
+        self.errors = dict(sorted(errors.items()))
+
+    def _log_new_warnings(self) -> None:
+        current = set(self.current.warnings)
+        for warning in self.current.warnings:
+            if warning not in self._logged_warnings:
+                logger.warning("%s", warning)
+        self._logged_warnings = current
+
+    async def _notify(self, config: MeshConfig) -> None:
+        try:
+            result = self.on_change(config)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("config change handler failed")

@@ -1,0 +1,327 @@
+"""An in-test Kubernetes API server (aiohttp) speaking the real list/watch HTTP protocol.
+
+No real API server can run here, so this fake is kept small and faithful to the parts the
+control plane uses, as the API server behaves on the wire:
+
+- `GET /api/v1/<plural>` and `/apis/<group>/<version>/<plural>`: a `<Kind>List` with
+  `metadata.resourceVersion`, paged with `limit` / `continue`;
+- `...?watch=1&resourceVersion=RV`: newline-delimited JSON events (`ADDED`, `MODIFIED`,
+  `DELETED` with the object; `BOOKMARK` with only metadata.resourceVersion when
+  `allowWatchBookmarks=true`), every event after RV first, then live ones; the stream ends
+  after `timeoutSeconds`; a RV older than the compaction point gets an `ERROR` event holding
+  a `Status` with code 410 (Gone, reason Expired) and the stream ends — exactly what etcd
+  compaction produces;
+- `POST /apis/authentication.k8s.io/v1/tokenreviews`: a TokenReview answered from the
+  tokens the test registered (audiences checked as the API server does);
+- bearer-token auth on every request (401 otherwise), 404 for resources not served (a CRD that
+  is not installed).
+
+One global resourceVersion counter, as with etcd. Tests change state with `put`, `delete`,
+`compact` (forget history) and `expire_watches` (end every open watch with a 410).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+# plural -> (Kind, apiVersion) for the resources this fake serves.
+RESOURCES: dict[str, tuple[str, str]] = {
+    "services": ("Service", "v1"),
+    "pods": ("Pod", "v1"),
+    "namespaces": ("Namespace", "v1"),
+    "endpointslices": ("EndpointSlice", "discovery.k8s.io/v1"),
+    "serviceentries": ("ServiceEntry", "networking.istio.io/v1"),
+    "workloadentries": ("WorkloadEntry", "networking.istio.io/v1"),
+    "sidecars": ("Sidecar", "networking.istio.io/v1"),
+    "virtualservices": ("VirtualService", "networking.istio.io/v1"),
+    "destinationrules": ("DestinationRule", "networking.istio.io/v1"),
+    "peerauthentications": ("PeerAuthentication", "security.istio.io/v1"),
+    "authorizationpolicies": ("AuthorizationPolicy", "security.istio.io/v1"),
+}
+_BY_KIND = {kind: plural for plural, (kind, _) in RESOURCES.items()}
+
+
+@dataclass
+class _Watch:
+    plural: str
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class TokenInfo:
+    namespace: str
+    service_account: str
+    audiences: tuple[str, ...] = ("istio-ca",)
+
+
+class FakeKubeApi:
+    def __init__(self, token: str = "admin-token", *, bookmark_interval: float = 0.5) -> None:
+        self.token = token
+        self.bookmark_interval = bookmark_interval
+        self.rv = 1
+        self.compacted = 0  # watches from a RV below this get 410 Gone
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
+        self.history: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, plural, type, obj
+        self.watches: list[_Watch] = []
+        self.requests: list[str] = []  # "LIST pods", "WATCH pods rv=12", ...
+        self.tokens: dict[str, TokenInfo] = {}
+        self.unserved: set[str] = set()  # plurals answering 404 (CRD not installed)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1") -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/{plural}", self._collection)
+        app.router.add_get("/apis/{group}/{version}/{plural}", self._collection)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, 0)
+        await site.start()
+        self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.url = f"http://{host}:{self.port}"
+
+    async def close(self) -> None:
+        for w in self.watches:
+            w.queue.put_nowait(None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeKubeApi:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def kubeconfig(self) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "admin"}}],
+                "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                "users": [{"name": "admin", "user": {"token": self.token}}],
+            }
+        )
+
+    # --- state changes (the test's side) ---------------------------------------------------
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object (ADDED or MODIFIED); returns it with its new RV."""
+        plural = _BY_KIND[obj["kind"]]
+        meta = obj.setdefault("metadata", {})
+        if RESOURCES[plural][0] != "Namespace":
+            meta.setdefault("namespace", "default")
+        key = (meta.get("namespace", ""), meta["name"])
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        existed = key in self.objects[plural]
+        stored = json.loads(json.dumps(obj))
+        self.objects[plural][key] = stored
+        self._emit(plural, "MODIFIED" if existed else "ADDED", stored)
+        return stored
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        plural = _BY_KIND[kind]
+        obj = self.objects[plural].pop((namespace, name))
+        self.rv += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self._emit(plural, "DELETED", obj)
+
+    def compact(self) -> None:
+        """Forget the history up to now (etcd compaction)."""
+        self.compacted = self.rv
+        self.history.clear()
+
+    def expire_watches(self) -> None:
+        """Compact, then end every open watch with 410 Gone."""
+        self.compact()
+        for w in self.watches:
+            w.queue.put_nowait(_gone())
+
+    def _emit(self, plural: str, etype: str, obj: dict[str, Any]) -> None:
+        self.history.append((self.rv, plural, etype, obj))
+        for w in self.watches:
+            if w.plural == plural:
+                w.queue.put_nowait({"type": etype, "object": obj})
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def _authorized(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization") == f"Bearer {self.token}"
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _status(401, "Unauthorized", "Unauthorized")
+        plural = request.match_info["plural"]
+        if plural not in RESOURCES or plural in self.unserved:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        group = request.match_info.get("group")
+        version = request.match_info.get("version", "v1")
+        kind, api_version = RESOURCES[plural]
+        if (f"{group}/{version}" if group else "v1") != api_version:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        if request.query.get("watch") in ("1", "true"):
+            return await self._watch(request, plural)
+        self.requests.append(f"LIST {plural}")
+        items = [self.objects[plural][k] for k in sorted(self.objects[plural])]
+        limit = int(request.query.get("limit", "0") or 0)
+        start = int(request.query.get("continue", "0") or 0)
+        end = start + limit if limit else len(items)
+        meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
+        if end < len(items):
+            meta["continue"] = str(end)
+        body = {
+            "kind": f"{kind}List",
+            "apiVersion": api_version,
+            "metadata": meta,
+            "items": items[start:end],
+        }
+        return web.json_response(body)
+
+    async def _watch(self, request: web.Request, plural: str) -> web.StreamResponse:
+        rv = int(request.query.get("resourceVersion", "0") or 0)
+        self.requests.append(f"WATCH {plural} rv={rv}")
+        bookmarks = request.query.get("allowWatchBookmarks") == "true"
+        timeout = float(request.query.get("timeoutSeconds", "1800"))
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        watch = _Watch(plural)
+        if rv and rv < self.compacted:
+            await _send(resp, _gone())
+            return resp
+        for ev_rv, ev_plural, etype, obj in self.history:
+            if ev_plural == plural and ev_rv > rv:
+                watch.queue.put_nowait({"type": etype, "object": obj})
+        self.watches.append(watch)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    event = await asyncio.wait_for(
+                        watch.queue.get(), min(left, self.bookmark_interval)
+                    )
+                except TimeoutError:
+                    if bookmarks:
+                        kind, api_version = RESOURCES[plural]
+                        await _send(
+                            resp,
+                            {
+                                "type": "BOOKMARK",
+                                "object": {
+                                    "kind": kind,
+                                    "apiVersion": api_version,
+                                    "metadata": {"resourceVersion": str(self.rv)},
+                                },
+                            },
+                        )
+                    continue
+                if event is None:
+                    break
+                await _send(resp, event)
+                if event["type"] == "ERROR":
+                    break
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.watches.remove(watch)
+        return resp
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _status(401, "Unauthorized", "Unauthorized")
+        review = await request.json()
+        spec = review.get("spec") or {}
+        info = self.tokens.get(spec.get("token", ""))
+        wanted: Iterable[str] = spec.get("audiences") or ()
+        status: dict[str, Any] = {"authenticated": False}
+        if info is None:
+            status["error"] = "invalid bearer token"
+        else:
+            common = [a for a in wanted if a in info.audiences] if wanted else info.audiences
+            if wanted and not common:
+                status["error"] = "token audiences do not match"
+            else:
+                status = {
+                    "authenticated": True,
+                    "audiences": list(common),
+                    "user": {
+                        "username": (
+                            f"system:serviceaccount:{info.namespace}:{info.service_account}"
+                        ),
+                        "groups": ["system:serviceaccounts", "system:authenticated"],
+                    },
+                }
+        self.requests.append("TOKENREVIEW")
+        return web.json_response({**review, "status": status}, status=201)
+
+
+def _gone() -> dict[str, Any]:
+    return {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "too old resource version",
+            "reason": "Expired",
+            "code": 410,
+        },
+    }
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+async def _send(resp: web.StreamResponse, event: dict[str, Any]) -> None:
+    await resp.write(json.dumps(event).encode() + b"\n")
+
+
+def pod(
+    name: str,
+    ip: str,
+    labels: dict[str, str],
+    *,
+    namespace: str = "default",
+    service_account: str = "default",
+    ready: bool = True,
+) -> dict[str, Any]:
+    """A Pod object as the API server returns it for a running pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "uid": name},
+        "spec": {
+            "serviceAccountName": service_account,
+            "containers": [{"name": "app", "image": "app", "ports": [{"containerPort": 8080}]}],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
