@@ -16,6 +16,7 @@ from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
+from control.generate import virtual
 from control.generate.common import (
     ROUTE_TYPE,
     OutboundPort,
@@ -34,17 +35,21 @@ VhostSpec = tuple[str, str, tuple[str, ...]]
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
+    # REDIRECT: hosts outside the registry go where the outbound traffic policy says.
+    fallback = virtual.route_fallback(ctx, proxy)
     # Short names depend on the client's namespace, so the scope alone is not enough.
     return ctx.memo(
-        ("rds-set", proxy.namespace, id(plan.visible)),
+        ("rds-set", proxy.namespace, id(plan.visible), fallback),
         lambda: ResourceSet(
-            [_resource(ctx, port, proxy.namespace) for port in plan.ports if port.http]
+            [_resource(ctx, port, proxy.namespace, fallback) for port in plan.ports if port.http]
         ),
     )
 
 
-def _resource(ctx: GenContext, port: OutboundPort, client_namespace: str) -> Resource:
-    key = (port.number, vhost_specs(port, client_namespace))
+def _resource(
+    ctx: GenContext, port: OutboundPort, client_namespace: str, fallback: str = ""
+) -> Resource:
+    key = (port.number, vhost_specs(port, client_namespace), fallback)
     # The same name ("9080") carries different domains for clients in different namespaces;
     # the key holds the finished domains, so namespaces that end up with the same names (the
     # usual case: no service of theirs on the port) share the bytes.
@@ -102,8 +107,8 @@ def domains_for(service: Service, port: int, client_namespace: str) -> list[str]
     return out
 
 
-def build(port: int, vhosts: tuple[VhostSpec, ...]) -> RouteConfiguration:
-    return RouteConfiguration(
+def build(port: int, vhosts: tuple[VhostSpec, ...], fallback: str = "") -> RouteConfiguration:
+    config = RouteConfiguration(
         name=str(port),
         virtual_hosts=[
             VirtualHost(
@@ -125,3 +130,5 @@ def build(port: int, vhosts: tuple[VhostSpec, ...]) -> RouteConfiguration:
         # references would reject a route that merely arrived before its cluster.
         validate_clusters=BoolValue(value=False),
     )
+    config.virtual_hosts.extend(virtual.fallback_vhosts(fallback))
+    return config
