@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -22,6 +23,13 @@ async def _run(args: object) -> int:
     except AgentConfigError as e:
         print(f"pilotfish-agent: {e}", file=sys.stderr)
         return 2
+    if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
+        # Before any socket exists: the capture rules exclude the proxy GID, so the agent's
+        # own connections (control plane, DNS forwarding) are not sent back into Envoy or to
+        # its own DNS server. It stays root (it may still bind and chown what it needs).
+        os.setgroups([])
+        os.setgid(cfg.proxy_gid)
+        logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
     agent = Agent(cfg, log_level=getattr(args, "log_level", "info"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,6 +47,13 @@ async def _run(args: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["iptables"]:
+        # A subcommand of its own (an init step, run once as root): the default run mode keeps
+        # its flags unchanged, so existing command lines need no "run" word.
+        from agent.capture import cli
+
+        sys.exit(cli.main(argv[1:]))
     args = build_parser().parse_args(argv)
     logsetup.setup(args.log_level, args.log_format)
     import uvloop

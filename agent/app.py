@@ -68,6 +68,15 @@ class Agent:
         self.upstream = UpstreamChannel(list(cfg.control_plane), tls=tls)
         self.names: NameTableHandler | None = None
         self.dns: DnsServer | None = None
+        # REDIRECT: the capture rules send the app's DNS queries to 127.0.0.1:<dns port> (what
+        # an OUTPUT-chain REDIRECT rewrites to), so the server listens there too. A server of
+        # its own rather than a wildcard bind: its replies must come from 127.0.0.1 for
+        # conntrack to map them back to the resolver address the app asked.
+        self.dns_local: DnsServer | None = None
+        # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
+        self.run_as: tuple[int, int] | None = None
+        if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
+            self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
         if cfg.dns_port:
             self._setup_dns(cfg)
         # Workload certificates: signed over the same upstream channel, served to Envoy (and
@@ -83,7 +92,9 @@ class Agent:
             ),
             stats=SdsStats(observer=SdsMetricsObserver(self.metrics)),
         )
-        self.sds = SdsServer(cfg.sds_socket, self.secrets)
+        self.sds = SdsServer(
+            cfg.sds_socket, self.secrets, owner=self.run_as[0] if self.run_as else None
+        )
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(
             self.upstream,
@@ -102,6 +113,7 @@ class Agent:
                 admin_url=admin,
                 drain_duration=cfg.drain_duration,
                 log_level="warning" if log_level != "debug" else "info",
+                run_as=self.run_as,
             )
         self.status = StatusServer(
             cfg.ip,
@@ -128,9 +140,14 @@ class Agent:
         await self.secrets.start()
         await self.sds.start()
         await self.downstream.start()
+        if self.run_as is not None:
+            # The socket is 0660: Envoy reaches it through the proxy group.
+            await asyncio.to_thread(os.chown, self.cfg.xds_socket, -1, self.run_as[1])
         await self.agent_stream.start()
         if self.dns is not None:
             await self.dns.start()
+        if self.dns_local is not None:
+            await self.dns_local.start()
         await self.status.start()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         if self.envoy is None:
@@ -171,6 +188,8 @@ class Agent:
                 await self.envoy.drain()
             await self.envoy.close()
         await self.status.close()
+        if self.dns_local is not None:
+            await self.dns_local.close()
         if self.dns is not None:
             await self.dns.close()
         await self.agent_stream.close()
@@ -205,6 +224,8 @@ class Agent:
         self.handlers.register(NAME_TABLE, self.names)
         forwarder = Forwarder(parse_upstream(u) for u in cfg.dns_upstream)
         self.dns = DnsServer(cfg.ip, cfg.dns_port, responder, forwarder)
+        if cfg.redirect and cfg.ip != "127.0.0.1":
+            self.dns_local = DnsServer("127.0.0.1", cfg.dns_port, responder, forwarder)
 
     def request_stop(self) -> None:
         self.stop_requested.set()

@@ -50,6 +50,17 @@ class AgentConfig:
     workload_cert_ttl: float = 24 * 3600.0
     # ISTIO_META_* environment variables, without the prefix.
     extra_metadata: Mapping[str, str] = field(default_factory=dict)
+    # NONE: listeners bound at the pod IP; REDIRECT: iptables sends the pod's traffic to
+    # Envoy's virtual listeners (`pilotfish-agent iptables` set that up beforehand).
+    interception_mode: str = "NONE"
+    # The proxy's identity in REDIRECT mode: the capture rules exclude this UID/GID, so Envoy
+    # runs as it and the agent joins the group (their own traffic must not be captured).
+    proxy_uid: int = 1337
+    proxy_gid: int = 1337
+
+    @property
+    def redirect(self) -> bool:
+        return self.interception_mode == "REDIRECT"
 
     @property
     def node_id(self) -> str:
@@ -82,7 +93,7 @@ class AgentConfig:
             "INSTANCE_IPS": self.ip,
             "SERVICE_ACCOUNT": self.service_account,
             "LABELS": dict(self.labels),
-            "INTERCEPTION_MODE": "NONE",
+            "INTERCEPTION_MODE": self.interception_mode,
             "CLUSTER_ID": "Kubernetes",
             # The agent serves SDS: the control plane may give this proxy mTLS config.
             "SDS": "true",
@@ -203,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("TRUST_DOMAIN", "cluster.local"),
         help="SPIFFE trust domain named in the CSR (env TRUST_DOMAIN; default %(default)s)",
     )
+    p.add_argument(
+        "--interception-mode",
+        type=str.upper,
+        choices=("NONE", "REDIRECT"),
+        default=env("ISTIO_META_INTERCEPTION_MODE", "NONE").upper(),
+        help="NONE: listeners at the pod IP; REDIRECT: traffic captured by iptables "
+        "(`pilotfish-agent iptables`); as root, Envoy then runs as UID/GID 1337 and the "
+        "agent joins GID 1337 (env ISTIO_META_INTERCEPTION_MODE; default %(default)s)",
+    )
     p.add_argument("--status-port", type=int, default=15020)
     p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
     p.add_argument("--envoy-admin-port", type=int, default=15000)
@@ -252,8 +272,13 @@ def config_from_args(
     extra = {
         k.removeprefix("ISTIO_META_"): v
         for k, v in environ.items()
-        if k.startswith("ISTIO_META_") and k != "ISTIO_META_LABELS"
+        if k.startswith("ISTIO_META_")
+        and k not in ("ISTIO_META_LABELS", "ISTIO_META_INTERCEPTION_MODE")
     }
+    if args.interception_mode not in ("NONE", "REDIRECT"):
+        raise AgentConfigError(
+            f"--interception-mode: {args.interception_mode!r} is not NONE or REDIRECT"
+        )
     return AgentConfig(
         control_plane=addresses,
         workdir=workdir,
@@ -280,4 +305,5 @@ def config_from_args(
         key_type=args.key_type,
         workload_cert_ttl=args.workload_cert_ttl,
         extra_metadata=extra,
+        interception_mode=args.interception_mode,
     )

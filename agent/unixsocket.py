@@ -13,10 +13,13 @@ import grpc
 MAX_SOCKET_PATH = 107
 
 
-def bind_private(server: grpc.aio.Server, path: Path, mode: int) -> None:
-    """Listen on `path` with `mode`, with no moment at which the socket is reachable with
-    looser permissions: it is bound inside a fresh 0700 directory, chmod-ed there, then moved
-    into place (blocking, a few syscalls; call once at startup)."""
+def bind_private(
+    server: grpc.aio.Server, path: Path, mode: int, owner: int | None = None
+) -> None:
+    """Listen on `path` with `mode` (and owned by UID `owner` when given), with no moment at
+    which the socket is reachable with looser permissions: it is bound inside a fresh 0700
+    directory, chmod-ed there, then moved into place (blocking, a few syscalls; call once at
+    startup)."""
     path = path.absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -28,11 +31,17 @@ def bind_private(server: grpc.aio.Server, path: Path, mode: int) -> None:
             # The private directory makes the path too long for a socket address: bind in
             # place (the window before chmod is the only difference).
             server.add_insecure_port(f"unix:{path}")
-            os.chmod(path, mode)
+            _restrict(path, mode, owner)
         else:
             server.add_insecure_port(f"unix:{tmp}")
-            os.chmod(tmp, mode)
+            _restrict(tmp, mode, owner)
             os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
             private.rmdir()
+
+
+def _restrict(path: Path, mode: int, owner: int | None) -> None:
+    os.chmod(path, mode)
+    if owner is not None:
+        os.chown(path, owner, -1)

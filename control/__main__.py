@@ -132,6 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest workload certificate the CA signs, e.g. 24h (default 24h)",
     )
     p.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
+    p.add_argument(
+        "--outbound-traffic-policy",
+        type=str.upper,
+        choices=("ALLOW_ANY", "REGISTRY_ONLY"),
+        default="ALLOW_ANY",
+        help="where proxies in interception mode REDIRECT send traffic to destinations outside "
+        "the registry: passed through (ALLOW_ANY) or refused (REGISTRY_ONLY); a Sidecar's "
+        "outboundTrafficPolicy overrides it (default %(default)s)",
+    )
     p.add_argument("--id", default=socket.gethostname(), help="this replica's identity")
     p.add_argument(
         "--debounce-after",
@@ -189,6 +198,7 @@ async def _run(args: argparse.Namespace) -> int:
         ca_chain=args.ca_chain,
         max_workload_cert_ttl=args.max_workload_cert_ttl,
         trust_domain=args.trust_domain,
+        outbound_traffic_policy=args.outbound_traffic_policy,
         id=args.id,
         debounce_quiet=args.debounce_after,
         debounce_max=args.debounce_max,

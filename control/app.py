@@ -79,6 +79,8 @@ class ControlPlaneOptions:
     ca_chain: str = ""  # ... and the certificates above it, root last
     max_workload_cert_ttl: float = 24 * 3600.0
     trust_domain: str = "cluster.local"
+    # Mesh-wide ALLOW_ANY | REGISTRY_ONLY for REDIRECT proxies (a Sidecar may override it).
+    outbound_traffic_policy: str = "ALLOW_ANY"
     id: str = "pilotfish"
     debounce_quiet: float = 0.1
     debounce_max: float = 10.0
@@ -326,6 +328,7 @@ class ControlPlane:
             self.registry.workloads(),
             trust_domain=self.options.trust_domain,
             version=self._index_version,
+            outbound_traffic_policy=self.options.outbound_traffic_policy,
         )
         self.cache.next_generation()
         self.cache.sweep()

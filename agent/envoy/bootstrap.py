@@ -89,6 +89,7 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
         admin_port=cfg.envoy_admin_port,
         cluster_domain=cfg.cluster_domain,
         extra_metadata=dict(cfg.extra_metadata),
+        interception_mode=cfg.interception_mode,
         sds_address=str(cfg.sds_socket.absolute()),
         status_port=cfg.status_port,
     )

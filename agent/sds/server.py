@@ -35,9 +35,17 @@ SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 
 class SdsServer:
     def __init__(
-        self, socket_path: Path, secrets: SecretManager, *, fetch_timeout: float = 10.0
+        self,
+        socket_path: Path,
+        secrets: SecretManager,
+        *,
+        fetch_timeout: float = 10.0,
+        owner: int | None = None,
     ) -> None:
+        """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
+        agent); the socket stays 0600, owned by that user."""
         self.socket_path = socket_path
+        self._owner = owner
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
         self._server: grpc.aio.Server | None = None
@@ -48,7 +56,7 @@ class SdsServer:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((self._handler(),))
         # A few syscalls once at startup; gRPC binds synchronously anyway.
-        bind_private(server, self.socket_path, 0o600)
+        bind_private(server, self.socket_path, 0o600, self._owner)
         await server.start()
         self._server = server
         logger.info("SDS server listening on %s", self.socket_path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from control.generate import clusters, endpoints, grpc, listeners, names, routes
+from control.generate import clusters, endpoints, grpc, names, routes, virtual
 from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
@@ -23,7 +23,8 @@ Generator = Callable[[GenContext, Proxy], ResourceSet]
 GENERATORS: Final[dict[str, Generator]] = {
     CLUSTER_TYPE: clusters.generate,
     ENDPOINT_TYPE: endpoints.generate,
-    LISTENER_TYPE: listeners.generate,
+    # Mode NONE's bound listeners, or REDIRECT's virtualOutbound/virtualInbound.
+    LISTENER_TYPE: virtual.generate_listeners,
     ROUTE_TYPE: routes.generate,
     NAME_TABLE: names.generate,
 }

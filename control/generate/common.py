@@ -405,9 +405,16 @@ def sidecar_of(ctx: GenContext, proxy: Proxy) -> SidecarScope | None:
 
 def inbound_ports(ctx: GenContext, proxy: Proxy) -> tuple[InboundPort, ...]:
     """The proxy's inbound ports from its Sidecar's ingress listeners. In interception mode
-    NONE nothing else can reach the pod through the sidecar, so no Sidecar means no inbound."""
+    NONE nothing else can reach the pod through the sidecar, so no Sidecar means no inbound.
+    In REDIRECT, without Sidecar ingress, they are the ports of the services that select the
+    workload (as Istio derives them), forwarded to the app at the pod IP."""
     sidecar = sidecar_of(ctx, proxy)
     if sidecar is None or not sidecar.ingress:
+        if proxy.interception_mode == "REDIRECT":
+            return ctx.memo(
+                ("inbound-ports-redirect", proxy.ip, proxy.namespace, proxy.labels),
+                lambda: service_inbound_ports(ctx.index.services_selecting(proxy), proxy.ip),
+            )
         return ()
     return ctx.memo(
         ("inbound-ports", proxy.ip, sidecar.ingress),
@@ -456,6 +463,26 @@ def _build_inbound(
         seen.add(number)
         out.append(InboundPort(number, listener.port.protocol, bind, upstream))
     return tuple(out)
+
+
+# Where captured inbound connections arrive (REDIRECT): the listener is bound to every address.
+WILDCARD_BIND: Final = "0.0.0.0"
+
+
+def service_inbound_ports(services: tuple[Service, ...], proxy_ip: str) -> tuple[InboundPort, ...]:
+    """One inbound port per workload port (the target port: what a caller's connection is
+    addressed to, so what the capture sees), the first service by hostname deciding the
+    protocol when several share it. A named target port cannot be resolved for a proxy (it
+    declares no ports), so its service port number stands in."""
+    out: dict[int, InboundPort] = {}
+    for service in sorted(services, key=lambda s: s.hostname):
+        for port in sorted(service.ports, key=lambda p: p.port):
+            number = port.target_port if isinstance(port.target_port, int) else port.port
+            if number not in out:
+                out[number] = InboundPort(
+                    number, port.protocol, WILDCARD_BIND, Upstream(proxy_ip, number)
+                )
+    return tuple(out[n] for n in sorted(out))
 
 
 def egress_bind(sidecar: SidecarScope | None, port: int, proxy_ip: str) -> str:

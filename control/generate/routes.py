@@ -14,6 +14,7 @@ from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.wrappers_pb2 import BoolValue
 
+from control.generate import virtual
 from control.generate.common import (
     ROUTE_TYPE,
     OutboundPort,
@@ -37,17 +38,25 @@ VhostSpec = tuple[str, tuple[str, ...], tuple[RouteSpec, ...]]
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
+    # REDIRECT: hosts outside the registry go where the outbound traffic policy says.
+    fallback = virtual.route_fallback(ctx, proxy)
     # Short names depend on the client's namespace, so the scope alone is not enough.
     return ctx.memo(
-        ("rds-set", proxy.namespace, plan.key),
+        ("rds-set", proxy.namespace, plan.key, fallback),
         lambda: ResourceSet(
-            [_resource(ctx, port, proxy.namespace, plan.scope) for port in plan.ports if port.http]
+            [
+                _resource(ctx, port, proxy.namespace, plan.scope, fallback)
+                for port in plan.ports
+                if port.http
+            ]
         ),
     )
 
 
-def _resource(ctx: GenContext, port: OutboundPort, client_namespace: str, scope: str) -> Resource:
-    key = (port.number, vhost_specs(ctx.index, port, client_namespace, scope))
+def _resource(
+    ctx: GenContext, port: OutboundPort, client_namespace: str, scope: str, fallback: str = ""
+) -> Resource:
+    key = (port.number, vhost_specs(ctx.index, port, client_namespace, scope), fallback)
     # The same name ("9080") carries different domains for clients in different namespaces;
     # the key holds the finished domains, so namespaces that end up with the same names (the
     # usual case: no service of theirs on the port) share the bytes.
@@ -175,8 +184,8 @@ def domains_for(service: Service, port: int, client_namespace: str) -> list[str]
     return out
 
 
-def build(port: int, vhosts: tuple[VhostSpec, ...]) -> RouteConfiguration:
-    return RouteConfiguration(
+def build(port: int, vhosts: tuple[VhostSpec, ...], fallback: str = "") -> RouteConfiguration:
+    config = RouteConfiguration(
         name=str(port),
         virtual_hosts=[
             VirtualHost(
@@ -190,3 +199,5 @@ def build(port: int, vhosts: tuple[VhostSpec, ...]) -> RouteConfiguration:
         # references would reject a route that merely arrived before its cluster.
         validate_clusters=BoolValue(value=False),
     )
+    config.virtual_hosts.extend(virtual.fallback_vhosts(fallback))
+    return config

@@ -45,9 +45,13 @@ class MeshIndex:
         *,
         trust_domain: str = "cluster.local",
         version: int = 0,
+        outbound_traffic_policy: str = "ALLOW_ANY",
     ) -> None:
         self.config = config
         self.trust_domain = trust_domain
+        # Mesh-wide (Istio's meshConfig.outboundTrafficPolicy): where a REDIRECT proxy sends
+        # traffic for destinations the mesh does not know; a Sidecar may override it.
+        self.outbound_traffic_policy = outbound_traffic_policy
         self.version = version
         self.services: tuple[Service, ...] = tuple(
             sorted(config.services, key=lambda s: s.hostname)
@@ -342,6 +346,30 @@ class MeshIndex:
         ) or next((sc for sc in candidates if sc.workload_selector is None), None)
         self._sidecars[key] = found
         return found
+
+    def outbound_policy(self, proxy: Proxy) -> str:
+        """ALLOW_ANY or REGISTRY_ONLY for this proxy: its Sidecar's, else the mesh's."""
+        sidecar = self.sidecar_for(proxy)
+        if sidecar is not None and sidecar.outbound_traffic_policy:
+            return sidecar.outbound_traffic_policy
+        return self.outbound_traffic_policy
+
+    def services_selecting(self, proxy: Proxy) -> tuple[Service, ...]:
+        """Services whose workloads include this proxy (Kubernetes selector or ServiceEntry
+        workloadSelector on its labels, in its namespace): its inbound ports in REDIRECT."""
+        return tuple(
+            s
+            for s in self.services
+            if s.namespace == proxy.namespace
+            and (
+                (s.registry == "Kubernetes" and selector_matches(s.selector or (), proxy.labels))
+                or (
+                    s.registry != "Kubernetes"
+                    and s.workload_selector is not None
+                    and workload_selector_matches(s.workload_selector, proxy.labels)
+                )
+            )
+        )
 
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         """Services a proxy may reach: all of them, or what its Sidecar's egress hosts allow."""

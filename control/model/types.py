@@ -216,7 +216,8 @@ class SidecarScope:
     workload_selector: Labels | None = None  # None: applies to the whole namespace
     ingress: tuple[IngressListener, ...] = ()
     egress: tuple[EgressListener, ...] = ()
-    outbound_traffic_policy: str = "ALLOW_ANY"
+    # ALLOW_ANY or REGISTRY_ONLY; "" = not set here, the mesh-wide setting applies.
+    outbound_traffic_policy: str = ""
 
 
 # --- security (security.istio.io/v1) ---------------------------------------------------------

@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -234,3 +236,30 @@ async def _status_or_none(url: str) -> tuple[int, str] | None:
         return await get(url)
     except aiohttp.ClientConnectionError:
         return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching user needs root")
+async def test_envoy_runs_as_the_proxy_user() -> None:
+    """Interception mode REDIRECT as root: Envoy runs as 1337:1337 (what the capture rules
+    exclude), with no supplementary groups, and still serves."""
+    # Not pytest's tmp_path: that is private (0700) and the bootstrap must be readable by 1337.
+    workdir = Path(tempfile.mkdtemp(prefix="pf-envoy-user-"))
+    workdir.chmod(0o755)
+    try:
+        await _serve_as_proxy_user(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _serve_as_proxy_user(workdir: Path) -> None:
+    ip = pod_ip()
+    async with supervisor(workdir, ip, run_as=(1337, 1337)) as envoy:
+        await envoy.wait_admin()
+        assert envoy.pid is not None
+        status = Path(f"/proc/{envoy.pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["Uid"].split() == ["1337"] * 4
+        assert fields["Gid"].split() == ["1337"] * 4
+        assert fields["Groups"].strip() == ""
+        assert "envoy" in Path(f"/proc/{envoy.pid}/cmdline").read_bytes().decode()
+        assert await get(f"http://{ip}:{APP_PORT}/") == (200, "hi")

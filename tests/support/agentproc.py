@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,16 +23,20 @@ class AgentProcess:
         *extra: str,
         token: str | None = None,
         env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+        log_path: Path | None = None,
     ) -> None:
         """`token`: written to `<workdir>/token` (the agent's default --token-file) before
         the agent starts, so it can get its workload certificate. `env`: extra environment
-        (e.g. ISTIO_META_* node metadata)."""
+        (e.g. ISTIO_META_* node metadata). `wrap`: a command prefix, e.g. `ip netns exec NS`
+        to run the agent inside a network-namespace pod."""
         self.ip = ip
         self.extra_env = dict(env or {})
         self.token = token
         self.workdir = workdir
-        self.log_path = workdir.parent / f"{pod}-agent.log"
+        self.log_path = log_path or workdir.parent / f"{pod}-agent.log"
         self.args = [
+            *wrap,
             sys.executable,
             "-m",
             "agent",

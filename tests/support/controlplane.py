@@ -25,21 +25,25 @@ async def running_control_plane(
     mtls: bool = False,
     ca_files: tuple[Path, Path, Path | None] | None = None,
     max_workload_cert_ttl: float = 24 * 3600.0,
+    host: str = "127.0.0.1",
+    outbound_traffic_policy: str = "ALLOW_ANY",
     **xds: Any,
 ) -> AsyncIterator[ControlPlane]:
     """A control plane on ephemeral ports: plaintext xDS, the TLS port (`secure`, on by
     default; `cp.secure_xds_port`) and the client-certificate port (`mtls`). Without
-    `state_dir` the CA root and token key live in memory (`cp.ca`, `cp.tokens`)."""
+    `state_dir` the CA root and token key live in memory (`cp.ca`, `cp.tokens`). `host`: where
+    the xDS ports listen (a network-namespace pod reaches the root namespace's gateway)."""
     ca_cert, ca_key, ca_chain = ca_files or ("", "", None)
     opts = ControlPlaneOptions(
         config_paths=(str(config_dir),),
-        xds_address=f"127.0.0.1:{xds_port}",
-        secure_xds_address="127.0.0.1:0" if secure else "",
-        mtls_xds_address="127.0.0.1:0" if mtls else "",
+        xds_address=f"{host}:{xds_port}",
+        secure_xds_address=f"{host}:0" if secure else "",
+        mtls_xds_address=f"{host}:0" if mtls else "",
         ca_cert=str(ca_cert),
         ca_key=str(ca_key),
         ca_chain=str(ca_chain or ""),
         max_workload_cert_ttl=max_workload_cert_ttl,
+        outbound_traffic_policy=outbound_traffic_policy,
         state_dir=str(state_dir) if state_dir else "",
         http_address="127.0.0.1:0",
         id="test-cp",

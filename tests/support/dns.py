@@ -98,9 +98,9 @@ class UpstreamDns:
     """A small DNS server (UDP and TCP) for names outside the mesh: answers the
     A records in `records`, NXDOMAIN for anything else."""
 
-    def __init__(self, host: str, records: Mapping[str, str]) -> None:
+    def __init__(self, host: str, records: Mapping[str, str], port: int = 0) -> None:
         self.host = host
-        self.port = 0
+        self.port = port
         self.records = {k.lower().rstrip("."): v for k, v in records.items()}
         self.queries = 0
         self._udp: asyncio.DatagramTransport | None = None
@@ -130,7 +130,7 @@ class UpstreamDns:
             writer.close()
 
     async def start(self) -> None:
-        self._tcp = await asyncio.start_server(self._tcp_client, self.host, 0)
+        self._tcp = await asyncio.start_server(self._tcp_client, self.host, self.port)
         self.port = self._tcp.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._udp, _ = await loop.create_datagram_endpoint(

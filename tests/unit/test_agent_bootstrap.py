@@ -214,3 +214,25 @@ def test_real_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(boot))
     assert validate(path).returncode != 0
+
+
+def test_interception_mode_flag_reaches_node_metadata(tmp_path: Path) -> None:
+    from agent.config import AgentConfigError, build_parser, config_from_args
+
+    def parse(*argv: str, env: dict[str, str] | None = None) -> AgentConfig:
+        args = build_parser().parse_args(["--workdir", str(tmp_path), *argv])
+        return config_from_args(args, env or {})
+
+    assert parse().interception_mode == "NONE"
+    cfg = parse("--interception-mode", "redirect")
+    assert cfg.redirect and cfg.node_metadata()["INTERCEPTION_MODE"] == "REDIRECT"
+    boot = build_bootstrap(from_agent_config(cfg))
+    assert boot["node"]["metadata"]["INTERCEPTION_MODE"] == "REDIRECT"
+    # ISTIO_META_INTERCEPTION_MODE is the flag's default, not extra metadata that could
+    # contradict it.
+    args = build_parser().parse_args(["--workdir", str(tmp_path)])
+    args.interception_mode = "TPROXY"
+    with pytest.raises(AgentConfigError, match="--interception-mode: 'TPROXY'"):
+        config_from_args(args, {})
+    env_cfg = parse(env={"ISTIO_META_INTERCEPTION_MODE": "NONE"})
+    assert "INTERCEPTION_MODE" not in env_cfg.extra_metadata

@@ -112,7 +112,7 @@ def test_namespace_wide_sidecar_defaults() -> None:
     (scope,) = fc.objects[0].sidecars
     assert scope.workload_selector is None
     assert scope.ingress == ()
-    assert scope.outbound_traffic_policy == "ALLOW_ANY"
+    assert scope.outbound_traffic_policy == ""  # the mesh-wide default applies
     assert scope.egress == (EgressListener(hosts=("./*", "istio-system/*")),)
 
 

@@ -23,7 +23,7 @@ from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpPro
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from control.generate import GENERATORS, clusters, endpoints, listeners, names, routes
+from control.generate import GENERATORS, clusters, endpoints, listeners, names, routes, virtual
 from control.generate.common import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
@@ -560,7 +560,7 @@ def test_generators_table() -> None:
     assert GENERATORS == {
         CLUSTER_TYPE: clusters.generate,
         ENDPOINT_TYPE: endpoints.generate,
-        LISTENER_TYPE: listeners.generate,
+        LISTENER_TYPE: virtual.generate_listeners,  # listeners.generate in mode NONE
         ROUTE_TYPE: routes.generate,
         NAME_TABLE: names.generate,
     }

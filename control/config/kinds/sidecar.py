@@ -34,7 +34,7 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         )
     ingress = _ingress(spec)
     egress = _egress(spec)
-    policy = "ALLOW_ANY"
+    policy = ""  # not set: the mesh-wide policy (--outbound-traffic-policy) applies
     outbound = spec.get_map("outboundTrafficPolicy")
     if outbound is not None:
         policy = outbound.get_enum("mode", _OUTBOUND_MODES, default="ALLOW_ANY")

@@ -1,0 +1,311 @@
+"""LDS for interception mode REDIRECT: iptables (`pilotfish-agent iptables`) sends every
+outbound TCP connection of the pod to port 15001 and every inbound one to 15006, so Envoy
+needs two listeners there, named as Istio names them, that pick a filter chain by the
+connection's original destination (restored by the original_dst listener filter):
+
+- `virtualOutbound` (0.0.0.0:15001): per outbound port of the visible services the same thing
+  mode NONE binds at `<pod IP>:<port>`: HTTP ports → an HttpConnectionManager on RDS `"<port>"`
+  (matched on the port, any address: a client may dial a VIP or an endpoint); TLS services by
+  SNI; plain TCP services by their VIPs (`Service.spec.clusterIP`, ServiceEntry `addresses`),
+  or by port alone when they have none. Anything else is an unknown destination: passed to
+  its original address (`PassthroughCluster`) under outboundTrafficPolicy ALLOW_ANY, refused
+  (`BlackHoleCluster`) under REGISTRY_ONLY. HTTP to an unknown host on a mesh HTTP port gets
+  the same choice from a catch-all virtual host in that port's routes (`fallback_vhosts`).
+- `virtualInbound` (0.0.0.0:15006): per inbound port (services selecting the workload, or
+  its Sidecar ingress) the chains mode NONE builds (mTLS per PeerAuthentication, RBAC), matched
+  on the destination port; then passthrough chains to the original destination for every
+  other port, under the workload's default mTLS mode, so STRICT covers undeclared ports too.
+
+The listeners' builders are pure functions of hashable specs, cached like every resource.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from envoy.config.core.v3.address_pb2 import CidrRange
+from envoy.config.core.v3.base_pb2 import TrafficDirection
+from envoy.config.listener.v3.listener_components_pb2 import (
+    Filter,
+    FilterChain,
+    FilterChainMatch,
+    ListenerFilter,
+)
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.route.v3.route_components_pb2 import (
+    DirectResponseAction,
+    Route,
+    RouteAction,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy.extensions.filters.listener.original_dst.v3.original_dst_pb2 import OriginalDst
+from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import TlsInspector
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.wrappers_pb2 import UInt32Value
+
+from control.generate import listeners
+from control.generate.common import (
+    BLACKHOLE_CLUSTER,
+    LISTENER_TYPE,
+    PASSTHROUGH_CLUSTER,
+    WILDCARD_BIND,
+    OutboundPort,
+    ads_config_source,
+    inbound_ports,
+    is_ip,
+    outbound_plan,
+    pack,
+    socket_address,
+    warn_once,
+)
+from control.generate.context import GenContext
+from control.generate.rbac import network_filters as network_rbac_filters
+from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
+from control.model.proxy import Proxy
+from control.model.types import AuthorizationPolicy, MtlsMode
+from control.xds.cache import Resource, ResourceSet
+
+VIRTUAL_OUTBOUND: Final = "virtualOutbound"
+VIRTUAL_INBOUND: Final = "virtualInbound"
+OUTBOUND_CAPTURE_PORT: Final = 15001
+INBOUND_CAPTURE_PORT: Final = 15006
+ORIGINAL_DST_FILTER: Final = "envoy.filters.listener.original_dst"
+ALLOW_ANY: Final = "ALLOW_ANY"
+REGISTRY_ONLY: Final = "REGISTRY_ONLY"
+
+# One outbound filter chain: (kind "http"|"tcp", port, VIP prefixes, SNI names, cluster).
+# An http chain's cluster is unused (the routes choose); the RDS name is the port.
+OutboundChain = tuple[str, int, tuple[str, ...], tuple[str, ...], str]
+# One inbound port: (port, HTTP?, mTLS mode).
+InboundSpec = tuple[int, bool, MtlsMode]
+
+
+def is_redirect(proxy: Proxy) -> bool:
+    return proxy.interception_mode == "REDIRECT"
+
+
+def generate_listeners(ctx: GenContext, proxy: Proxy) -> ResourceSet:
+    """LDS for an Envoy sidecar in either interception mode."""
+    if not is_redirect(proxy):
+        return listeners.generate(ctx, proxy)
+    return ResourceSet([_outbound(ctx, proxy), _inbound(ctx, proxy)])
+
+
+def route_fallback(ctx: GenContext, proxy: Proxy) -> str:
+    """The outbound traffic policy that the routes of a REDIRECT proxy fall back to for hosts
+    outside the registry; "" (no fallback: Envoy's 404) in mode NONE, where only the app's
+    own calls to a mesh port ever reach the listener."""
+    return ctx.index.outbound_policy(proxy) if is_redirect(proxy) else ""
+
+
+def fallback_vhosts(policy: str) -> list[VirtualHost]:
+    """Istio's catch-all virtual hosts: `allow_any` passes the request on to the address the
+    client dialled; `block_all` answers 502."""
+    if policy == ALLOW_ANY:
+        action = Route(
+            name="allow_any",
+            match=RouteMatch(prefix="/"),
+            route=RouteAction(cluster=PASSTHROUGH_CLUSTER, timeout=Duration(seconds=0)),
+        )
+        return [VirtualHost(name="allow_any", domains=["*"], routes=[action])]
+    if policy == REGISTRY_ONLY:
+        block = Route(
+            name="block_all",
+            match=RouteMatch(prefix="/"),
+            direct_response=DirectResponseAction(status=502),
+        )
+        return [VirtualHost(name="block_all", domains=["*"], routes=[block])]
+    return []
+
+
+# --- virtualOutbound -------------------------------------------------------------------------
+
+
+def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
+    plan = outbound_plan(ctx, proxy)
+    chains = ctx.memo(("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports))
+    key = (chains, ctx.index.outbound_policy(proxy))
+    return ctx.resource(
+        LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
+    )
+
+
+def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for a in addresses:
+        if "/" in a:
+            out.append(a)
+        elif is_ip(a):
+            out.append(f"{a}/{128 if ':' in a else 32}")
+    return tuple(sorted(set(out)))
+
+
+def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...]:
+    """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates)."""
+    chains: list[OutboundChain] = []
+    for port in ports:
+        port_taken = False
+        if port.http:
+            chains.append(("http", port.number, (), (), ""))
+            port_taken = True
+        for c in sorted(port.tls, key=lambda c: c.service.hostname):
+            chains.append(("tcp", port.number, (), (c.service.hostname,), c.name))
+        claimed: dict[str, str] = {}
+        for c in sorted(port.tcp, key=lambda c: c.service.hostname):
+            prefixes = tuple(p for p in _vip_prefixes(c.service.addresses) if p not in claimed)
+            if prefixes:
+                for p in prefixes:
+                    claimed[p] = c.service.hostname
+                chains.append(("tcp", port.number, prefixes, (), c.name))
+            elif not port_taken:
+                # No address to tell it by: it takes the whole port, as in mode NONE.
+                chains.append(("tcp", port.number, (), (), c.name))
+                port_taken = True
+            else:
+                warn_once(
+                    ("virtual-tcp-unreachable", port.number, c.service.hostname),
+                    "port %d: TCP service %s has no VIP and another service takes the port; "
+                    "it is not reachable through capture",
+                    port.number,
+                    c.service.hostname,
+                )
+    return tuple(chains)
+
+
+def _original_dst() -> ListenerFilter:
+    return ListenerFilter(name=ORIGINAL_DST_FILTER, typed_config=pack(OriginalDst()))
+
+
+def _tls_inspector() -> ListenerFilter:
+    return ListenerFilter(name=listeners.TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
+
+
+def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Listener:
+    listener = Listener(
+        name=VIRTUAL_OUTBOUND,
+        address=socket_address(WILDCARD_BIND, OUTBOUND_CAPTURE_PORT),
+        traffic_direction=TrafficDirection.OUTBOUND,
+        # The original destination is restored by the listener filter and chains match on it;
+        # no hand-off to other listeners (there are none in this mode).
+        listener_filters=[_original_dst()],
+    )
+    for kind, number, prefixes, server_names, cluster in chains:
+        match = FilterChainMatch(destination_port=UInt32Value(value=number))
+        match.prefix_ranges.extend(_cidr(p) for p in prefixes)
+        if server_names:
+            match.server_names.extend(server_names)
+            match.transport_protocol = "tls"
+        if kind == "http":
+            hcm = listeners._hcm(f"outbound_{WILDCARD_BIND}_{number}")
+            hcm.rds.config_source.CopyFrom(ads_config_source())
+            hcm.rds.route_config_name = str(number)
+            filters = [Filter(name=listeners.HCM_FILTER, typed_config=pack(hcm))]
+            name = f"{WILDCARD_BIND}_{number}"
+        else:
+            filters = [listeners._tcp_proxy(cluster)]
+            name = f"{cluster}|{','.join(prefixes)}"
+        listener.filter_chains.append(
+            FilterChain(name=name, filter_chain_match=match, filters=filters)
+        )
+    if any(server_names for _, _, _, server_names, _ in chains):
+        listener.listener_filters.append(_tls_inspector())
+    unknown = PASSTHROUGH_CLUSTER if policy == ALLOW_ANY else BLACKHOLE_CLUSTER
+    listener.default_filter_chain.CopyFrom(
+        FilterChain(name=unknown, filters=[listeners._tcp_proxy(unknown)])
+    )
+    return listener
+
+
+def _cidr(prefix: str) -> CidrRange:
+    address, _, length = prefix.partition("/")
+    return CidrRange(address_prefix=address, prefix_len=UInt32Value(value=int(length)))
+
+
+# --- virtualInbound --------------------------------------------------------------------------
+
+
+def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
+    peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
+    policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
+    specs: list[InboundSpec] = []
+    for port in inbound_ports(ctx, proxy):
+        mode = _usable_mode(proxy, peer.mode_for(port.number), port.number)
+        if mode is not None:
+            specs.append((port.number, port.protocol.is_http, mode))
+    default = _usable_mode(proxy, peer.mode, 0)
+    key = (tuple(specs), default, policies)
+    return ctx.resource(
+        LISTENER_TYPE, VIRTUAL_INBOUND, key, lambda: build_virtual_inbound(*key), variant=key
+    )
+
+
+def _usable_mode(proxy: Proxy, mode: MtlsMode, port: int) -> MtlsMode | None:
+    """As in mode NONE: a proxy without certificates cannot terminate mTLS, so STRICT means
+    the port is not served (None) and anything else is plaintext."""
+    if proxy.sds:
+        return mode
+    if mode is MtlsMode.STRICT:
+        warn_once(
+            ("strict-without-sds-virtual", proxy.id, port),
+            "proxy %s: %s is STRICT mTLS but the proxy has no SDS; not served",
+            proxy.id,
+            f"inbound port {port}" if port else "inbound passthrough",
+        )
+        return None
+    return MtlsMode.DISABLE
+
+
+def build_virtual_inbound(
+    ports: tuple[InboundSpec, ...],
+    default: MtlsMode | None,
+    policies: tuple[AuthorizationPolicy, ...] = (),
+) -> Listener:
+    listener = Listener(
+        name=VIRTUAL_INBOUND,
+        address=socket_address(WILDCARD_BIND, INBOUND_CAPTURE_PORT),
+        traffic_direction=TrafficDirection.INBOUND,
+        listener_filters=[_original_dst()],
+    )
+    inspect = False
+    for number, http, mode in ports:
+        # Mode NONE's chains for this port, told apart from other ports by the destination.
+        per_port = listeners.build_inbound(WILDCARD_BIND, number, http, mode, policies)
+        inspect |= bool(per_port.listener_filters)
+        for chain in per_port.filter_chains:
+            chain.name = f"{number}_{chain.name}"
+            chain.filter_chain_match.destination_port.value = number
+            listener.filter_chains.append(chain)
+    if default is not None:
+        listener.filter_chains.extend(_passthrough_chains(default, policies))
+        inspect |= default is MtlsMode.PERMISSIVE
+    if inspect:
+        listener.listener_filters.append(_tls_inspector())
+    return listener
+
+
+def _passthrough_chains(
+    mode: MtlsMode, policies: tuple[AuthorizationPolicy, ...]
+) -> list[FilterChain]:
+    """Ports no service declares: TCP to the original destination (the app), behind the
+    same mTLS and RBAC as declared ports."""
+    rbac = [
+        Filter(name=n, typed_config=pack(cfg))
+        for n, cfg in network_rbac_filters(policies, "inbound_passthrough")
+    ]
+    filters = [*rbac, listeners._tcp_proxy(PASSTHROUGH_CLUSTER)]
+    out: list[FilterChain] = []
+    if mode in (MtlsMode.STRICT, MtlsMode.PERMISSIVE):
+        chain = FilterChain(
+            name="passthrough_mtls", filters=filters, transport_socket=downstream_socket()
+        )
+        if mode is MtlsMode.PERMISSIVE:
+            chain.filter_chain_match.CopyFrom(
+                FilterChainMatch(
+                    transport_protocol="tls", application_protocols=list(MESH_ALPN_MATCH)
+                )
+            )
+        out.append(chain)
+    if mode in (MtlsMode.DISABLE, MtlsMode.PERMISSIVE):
+        out.append(FilterChain(name="passthrough_plaintext", filters=list(filters)))
+    return out

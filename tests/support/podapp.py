@@ -1,0 +1,64 @@
+"""A pod's app for network-namespace tests, run as its own process inside the pod:
+
+- `serve NAME PORT`: an HTTP server on 0.0.0.0:PORT answering JSON with its name, the Host,
+  the caller's address and the `x-forwarded-client-cert` header the sidecar set (so a test
+  can see the caller's SPIFFE ID);
+- `get URL`: one plain HTTP GET with the standard library (system resolver, no proxy
+  settings: an app that knows nothing of the mesh), printing `STATUS BODY` or `ERROR why`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def serve(name: str, port: int) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(
+                {
+                    "app": name,
+                    "host": self.headers.get("Host", ""),
+                    "peer": self.client_address[0],
+                    "xfcc": self.headers.get("x-forwarded-client-cert", ""),
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+
+
+def get(url: str) -> str:
+    # No proxies even if the environment had some: the app must reach the mesh unaided.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5) as r:
+            return f"{r.status} {r.read().decode()}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read().decode(errors='replace')}"
+    except (OSError, urllib.error.URLError) as e:
+        return f"ERROR {e}"
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["serve"] and len(argv) == 3:
+        serve(argv[1], int(argv[2]))
+    elif argv[:1] == ["get"] and len(argv) == 2:
+        print(get(argv[1]))
+    else:
+        sys.exit("usage: podapp serve NAME PORT | podapp get URL")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
