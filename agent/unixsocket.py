@@ -13,9 +13,7 @@ import grpc
 MAX_SOCKET_PATH = 107
 
 
-def bind_private(
-    server: grpc.aio.Server, path: Path, mode: int, owner: int | None = None
-) -> None:
+def bind_private(server: grpc.aio.Server, path: Path, mode: int, owner: int | None = None) -> None:
     """Listen on `path` with `mode` (and owned by UID `owner` when given), with no moment at
     which the socket is reachable with looser permissions: it is bound inside a fresh 0700
     directory, chmod-ed there, then moved into place (blocking, a few syscalls; call once at
