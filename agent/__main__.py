@@ -8,6 +8,13 @@ import os
 import signal
 import sys
 
+# gRPC's fork handlers are for children that go on using gRPC; ours only exec Envoy. With them
+# on, forking Envoy while the TLS channel to the control plane is busy corrupted the channel
+# now and then (the control plane logged BAD_DECRYPT, the first CreateCertificate failed with
+# "Stream removed" and readiness waited a second for the retry): 2 of 8 starts in
+# tests/benchmarks/ca.py, none with them off. Set before anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 from agent import logsetup
 from agent.config import AgentConfigError, build_parser, config_from_args
 

@@ -11,7 +11,9 @@ from aiohttp import web
 
 @dataclass
 class EchoApp:
-    """An HTTP server that replies `{"app": name, "host": ..., "path": ...}`.
+    """An HTTP server that replies `{"app": name, "host": ..., "path": ..., "xfcc": ...}`;
+    `xfcc` is the `x-forwarded-client-cert` header its sidecar added (None without one), so a
+    caller can see which identity the request arrived with.
 
     `fail_every=N` makes every Nth request fail with `fail_status` (1: every request), for
     tests of retries and outlier detection; `failures` counts them."""
@@ -47,7 +49,12 @@ class EchoApp:
         if delay > 0:  # a slow request, to test draining with requests in flight
             await asyncio.sleep(min(delay, 30.0))
         self.headers_seen.append(dict(request.headers))
-        body = {"app": self.name, "host": request.host, "path": request.path}
+        body = {
+            "app": self.name,
+            "host": request.host,
+            "path": request.path,
+            "xfcc": request.headers.get("x-forwarded-client-cert"),
+        }
         return web.Response(text=json.dumps(body), content_type="application/json")
 
 
