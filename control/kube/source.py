@@ -183,6 +183,14 @@ class KubeSource:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The labels of a namespace as last seen; None when it is not known (yet)."""
+        ns = self.reflectors[NAMESPACES.kind].store.get(("", namespace))
+        if ns is None:
+            return None
+        labels = (ns.get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}
+
     @property
     def files(self) -> list[str]:
         return [SOURCE_FILE]
