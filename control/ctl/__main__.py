@@ -136,6 +136,29 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kube_inject(args: argparse.Namespace) -> int:
+    from control.ctl.kubeinject import KubeInjectError, inject_documents
+    from control.webhook.inject import InjectionValues
+    from control.webhook.template import DEFAULT_TEMPLATE, TemplateError, load_template
+
+    try:
+        template = load_template(args.injection_template or DEFAULT_TEMPLATE)
+        if args.filename == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            try:
+                with open(args.filename) as f:
+                    text, source = f.read(), args.filename
+            except OSError as e:
+                raise KubeInjectError(f"{args.filename}: {e.strerror or e}") from None
+        values = InjectionValues(image=args.image, pilot_address=args.pilot_address)
+        sys.stdout.write(inject_documents(text, template, values, source))
+    except (KubeInjectError, TemplateError) as e:
+        print(f"pilotfish-ctl kube-inject: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pilotfish-ctl", description="Operator CLI for a Pilotfish mesh."
@@ -206,6 +229,34 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--output", "-o", choices=("table", "json"), default="table")
     pc.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     pc.set_defaults(func=_proxy_config)
+    ki = sub.add_parser(
+        "kube-inject",
+        help="print Kubernetes YAML with the agent sidecar injected",
+        description=(
+            "Manual sidecar injection: the same patch the control plane's webhook makes, "
+            "applied to every Pod and pod template (Deployment, StatefulSet, DaemonSet, Job, "
+            "CronJob, ...) in the input; other objects pass through. Pods that opt out "
+            '(sidecar.istio.io/inject: "false") or already have the sidecar are left alone.'
+        ),
+    )
+    ki.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="YAML to inject ('-': stdin)"
+    )
+    ki.add_argument(
+        "--injection-template",
+        default="",
+        metavar="PATH",
+        help="sidecar template: the agent-sidecar ConfigMap or its sidecar.yaml "
+        "(default: the one shipped with pilotfish)",
+    )
+    ki.add_argument("--image", default="", help="agent image (default: the template's)")
+    ki.add_argument(
+        "--pilot-address",
+        default="",
+        metavar="HOST:PORT",
+        help="control plane address for the agent (default: the template's)",
+    )
+    ki.set_defaults(func=_kube_inject)
     return p
 
 
