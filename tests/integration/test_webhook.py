@@ -251,3 +251,50 @@ async def test_other_errors_end_the_round() -> None:
         async with KubeClient(KubeConfig(server=api.url, token="wrong")) as client:
             assert await CaBundlePatcher(client, root, NAME).sync() is Outcome.FAILED
         assert api.updates == 0
+
+
+async def test_two_control_plane_replicas_write_the_bundle_once(tmp_path: Path) -> None:
+    """Two replicas sharing a root (one state dir) start together against the same API
+    server: the configuration ends with their root, written once, and stays so."""
+    async with FakeKubeApi() as api:
+        api.put(webhook_configuration())
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(api.kubeconfig())
+        api.hold_gets = 2  # both replicas read before either writes
+        replicas = [
+            ControlPlane(
+                ControlPlaneOptions(
+                    kubernetes=True,
+                    kubeconfig=str(kubeconfig),
+                    xds_address="127.0.0.1:0",
+                    http_address="127.0.0.1:0",
+                    state_dir=str(tmp_path / "state"),
+                    webhook_address="127.0.0.1:0",
+                    webhook_config_name=NAME,
+                    id=name,
+                )
+            )
+            for name in ("istiod-a", "istiod-b")
+        ]
+        try:
+            for cp in replicas:  # the first one's GET is held until the second one asks
+                await cp.start()
+            assert replicas[0].ca is not None and replicas[1].ca is not None
+            assert replicas[0].ca.root_pem == replicas[1].ca.root_pem
+            want = ca_bundle(replicas[0].ca.root_pem)
+
+            def outcomes() -> list[Outcome | None]:
+                return [cp.ca_bundle_patcher.last for cp in replicas if cp.ca_bundle_patcher]
+
+            await eventually(lambda: None not in outcomes(), what="both replicas synced")
+            assert sorted(o.value for o in outcomes() if o) == ["up-to-date", "updated"]
+            assert api.updates == 1 and api.conflicts == 1
+            stored = api.objects["mutatingwebhookconfigurations"][("", NAME)]
+            assert {w["clientConfig"]["caBundle"] for w in stored["webhooks"]} == {want}
+            # Either replica's webhook is trusted through that one bundle.
+            for cp in replicas:
+                answer = await call_webhook(cp.webhook_port, want, admission_review("x"))
+                assert answer["response"]["allowed"] is True
+        finally:
+            for cp in replicas:
+                await cp.close(0.5)
