@@ -98,6 +98,39 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
+        "--webhook-address",
+        type=_optional_address,
+        default="127.0.0.1:15017",
+        help="HTTPS address of the sidecar injection webhook (POST /inject, AdmissionReview "
+        "v1), serving certificate from our own CA ('off' disables; default %(default)s)",
+    )
+    p.add_argument(
+        "--injection-template",
+        default="",
+        metavar="PATH",
+        help="sidecar template: the agent-sidecar ConfigMap (or its sidecar.yaml) "
+        "(default: the one shipped with pilotfish, examples/kubernetes/agent-sidecar.yaml)",
+    )
+    p.add_argument(
+        "--injection-image",
+        default="",
+        metavar="IMAGE",
+        help="agent image for injected sidecars (default: the template's)",
+    )
+    p.add_argument(
+        "--injection-pilot-address",
+        default="",
+        metavar="HOST:PORT",
+        help="control plane address injected sidecars use (default: the template's)",
+    )
+    p.add_argument(
+        "--webhook-config-name",
+        default="pilotfish-sidecar-injector",
+        metavar="NAME",
+        help="with --kubernetes: the MutatingWebhookConfiguration whose caBundle is kept equal "
+        "to our CA root ('' disables; default %(default)s)",
+    )
+    p.add_argument(
         "--http-address",
         type=_address,
         default="127.0.0.1:15014",
@@ -184,6 +217,7 @@ async def _run(args: argparse.Namespace) -> int:
     from control.app import ControlPlane, ControlPlaneOptions
     from control.ca.authority import CaError
     from control.config.errors import ConfigError
+    from control.webhook.template import TemplateError
     from control.xds.server import XdsOptions
 
     opts = ControlPlaneOptions(
@@ -205,6 +239,11 @@ async def _run(args: argparse.Namespace) -> int:
         workload_grace=args.workload_grace,
         kubernetes=args.kubernetes or bool(args.kubeconfig),
         kubeconfig=args.kubeconfig,
+        webhook_address="" if args.webhook_address == "off" else args.webhook_address,
+        injection_template=args.injection_template,
+        injection_image=args.injection_image,
+        injection_pilot_address=args.injection_pilot_address,
+        webhook_config_name=args.webhook_config_name,
         xds=XdsOptions(
             control_plane_id=args.id,
             max_concurrent_pushes=max(1, args.max_concurrent_pushes),
@@ -225,7 +264,7 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await cp.start()
-    except (ConfigError, CaError) as e:
+    except (ConfigError, CaError, TemplateError) as e:
         print(f"pilotfish-control: {e}", file=sys.stderr)
         await cp.close(0)
         return 1

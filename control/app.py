@@ -47,6 +47,10 @@ from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Resolution
 from control.registry.autoregister import WorkloadRegistry
+from control.webhook.cabundle import CaBundlePatcher
+from control.webhook.inject import InjectionValues
+from control.webhook.server import WebhookServer, ssl_context_for
+from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
 from control.xds.server import XdsOptions, XdsServer
@@ -93,6 +97,15 @@ class ControlPlaneOptions:
     # auto-register.
     kubernetes: bool = False
     kubeconfig: str = ""
+    # Sidecar injection webhook (HTTPS, certificate from our CA); "" = not served. The CLI
+    # default is 127.0.0.1:15017; the Kubernetes manifests serve it on 0.0.0.0:15017.
+    webhook_address: str = ""
+    injection_template: str = ""  # "" = control/webhook/agent-sidecar.yaml
+    injection_image: str = ""  # "" = the template's image
+    injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
+    # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
+    # root ("" = not patched).
+    webhook_config_name: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
 
 
@@ -150,6 +163,9 @@ class ControlPlane:
         self._call_auth: CallAuthenticator | None = None
         self._ca_service: CertificateService | None = None
         self.serving_chain: list[str] = []
+        self.webhook: WebhookServer | None = None
+        self.webhook_port = 0
+        self.ca_bundle_patcher: CaBundlePatcher | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -187,6 +203,7 @@ class ControlPlane:
         await self._add_tls_ports(server, ca)
         await server.start()
         self._grpc = server
+        await self._start_webhook(ca)
         await self.push_loop.start()
         self._expiry_task = asyncio.create_task(self._expire_workloads(), name="workload-expiry")
         self._save_task = asyncio.create_task(self._save_workloads(), name="workload-save")
@@ -254,6 +271,44 @@ class ControlPlane:
             if self.mtls_xds_port == 0:
                 raise OSError(f"cannot listen on --mtls-xds-address {o.mtls_xds_address}")
 
+    async def _start_webhook(self, ca: CertificateAuthority) -> None:
+        o = self.options
+        if o.webhook_address:
+            template = await asyncio.to_thread(
+                load_template, o.injection_template or DEFAULT_TEMPLATE
+            )
+            host = _host(o.webhook_address)
+            ips = [host] if _is_ip(host) and not ipaddress.ip_address(host).is_unspecified else []
+            # The API server calls the webhook through the Service: istiod.istio-system.svc.
+            names = ["istiod.istio-system.svc", "localhost", o.id]
+            names += [host] if host and not _is_ip(host) else []
+            chain, key = await asyncio.to_thread(
+                ca.issue_serving_cert, names, [*ips, "127.0.0.1"], dt.datetime.now(dt.UTC)
+            )
+            context = await asyncio.to_thread(ssl_context_for, chain, key)
+            labels = (
+                self.watcher.namespace_labels
+                if isinstance(self.watcher, KubeSource)
+                else _no_namespace_labels
+            )
+            values = InjectionValues(o.injection_image, o.injection_pilot_address)
+            self.webhook = WebhookServer(template, labels, values)
+            try:
+                self.webhook_port = await self.webhook.start(o.webhook_address, context)
+            except OSError as e:
+                raise OSError(
+                    f"cannot listen on --webhook-address {o.webhook_address}: {e}"
+                ) from None
+            logger.info(
+                "sidecar injection webhook on https://%s/inject",
+                _with_port(o.webhook_address, self.webhook_port),
+            )
+        if o.webhook_config_name and isinstance(self.watcher, KubeSource):
+            self.ca_bundle_patcher = CaBundlePatcher(
+                self.watcher.client, ca.root_pem, o.webhook_config_name
+            )
+            await self.ca_bundle_patcher.start()
+
     async def _authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
     ) -> tuple[grpc.StatusCode, str] | None:
@@ -273,6 +328,10 @@ class ControlPlane:
     async def close(self, grace: float = 1.0) -> None:
         self.ready = False
         await self.debug.close()
+        if self.ca_bundle_patcher is not None:
+            await self.ca_bundle_patcher.close()
+        if self.webhook is not None:
+            await self.webhook.close()
         for task in (self._expiry_task, self._save_task):
             if task is not None:
                 task.cancel()
@@ -445,6 +504,11 @@ class ControlPlane:
             except OSError as e:
                 logger.warning("cannot save %s: %s", path, e)
             await asyncio.sleep(0.2)  # coalesce bursts of (dis)connections
+
+
+def _no_namespace_labels(namespace: str) -> None:
+    """File mode has no namespaces: only a pod's own label or annotation asks for a sidecar."""
+    del namespace
 
 
 def _write_private(path: Path, text: str) -> None:

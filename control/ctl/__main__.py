@@ -47,21 +47,67 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 def _proxy_status(args: argparse.Namespace) -> int:
     from control.ctl import status, table
 
-    addresses = _addresses(args.xds_address, "127.0.0.1:15010")
+    def fail(message: str, code: int = 1) -> int:
+        print(f"pilotfish-ctl proxy-status: {message}", file=sys.stderr)
+        return code
+
+    tls: status.TlsOptions | None = None
+    if args.ca_root_cert or args.token_file:
+        if not args.ca_root_cert:
+            return fail("--token-file is sent over TLS only: give --ca-root-cert too", 2)
+        from pathlib import Path
+
+        try:
+            root = Path(args.ca_root_cert).read_bytes()
+            token = Path(args.token_file).read_text().strip() if args.token_file else ""
+        except OSError as err:
+            return fail(f"{err.filename}: {err.strerror or err}")
+        tls = status.TlsOptions(root, token, args.tls_server_name)
+        if token:
+            try:
+                tls.identity()
+            except status.TokenError as e:
+                return fail(f"--token-file {args.token_file}: {e}", 2)
+    if args.kubeconfig or args.kubernetes:
+        if args.xds_address:
+            return fail("--xds-address and --kubeconfig/--kubernetes are alternatives", 2)
+        port = args.xds_port or (15012 if tls else 15010)
+        try:
+            addresses = _run(_find_replicas(args, port))
+        except Exception as e:  # KubeConfigError, ApiError, connection errors: one line
+            return fail(f"cannot list control-plane pods: {e or type(e).__name__}")
+        if not addresses:
+            return fail(
+                f"no running control-plane pods in namespace {args.control_plane_namespace} "
+                f"with labels {args.control_plane_selector}"
+            )
+    else:
+        addresses = _addresses(args.xds_address, "127.0.0.1:15012" if tls else "127.0.0.1:15010")
     for a in addresses:
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            print(f"pilotfish-ctl proxy-status: {a!r} is not HOST:PORT", file=sys.stderr)
-            return 2
-    rows, errors = _run(status.gather_status(addresses, args.timeout))
-    for e in errors:
-        print(f"pilotfish-ctl proxy-status: cannot ask {e}", file=sys.stderr)
+        host, sep, port_text = a.rpartition(":")
+        if not sep or not host or not port_text.isdigit():
+            return fail(f"{a!r} is not HOST:PORT", 2)
+    rows, errors = _run(status.gather_status(addresses, args.timeout, tls))
+    for replica_error in errors:
+        print(f"pilotfish-ctl proxy-status: cannot ask {replica_error}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps([r.as_json() for r in rows], indent=2))
     else:
         headers, body = status.table_rows(rows)
         sys.stdout.write(table.render(headers, body, _terminal_width()))
     return 1 if errors else 0
+
+
+async def _find_replicas(args: argparse.Namespace, port: int) -> list[str]:
+    from control.ctl.discover import find_replicas
+    from control.kube.client import kube_config
+
+    return await find_replicas(
+        kube_config(args.kubeconfig),
+        args.control_plane_namespace,
+        args.control_plane_selector,
+        port,
+    )
 
 
 def _proxy_config(args: argparse.Namespace) -> int:
@@ -136,6 +182,29 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kube_inject(args: argparse.Namespace) -> int:
+    from control.ctl.kubeinject import KubeInjectError, inject_documents
+    from control.webhook.inject import InjectionValues
+    from control.webhook.template import DEFAULT_TEMPLATE, TemplateError, load_template
+
+    try:
+        template = load_template(args.injection_template or DEFAULT_TEMPLATE)
+        if args.filename == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            try:
+                with open(args.filename) as f:
+                    text, source = f.read(), args.filename
+            except OSError as e:
+                raise KubeInjectError(f"{args.filename}: {e.strerror or e}") from None
+        values = InjectionValues(image=args.image, pilot_address=args.pilot_address)
+        sys.stdout.write(inject_documents(text, template, values, source))
+    except (KubeInjectError, TemplateError) as e:
+        print(f"pilotfish-ctl kube-inject: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pilotfish-ctl", description="Operator CLI for a Pilotfish mesh."
@@ -175,8 +244,55 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="HOST:PORT[,...]",
-        help="a replica's plaintext xDS address; repeatable or comma-separated "
-        "(default 127.0.0.1:15010)",
+        help="a replica's xDS address; repeatable or comma-separated "
+        "(default 127.0.0.1:15010, or 127.0.0.1:15012 with --ca-root-cert)",
+    )
+    ps.add_argument(
+        "--kubeconfig",
+        default="",
+        metavar="PATH",
+        help="find the replicas through the Kubernetes API: the pods of the control-plane "
+        "Deployment (this kubeconfig's current context)",
+    )
+    ps.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="as --kubeconfig, with in-cluster credentials (run from a pod)",
+    )
+    ps.add_argument(
+        "--control-plane-namespace",
+        default="istio-system",
+        help="namespace of the control-plane pods (default %(default)s)",
+    )
+    ps.add_argument(
+        "--control-plane-selector",
+        default="app=istiod",
+        metavar="LABELS",
+        help="label selector of the control-plane pods (default %(default)s)",
+    )
+    ps.add_argument(
+        "--xds-port",
+        type=int,
+        default=0,
+        help="port asked on each pod found (default 15010, or 15012 with --ca-root-cert)",
+    )
+    ps.add_argument(
+        "--ca-root-cert",
+        default="",
+        metavar="PEM",
+        help="the mesh root: turns TLS on (the replicas' TLS xDS port)",
+    )
+    ps.add_argument(
+        "--token-file",
+        default="",
+        metavar="PATH",
+        help="bearer token sent over TLS (`pilotfish-ctl token`, or `kubectl create token "
+        "SA --audience istio-ca`); the stream claims the token's namespace and account",
+    )
+    ps.add_argument(
+        "--tls-server-name",
+        default="istiod.istio-system.svc",
+        help="name expected in the replicas' certificate (default %(default)s)",
     )
     ps.add_argument("--output", "-o", choices=("table", "json"), default="table")
     ps.add_argument("--timeout", type=float, default=5.0, help="seconds per replica")
@@ -206,6 +322,34 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--output", "-o", choices=("table", "json"), default="table")
     pc.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     pc.set_defaults(func=_proxy_config)
+    ki = sub.add_parser(
+        "kube-inject",
+        help="print Kubernetes YAML with the agent sidecar injected",
+        description=(
+            "Manual sidecar injection: the same patch the control plane's webhook makes, "
+            "applied to every Pod and pod template (Deployment, StatefulSet, DaemonSet, Job, "
+            "CronJob, ...) in the input; other objects pass through. Pods that opt out "
+            '(sidecar.istio.io/inject: "false") or already have the sidecar are left alone.'
+        ),
+    )
+    ki.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="YAML to inject ('-': stdin)"
+    )
+    ki.add_argument(
+        "--injection-template",
+        default="",
+        metavar="PATH",
+        help="sidecar template: the agent-sidecar ConfigMap or its sidecar.yaml "
+        "(default: the one shipped with pilotfish)",
+    )
+    ki.add_argument("--image", default="", help="agent image (default: the template's)")
+    ki.add_argument(
+        "--pilot-address",
+        default="",
+        metavar="HOST:PORT",
+        help="control plane address for the agent (default: the template's)",
+    )
+    ki.set_defaults(func=_kube_inject)
     return p
 
 

@@ -4,11 +4,17 @@ Each replica serves its syncz over ADS for type URL `istio.io/debug/syncz` as
 envoy.service.status.v3.ClientConfig resources (one per stream, the replica's id in node
 metadata CONTROL_PLANE_ID), which is how istioctl reaches every istiod. `fetch_syncz` is the
 thin grpc.aio adapter; `proxy_rows` (sans-IO) folds the streams of one proxy into one row.
+
+Over the TLS port (15012) the replica wants what an agent presents: a bearer token (ours from
+`pilotfish-ctl token`, or a Kubernetes service-account token with audience istio-ca), and the
+stream may only claim the token's own namespace and service account, so our node says those.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -148,23 +154,71 @@ def table_rows(rows: Sequence[ProxyRow]) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
-def ctl_node_id() -> str:
+def ctl_node_id(namespace: str = "default") -> str:
     """Our own node id: a form the control plane accepts, marked so we can hide our stream."""
-    return f"pilotfish-ctl~127.0.0.1~pilotfish-ctl-{os.getpid()}.default~default.svc.cluster.local"
+    return (
+        f"pilotfish-ctl~127.0.0.1~pilotfish-ctl-{os.getpid()}.{namespace}~"
+        f"{namespace}.svc.cluster.local"
+    )
 
 
-async def fetch_syncz(address: str, timeout: float = 5.0) -> list[StreamStatus]:
-    """Ask one replica (plaintext xDS port) for its syncz; raises ReplicaError."""
+class TokenError(ValueError):
+    """The bearer token does not name a namespace and service account."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """How to reach replicas on their TLS xDS port."""
+
+    root_pem: bytes  # the mesh root the replica's serving certificate chains to
+    token: str = ""  # bearer token (our own or a Kubernetes service-account token)
+    # The name its certificate carries: replicas found by pod IP are not named by their IP.
+    server_name: str = "istiod.istio-system.svc"
+
+    def identity(self) -> tuple[str, str]:
+        return token_identity(self.token) if self.token else ("default", "default")
+
+
+def token_identity(token: str) -> tuple[str, str]:
+    """(namespace, service account) a JWT names in `sub`, read, not verified: the replica
+    verifies it; we only need to claim the same identity on our stream."""
+    try:
+        payload = token.strip().split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        parts = str(claims.get("sub", "")).split(":")
+    except (IndexError, ValueError, AttributeError):
+        raise TokenError("the token is not a JWT") from None
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+        raise TokenError("the token's subject is not system:serviceaccount:<ns>:<name>")
+    return parts[2], parts[3]
+
+
+def _channel(address: str, tls: TlsOptions | None) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.root_pem)
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
+async def fetch_syncz(
+    address: str, timeout: float = 5.0, tls: TlsOptions | None = None
+) -> list[StreamStatus]:
+    """Ask one replica for its syncz (plaintext, or TLS with a token); raises ReplicaError."""
+    namespace, service_account = tls.identity() if tls is not None else ("default", "default")
     request = DiscoveryRequest(type_url=typeurls.DEBUG_SYNCZ)
-    request.node.id = ctl_node_id()
+    request.node.id = ctl_node_id(namespace)
     # Never registered as a workload, so asking does not change what it reports.
-    request.node.metadata.update({"AUTO_REGISTER": "false"})
-    async with grpc.aio.insecure_channel(address) as channel:
+    request.node.metadata.update(
+        {"AUTO_REGISTER": "false", "NAMESPACE": namespace, "SERVICE_ACCOUNT": service_account}
+    )
+    metadata = (("authorization", f"Bearer {tls.token}"),) if tls and tls.token else None
+    async with _channel(address, tls) as channel:
         call = channel.stream_stream(
             SOTW_METHOD,
             request_serializer=DiscoveryRequest.SerializeToString,
             response_deserializer=DiscoveryResponse.FromString,
-        )()
+        )(metadata=metadata)
         try:
             async with asyncio.timeout(timeout):
                 await call.write(request)
@@ -181,11 +235,11 @@ async def fetch_syncz(address: str, timeout: float = 5.0) -> list[StreamStatus]:
 
 
 async def gather_status(
-    addresses: Sequence[str], timeout: float = 5.0
+    addresses: Sequence[str], timeout: float = 5.0, tls: TlsOptions | None = None
 ) -> tuple[list[ProxyRow], list[ReplicaError]]:
     """Ask every replica at once; the rows from those that answered, and the failures."""
     results = await asyncio.gather(
-        *(fetch_syncz(a, timeout) for a in addresses), return_exceptions=True
+        *(fetch_syncz(a, timeout, tls) for a in addresses), return_exceptions=True
     )
     streams: list[StreamStatus] = []
     errors: list[ReplicaError] = []
@@ -196,4 +250,5 @@ async def gather_status(
             errors.append(ReplicaError(address, str(result) or type(result).__name__))
         else:
             streams.extend(result)
-    return proxy_rows(streams, exclude=(ctl_node_id(),)), errors
+    namespace = tls.identity()[0] if tls is not None else "default"
+    return proxy_rows(streams, exclude=(ctl_node_id(namespace),)), errors

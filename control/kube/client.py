@@ -221,12 +221,26 @@ class KubeClient:
         ) as r:
             return await _json_or_raise(r)
 
-    async def list_all(self, path: str, page_size: int = 500) -> tuple[list[Any], str]:
+    async def replace(self, path: str, body: Mapping[str, Any]) -> Any:
+        """PUT: an update, conditional on body.metadata.resourceVersion (409 when stale)."""
+        async with self.session.put(
+            self.config.server + path,
+            data=json.dumps(body),
+            headers={**self._headers(), "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as r:
+            return await _json_or_raise(r)
+
+    async def list_all(
+        self, path: str, page_size: int = 500, label_selector: str = ""
+    ) -> tuple[list[Any], str]:
         """Every item (following `continue` pages) and the list's resourceVersion."""
         items: list[Any] = []
         token = ""
         while True:
             params = {"limit": str(page_size)}
+            if label_selector:
+                params["labelSelector"] = label_selector
             if token:
                 params["continue"] = token
             body = await self.get(path, params)

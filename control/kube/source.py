@@ -3,7 +3,8 @@
 One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces and the
 Istio kinds we support (networking.istio.io and security.istio.io, version v1). Services and
 Istio objects go through the same kind converters as YAML files; Pods become workloads (pod IP,
-labels, service account, named container ports). `start()` returns once every resource has
+labels, service account, named container ports); Services without a selector take their
+endpoints from their EndpointSlices (endpointslices.py). `start()` returns once every resource has
 been listed (readiness waits for the initial sync); afterwards changes are merged after a short
 quiet period and `on_change` is called when the MeshConfig differs. An object that fails to
 convert is reported once and its previous good version stays in use, as with a bad file.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from control.config.manifest import RawObject
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
 from control.kube.client import ApiError, KubeClient, KubeConfig
+from control.kube.endpointslices import slice_endpoints, slices_by_service
 from control.kube.reflector import Backoff, Key, Next, Reflector, WatchError
 from control.model.types import (
     TLS_MODE_LABEL,
@@ -118,6 +121,20 @@ def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
     )
 
 
+def _with_slice_endpoints(
+    obj: ConfigObject, slices: Iterable[Mapping[str, Any]], pods: Mapping[Key, Mapping[str, Any]]
+) -> ConfigObject:
+    """A Service without a selector takes its endpoints from its EndpointSlices."""
+    if not slices or not any(s.selector is None for s in obj.services):
+        return obj
+    endpoints = slice_endpoints(slices, pods)
+    services = tuple(
+        dataclasses.replace(s, static_endpoints=endpoints) if s.selector is None else s
+        for s in obj.services
+    )
+    return dataclasses.replace(obj, services=services)
+
+
 class KubeSource:
     """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
 
@@ -182,6 +199,14 @@ class KubeSource:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The labels of a namespace as last seen; None when it is not known (yet)."""
+        ns = self.reflectors[NAMESPACES.kind].store.get(("", namespace))
+        if ns is None:
+            return None
+        labels = (ns.get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}
 
     @property
     def files(self) -> list[str]:
@@ -281,6 +306,8 @@ class KubeSource:
         warnings: list[ConfigWarning] = []
         errors: dict[str, ConfigError] = {}
         seen: set[tuple[str, Key]] = set()
+        slices = slices_by_service(self.reflectors[ENDPOINT_SLICES.kind].store.values())
+        pods = self.reflectors[PODS.kind].store
         for resource in self.resources:
             store = self.reflectors[resource.kind].store
             for key in sorted(store):
@@ -291,11 +318,13 @@ class KubeSource:
                         objects.append(ConfigObject(wl.source, obj, workloads=(wl,)))
                     continue
                 if resource in (NAMESPACES, ENDPOINT_SLICES):
-                    continue
+                    continue  # read through the Services and the webhook
                 converted = self._convert(resource, key, obj, errors)
                 if converted is not None:
                     seen.add((resource.kind, key))
                     obj_out, obj_warnings = converted
+                    if resource is SERVICES:
+                        obj_out = _with_slice_endpoints(obj_out, slices.get(key, ()), pods)
                     objects.append(obj_out)
                     warnings.extend(obj_warnings)
         for gone in set(self._good) - seen:

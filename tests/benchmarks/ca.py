@@ -357,6 +357,8 @@ async def main() -> None:
             str(state),
             "--xds-address",
             f"127.0.0.1:{plain}",
+            "--webhook-address",
+            "off",
             "--secure-xds-address",
             f"127.0.0.1:{secure}",
             "--http-address",

@@ -85,6 +85,8 @@ def test_control_exits_zero_on_signal(tmp_path: Path, sig: signal.Signals) -> No
             "127.0.0.1:0",
             "--http-address",
             f"127.0.0.1:{port}",
+            "--webhook-address",
+            "off",
             "--secure-xds-address",
             "127.0.0.1:0",
             "--state-dir",

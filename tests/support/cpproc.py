@@ -31,6 +31,8 @@ class ControlPlaneProcess:
             replica_id,
             "--xds-address",
             f"127.0.0.1:{self.xds_port}",
+            "--webhook-address",
+            "off",
             "--secure-xds-address",
             "off",
             "--http-address",

@@ -11,13 +11,22 @@ control plane uses, as the API server behaves on the wire:
   after `timeoutSeconds`; a RV older than the compaction point gets an `ERROR` event holding
   a `Status` with code 410 (Gone, reason Expired) and the stream ends — exactly what etcd
   compaction produces;
+- namespaced lists (`/api/v1/namespaces/<ns>/<plural>`) and equality-based `labelSelector`
+  (`k=v`, `k==v`, `k!=v`, comma-separated) on every list;
+- `GET` of one object (`.../<plural>/<name>`, namespaced or cluster-scoped) and `PUT` to
+  replace it: when the body carries `metadata.resourceVersion` it must equal the stored one,
+  else 409 Conflict (optimistic concurrency, as the API server does; without one the update
+  is unconditional); 404 NotFound for an object that does not exist;
 - `POST /apis/authentication.k8s.io/v1/tokenreviews`: a TokenReview answered from the
   tokens the test registered (audiences checked as the API server does);
 - bearer-token auth on every request (401 otherwise), 404 for resources not served (a CRD that
   is not installed).
 
 One global resourceVersion counter, as with etcd. Tests change state with `put`, `delete`,
-`compact` (forget history) and `expire_watches` (end every open watch with a 410).
+`compact` (forget history) and `expire_watches` (end every open watch with a 410). To make a
+race between clients happen every time rather than by luck, `hold_gets = N` holds answers to
+the next single-object GETs until N of them are waiting, then answers them all with the same
+state (once; later GETs are answered at once).
 """
 
 from __future__ import annotations
@@ -43,7 +52,12 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "destinationrules": ("DestinationRule", "networking.istio.io/v1"),
     "peerauthentications": ("PeerAuthentication", "security.istio.io/v1"),
     "authorizationpolicies": ("AuthorizationPolicy", "security.istio.io/v1"),
+    "mutatingwebhookconfigurations": (
+        "MutatingWebhookConfiguration",
+        "admissionregistration.k8s.io/v1",
+    ),
 }
+CLUSTER_SCOPED = frozenset(("namespaces", "mutatingwebhookconfigurations"))
 _BY_KIND = {kind: plural for plural, (kind, _) in RESOURCES.items()}
 
 
@@ -72,6 +86,10 @@ class FakeKubeApi:
         self.requests: list[str] = []  # "LIST pods", "WATCH pods rv=12", ...
         self.tokens: dict[str, TokenInfo] = {}
         self.unserved: set[str] = set()  # plurals answering 404 (CRD not installed)
+        self.hold_gets = 0
+        self._held: list[asyncio.Future[None]] = []
+        self.conflicts = 0  # PUTs answered 409
+        self.updates = 0  # PUTs accepted
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -79,8 +97,15 @@ class FakeKubeApi:
 
     async def start(self, host: str = "127.0.0.1") -> None:
         app = web.Application()
-        app.router.add_get("/api/v1/{plural}", self._collection)
-        app.router.add_get("/apis/{group}/{version}/{plural}", self._collection)
+        for prefix in ("/api/{version}", "/apis/{group}/{version}"):
+            app.router.add_get(prefix + "/{plural}", self._collection)
+            app.router.add_get(prefix + "/namespaces/{namespace}/{plural}", self._collection)
+            for item in (
+                prefix + "/{plural}/{name}",
+                prefix + "/namespaces/{namespace}/{plural}/{name}",
+            ):
+                app.router.add_get(item, self._get_one)
+                app.router.add_put(item, self._replace)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -121,7 +146,7 @@ class FakeKubeApi:
         """Create or replace an object (ADDED or MODIFIED); returns it with its new RV."""
         plural = _BY_KIND[obj["kind"]]
         meta = obj.setdefault("metadata", {})
-        if RESOURCES[plural][0] != "Namespace":
+        if plural not in CLUSTER_SCOPED:
             meta.setdefault("namespace", "default")
         key = (meta.get("namespace", ""), meta["name"])
         self.rv += 1
@@ -162,21 +187,100 @@ class FakeKubeApi:
     def _authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.token}"
 
-    async def _collection(self, request: web.Request) -> web.StreamResponse:
+    def _resource(self, request: web.Request) -> str | web.Response:
+        """The plural a request is for, or the error answer (401, 404)."""
         if not self._authorized(request):
             return _status(401, "Unauthorized", "Unauthorized")
         plural = request.match_info["plural"]
         if plural not in RESOURCES or plural in self.unserved:
             return _status(404, "NotFound", "the server could not find the requested resource")
         group = request.match_info.get("group")
-        version = request.match_info.get("version", "v1")
-        kind, api_version = RESOURCES[plural]
-        if (f"{group}/{version}" if group else "v1") != api_version:
+        version = request.match_info["version"]
+        _, api_version = RESOURCES[plural]
+        if (f"{group}/{version}" if group else version) != api_version:
             return _status(404, "NotFound", "the server could not find the requested resource")
+        scoped = "namespace" in request.match_info
+        item = "name" in request.match_info
+        if (plural in CLUSTER_SCOPED and scoped) or (
+            item and plural not in CLUSTER_SCOPED and not scoped
+        ):
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        return plural
+
+    def _key(self, request: web.Request) -> tuple[str, str]:
+        return (request.match_info.get("namespace", ""), request.match_info["name"])
+
+    async def _get_one(self, request: web.Request) -> web.Response:
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        key = self._key(request)
+        self.requests.append(f"GET {plural} {key[1]}")
+        if self.hold_gets > 1:
+            waiter = asyncio.get_running_loop().create_future()
+            self._held.append(waiter)
+            if len(self._held) >= self.hold_gets:
+                self.hold_gets = 0
+                for w in self._held:
+                    if not w.done():
+                        w.set_result(None)
+                self._held = []
+            await waiter
+        obj = self.objects[plural].get(key)
+        if obj is None:
+            return _not_found(plural, key[1])
+        kind, api_version = RESOURCES[plural]
+        return web.json_response({**obj, "kind": kind, "apiVersion": api_version})
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        key = self._key(request)
+        self.requests.append(f"PUT {plural} {key[1]}")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _status(400, "BadRequest", "the body is not JSON")
+        stored = self.objects[plural].get(key)
+        if stored is None:
+            return _not_found(plural, key[1])
+        meta = body.get("metadata") or {}
+        if meta.get("name") != key[1]:
+            return _status(400, "BadRequest", "the name of the object does not match the URL")
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != stored["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            group = RESOURCES[plural][1].rpartition("/")[0]
+            qualified = f"{plural}.{group}" if group else plural
+            return _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {qualified} "{key[1]}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        self.updates += 1
+        body["kind"], body["apiVersion"] = RESOURCES[plural]
+        if key[0]:
+            meta["namespace"] = key[0]
+        return web.json_response(self.put(body))
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        kind, api_version = RESOURCES[plural]
         if request.query.get("watch") in ("1", "true"):
             return await self._watch(request, plural)
         self.requests.append(f"LIST {plural}")
-        items = [self.objects[plural][k] for k in sorted(self.objects[plural])]
+        namespace = request.match_info.get("namespace")
+        selector = _parse_selector(request.query.get("labelSelector", ""))
+        items = [
+            self.objects[plural][k]
+            for k in sorted(self.objects[plural])
+            if (namespace is None or k[0] == namespace)
+            and _selects(selector, self.objects[plural][k])
+        ]
         limit = int(request.query.get("limit", "0") or 0)
         start = int(request.query.get("continue", "0") or 0)
         end = start + limit if limit else len(items)
@@ -267,6 +371,30 @@ class FakeKubeApi:
                 }
         self.requests.append("TOKENREVIEW")
         return web.json_response({**review, "status": status}, status=201)
+
+
+def _parse_selector(text: str) -> list[tuple[str, str, str]]:
+    """Equality-based label selector terms: (key, "=" or "!=", value)."""
+    out = []
+    for term in (t.strip() for t in text.split(",") if t.strip()):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        else:
+            k, _, v = term.replace("==", "=").partition("=")
+            out.append((k.strip(), "=", v.strip()))
+    return out
+
+
+def _selects(selector: list[tuple[str, str, str]], obj: dict[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all((labels.get(k) == v) == (op == "=") for k, op, v in selector)
+
+
+def _not_found(plural: str, name: str) -> web.Response:
+    group = RESOURCES[plural][1].rpartition("/")[0]
+    qualified = f"{plural}.{group}" if group else plural
+    return _status(404, "NotFound", f'{qualified} "{name}" not found')
 
 
 def _gone() -> dict[str, Any]:

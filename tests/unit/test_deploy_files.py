@@ -35,6 +35,9 @@ MODELS = {
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): (
+        "V1MutatingWebhookConfiguration"
+    ),
 }
 
 
@@ -133,8 +136,54 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         assert {"list", "watch"} <= granted.get((group, r.plural), set()), r
     writes = {k: v - {"get", "list", "watch"} for k, v in granted.items()}
     assert {k: v for k, v in writes.items() if v} == {
-        ("authentication.k8s.io", "tokenreviews"): {"create"}
+        ("authentication.k8s.io", "tokenreviews"): {"create"},
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"update"},
     }
+    # ... and the webhook configuration write is limited to our own object.
+    (rule,) = [r for r in role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    assert rule["resourceNames"] == ["pilotfish-sidecar-injector"]
+
+
+def test_injection_webhook_plumbing_lines_up() -> None:
+    """The MutatingWebhookConfiguration calls the Service port that reaches --webhook-address,
+    the patcher's default name is that configuration, and the mounted template is the
+    ConfigMap the webhook and kube-inject share."""
+    from control.__main__ import build_parser
+    from control.webhook.template import DEFAULT_TEMPLATE, parse_template
+
+    deployment = control_plane_deployment()
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    parsed = build_parser().parse_args(
+        [a.replace("$(POD_NAME)", "istiod-abc") for a in container["args"]]
+    )
+    webhook_port = int(parsed.webhook_address.rpartition(":")[2])
+    mwc = next(d for _, d in documents() if d["kind"] == "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["name"] == parsed.webhook_config_name
+    service = next(
+        d for n, d in documents() if n == "control-plane.yaml" and d["kind"] == "Service"
+    )
+    for hook in mwc["webhooks"]:
+        ref = hook["clientConfig"]["service"]
+        assert (ref["name"], ref["namespace"]) == (
+            service["metadata"]["name"],
+            service["metadata"]["namespace"],
+        )
+        assert ref["path"] == "/inject" and hook["admissionReviewVersions"] == ["v1"]
+        (port,) = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]]
+        assert port["targetPort"] == webhook_port
+    assert webhook_port in {p["containerPort"] for p in container["ports"]}
+    # The template mount: the ConfigMap of agent-sidecar.yaml, read as the webhook reads it.
+    mount_dir, _, key = parsed.injection_template.rpartition("/")
+    volume_name = next(m["name"] for m in container["volumeMounts"] if m["mountPath"] == mount_dir)
+    volume = next(v for v in pod["volumes"] if v["name"] == volume_name)
+    cm = next(d for n, d in documents() if n == "agent-sidecar.yaml")
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    assert cm["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    mounted = parse_template(cm["data"][key])
+    assert mounted.containers == parse_template(DEFAULT_TEMPLATE.read_text()).containers
+    # examples/kubernetes/agent-sidecar.yaml is the shipped template, not a copy of it.
+    assert (MANIFESTS / "agent-sidecar.yaml").resolve() == DEFAULT_TEMPLATE.resolve()
 
 
 def sidecar_template() -> dict[str, Any]:
@@ -157,6 +206,8 @@ def test_agent_sidecar_is_valid_and_its_args_and_env_are_the_agents(where: str) 
     assert round_trip(agent, "V1Container") == _clean(agent)
     for volume in spec["volumes"]:
         assert round_trip(volume, "V1Volume") == _clean(volume)
+    for init in spec.get("initContainers") or ():
+        assert round_trip(init, "V1Container") == _clean(init)
     parsed = build_parser().parse_args(agent["args"])
     assert parsed.token_file == "/var/run/secrets/tokens/istio-token"
     config_source = (ROOT / "agent" / "config.py").read_text()
