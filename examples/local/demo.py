@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,22 @@ async def plaintext_refused(ip: str) -> str:
         return f"refused ({type(e).__name__})"
 
 
+def busy_addresses() -> list[tuple[str, int]]:
+    """The fixed addresses the demo needs that something else already holds."""
+    wanted = [("127.0.0.1", p) for p in (15010, 15012, 15014, 15017)]
+    for ip in (CLIENT_IP, *APPS.values()):
+        wanted += [(ip, p) for p in (9080, 15000, 15020, 15021)]
+    wanted += [(ip, 8080) for ip in APPS.values()]
+    busy = []
+    for host, port in wanted:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append((host, port))
+    return busy
+
+
 def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
@@ -133,6 +150,14 @@ async def main() -> int:
     ap.add_argument("--once", action="store_true", help="exit after the traffic check")
     ap.add_argument("--delta", action="store_true", help="Envoy uses delta ADS")
     args = ap.parse_args()
+    busy = busy_addresses()
+    if busy:
+        say(
+            "cannot start: already in use: "
+            + ", ".join(f"{h}:{p}" for h, p in busy)
+            + " (is another demo or control plane running?)"
+        )
+        return 1
 
     work = Path(tempfile.mkdtemp(prefix="pilotfish-demo-"))
     say(f"work dir {work}")
