@@ -16,8 +16,11 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import re
+import shutil
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +44,34 @@ _LEVELS = {
 }
 # Envoy can log very long lines at debug level (whole resources); beyond this a line is cut.
 _LINE_LIMIT = 1 << 20
+
+
+# Envoy must not outlive the agent. In a pod they die together (one container); on a host an
+# orphaned Envoy keeps the pod's ports and serves stale config, and the restarted agent's
+# Envoy cannot bind them. Envoy asks for SIGTERM on its parent's death itself, but only once
+# it has loaded: an agent killed in that window left it orphaned for good. So the
+# parent-death signal (Linux PR_SET_PDEATHSIG) is set before Envoy is exec'd. A preexec_fn
+# would run Python in a forked copy of a multi-threaded process (gRPC's threads), which can
+# deadlock, so a small wrapper sets it and execs Envoy (the setting survives execve; Envoy
+# keeps the wrapper's pid). If the agent died before prctl took effect, the wrapper's parent
+# is no longer the agent and it exits instead.
+_PR_SET_PDEATHSIG = 1
+_PDEATHSIG_WRAPPER = f"""
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+if ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0):
+    sys.exit("cannot set the parent-death signal: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != parent:
+    sys.exit("the agent exited before Envoy started")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def with_parent_death_signal(cmd: Sequence[str]) -> list[str]:
+    """`cmd` run so that it is killed when this process dies (Linux; elsewhere unchanged)."""
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), *cmd]
 
 
 class EnvoyError(RuntimeError):
@@ -123,9 +154,13 @@ class EnvoySupervisor:
         if self._proc is not None:
             raise RuntimeError("Envoy was already started")
         cmd = self.command()
+        # The wrapper execs Envoy, so a missing binary would only show as an early exit:
+        # check first, to say what is wrong.
+        if await asyncio.to_thread(shutil.which, cmd[0]) is None:
+            raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: not an executable file")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
+                *with_parent_death_signal(cmd),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
