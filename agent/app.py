@@ -65,7 +65,12 @@ class Agent:
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:
             tls = UpstreamTls(cfg.ca_root_cert, cfg.token_file)
-        self.upstream = UpstreamChannel(list(cfg.control_plane), tls=tls)
+        self.upstream = UpstreamChannel(
+            list(cfg.control_plane),
+            tls=tls,
+            keepalive_time=cfg.keepalive_time,
+            keepalive_timeout=cfg.keepalive_timeout,
+        )
         self.names: NameTableHandler | None = None
         self.dns: DnsServer | None = None
         # REDIRECT: the capture rules send the app's DNS queries to 127.0.0.1:<dns port> (what

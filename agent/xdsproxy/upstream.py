@@ -102,6 +102,10 @@ class UpstreamChannel:
         self._options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", int(keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
+            # What actually bounds an unanswered ping in current gRPC core (default 60 s):
+            # without it a frozen control plane went unnoticed for a minute past the
+            # keepalive timeout.
+            ("grpc.http2.ping_timeout_ms", int(keepalive_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.initial_reconnect_backoff_ms", 200),

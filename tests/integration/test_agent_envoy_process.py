@@ -263,3 +263,65 @@ async def _serve_as_proxy_user(workdir: Path) -> None:
         assert fields["Groups"].strip() == ""
         assert "envoy" in Path(f"/proc/{envoy.pid}/cmdline").read_bytes().decode()
         assert await get(f"http://{ip}:{APP_PORT}/") == (200, "hi")
+
+
+_OWNER = """
+import asyncio, sys
+from pathlib import Path
+import uvloop
+from agent.envoy.process import EnvoySupervisor
+
+async def main() -> None:
+    envoy = EnvoySupervisor("", Path(sys.argv[1]), admin_url=sys.argv[2], drain_duration=1)
+    await envoy.start()
+    print(envoy.pid, flush=True)
+    await asyncio.sleep(3600)
+
+uvloop.run(main())  # as the agent runs: its children inherit SIGPIPE ignored
+"""
+
+
+async def test_envoy_dies_with_its_supervisor_on_sigkill(tmp_path: Path) -> None:
+    """Regression: Envoy asks for SIGTERM on its parent's death itself, but only once it has
+    loaded; `kill -9` of the agent right after it spawned Envoy left Envoy orphaned for good,
+    holding the pod's ports (under uvloop it even survives writing its log to the dead
+    agent's socket). Now the parent-death signal is set before Envoy is exec'd, and the
+    ports are free for the next agent."""
+    import subprocess
+    import sys
+
+    ip = pod_ip()
+    boot = tmp_path / "envoy.json"
+    boot.write_text(json.dumps(static_bootstrap(ip)))
+    root = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(boot), f"http://{ip}:15000"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+        envoy_pid = int(line)
+        os.kill(owner.pid, signal.SIGKILL)  # while Envoy is still starting
+        owner.wait(10)
+
+        def envoy_gone() -> bool:
+            try:
+                with open(f"/proc/{envoy_pid}/stat") as f:
+                    return f.read().split()[2] in ("Z", "X")  # exited, not yet reaped
+            except FileNotFoundError:
+                return True
+
+        await eventually(envoy_gone, timeout=10, what="Envoy to die with its supervisor")
+        # The ports are free again: a new Envoy on the same IP and ports comes up.
+        async with EnvoySupervisor(
+            envoy_binary(), boot, admin_url=f"http://{ip}:15000", drain_duration=1
+        ) as again:
+            await again.wait_admin(20)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
