@@ -1,13 +1,18 @@
-"""Binding the agent's gRPC servers to Unix sockets in the workdir (`XDS`, `SDS`)."""
+"""The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`): binding them
+privately and stopping them without hanging."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 import grpc
+
+logger = logging.getLogger(__name__)
 
 # sockaddr_un.sun_path holds 108 bytes, the terminating NUL included.
 MAX_SOCKET_PATH = 107
@@ -43,3 +48,13 @@ def _restrict(path: Path, mode: int, owner: int | None) -> None:
     os.chmod(path, mode)
     if owner is not None:
         os.chown(path, owner, -1)
+
+
+async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
+    """`server.stop(grace)`, but never longer than `grace` + 5 s: grpc.aio's shutdown has been
+    seen to wait forever on a call that will not finish, and an agent that is stopping must
+    not hang on it."""
+    try:
+        await asyncio.wait_for(server.stop(grace), grace + 5.0)
+    except TimeoutError:
+        logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)

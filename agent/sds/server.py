@@ -24,7 +24,7 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
-from agent.unixsocket import bind_private
+from agent.unixsocket import bind_private, stop_bounded
 from protos import typeurls
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class SdsServer:
 
     async def close(self, grace: float = 0.5) -> None:
         if self._server is not None:
-            await self._server.stop(grace)
+            await stop_bounded(self._server, grace)
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.unixsocket import bind_private
+from agent.unixsocket import bind_private, stop_bounded
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
@@ -52,7 +52,7 @@ class DownstreamServer:
 
     async def close(self, grace: float = 0.5) -> None:
         if self._server is not None:
-            await self._server.stop(grace)
+            await stop_bounded(self._server, grace)
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
