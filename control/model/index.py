@@ -302,11 +302,6 @@ class MeshIndex:
             self._identities[key] = cached
         return cached
 
-    def all_identities(self) -> dict[tuple[str, int], tuple[str, ...]]:
-        """identities() of every service port: a push compares these between two indexes to
-        tell whether clusters (their SANs) changed along with the endpoints."""
-        return {(s.hostname, p.port): self.identities(s, p) for s in self.services for p in s.ports}
-
     def subset_endpoints(
         self, service: Service, port: ServicePort, labels: Labels
     ) -> tuple[Endpoint, ...]:
