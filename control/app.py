@@ -38,14 +38,14 @@ from control.ca.service import CertificateService
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.generate import generators_for
-from control.generate.context import GenContext
+from control.generate.context import GenContext, next_context
 from control.kube.client import kube_config
 from control.kube.source import KubeSource
 from control.kube.tokenreview import KubeTokenReviewer
 from control.metrics import Metrics
-from control.model.index import MeshIndex
+from control.model.index import MeshIndex, endpoints_only, rules_of
 from control.model.proxy import Proxy
-from control.model.types import MeshConfig, Resolution
+from control.model.types import MeshConfig
 from control.registry.autoregister import WorkloadRegistry
 from control.webhook.cabundle import CaBundlePatcher
 from control.webhook.inject import InjectionValues
@@ -144,7 +144,14 @@ class ControlPlane:
         self.debug = DebugServer(self)
         self.pushes = 0
         self._index_version = 0
-        self._ctx = GenContext(MeshIndex(MeshConfig()), self.cache)
+        self._ctx = GenContext(
+            MeshIndex(
+                MeshConfig(),
+                trust_domain=options.trust_domain,
+                outbound_traffic_policy=options.outbound_traffic_policy,
+            ),
+            self.cache,
+        )
         self._push_started = time.monotonic()
         self._grpc: grpc.aio.Server | None = None
         self._expiry_task: asyncio.Task[None] | None = None
@@ -382,16 +389,16 @@ class ControlPlane:
 
     def _rebuild(self) -> None:
         self._index_version += 1
-        index = MeshIndex(
+        # Derived from the previous index when only workloads changed (MeshIndex.next), and
+        # then generated incrementally over the previous push (GenContext).
+        index = self._ctx.index.next(
             self.watcher.current,
             self.registry.workloads(),
             trust_domain=self.options.trust_domain,
             version=self._index_version,
             outbound_traffic_policy=self.options.outbound_traffic_policy,
         )
-        self.cache.next_generation()
-        self.cache.sweep()
-        self._ctx = GenContext(index, self.cache)
+        self._ctx = next_context(self._ctx, index)
         self.metrics.services.set(len(index.services))
         self.metrics.config_errors.set(len(self.watcher.errors))
 
@@ -405,26 +412,18 @@ class ControlPlane:
         """Rebuild the index from the current config and workloads and push to every stream
         (skips the debounce; benchmarks and tests use it). Returns the streams marked.
 
-        When services, Sidecars and security policies are unchanged, only workloads moved:
-        that changes endpoints and nothing else (clusters, listeners and routes are built from
-        those objects alone), so only EDS is regenerated and pushed, as Istio's incremental
-        EDS push does. The exception is a change of the identities behind a service (the
+        When services, Sidecars, security policies and traffic rules are unchanged, only
+        workloads moved: the new index is derived from the previous one and names the
+        services that select a changed workload. That changes their endpoints and nothing
+        else (clusters, listeners and routes are built from those objects alone), so only EDS
+        is pushed, as Istio's incremental EDS push does, and only those services' assignments
+        are regenerated. The exception is a change of the identities behind a service (the
         SANs its mTLS clusters accept), which Istio answers with a full push too."""
         self._push_started = time.monotonic()
         old_index = self._ctx.index
         self._rebuild()
-        before, after = old_index.config, self._ctx.index.config
         self.pushes += 1
-        if (
-            _shape(before) == _shape(after)
-            and not any(
-                # DNS clusters carry their endpoints inline (CDS), and a ServiceEntry with a
-                # workloadSelector takes them from workloads: those need the full push.
-                s.resolution is Resolution.DNS and s.workload_selector is not None
-                for s in after.services
-            )
-            and old_index.all_identities() == self._ctx.index.all_identities()
-        ):
+        if endpoints_only(old_index, self._ctx.index):
             self.metrics.push_triggers.labels("eds_only").inc()
             return self.xds.push_all(_EDS_ONLY)
         return self.xds.push_all()
@@ -535,15 +534,10 @@ def _is_ip(host: str) -> bool:
 def _shape(config: MeshConfig) -> tuple[object, ...]:
     """The config objects that clusters, listeners and routes are built from. A
     VirtualService or DestinationRule change is a full push: it can add or remove clusters
-    (subsets), change cluster settings, routes and TCP listeners."""
-    return (
-        config.services,
-        config.sidecars,
-        config.peer_authentications,
-        config.authorization_policies,
-        config.virtual_services,
-        config.destination_rules,
-    )
+    (subsets), change cluster settings, routes and TCP listeners. When two snapshots have
+    the same shape, the index of the second is derived from the first's (MeshIndex.next)
+    and the push may be EDS only (endpoints_only)."""
+    return rules_of(config)
 
 
 def _with_port(address: str, port: int) -> str:

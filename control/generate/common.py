@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
@@ -256,6 +256,12 @@ class OutboundPlan:
     subsets: tuple[OutboundCluster, ...] = ()
     # The traffic-rule scope (MeshIndex.traffic_scope) the plan was made for.
     scope: str = ""
+    # A plan patched from the previous push's (same key): the clusters it rebuilt, those of
+    # the services whose endpoints changed. None: built from scratch.
+    rebuilt: tuple[OutboundCluster, ...] | None = None
+    # hostname -> where its clusters are in `clusters` and in `subsets`, so that patching
+    # the plan for a changed service costs that service, not the plan.
+    positions: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -281,9 +287,53 @@ def outbound_plan(ctx: GenContext, proxy: Proxy) -> OutboundPlan:
     scope = ctx.index.traffic_scope(proxy.namespace)
     # MeshIndex memoizes visible_services per scope, so proxies with the same scope hand us the
     # same tuple object: keying on its identity avoids hashing every service for every proxy.
-    plan = ctx.memo(("outbound-plan", id(visible), scope), lambda: _build_plan(ctx, visible, scope))
+    key = ("outbound-plan", id(visible), scope)
+    plan = ctx.memo(
+        key, lambda: _patched_plan(ctx, key, visible) or _build_plan(ctx, visible, scope)
+    )
     assert plan.visible is visible
     return plan
+
+
+def _patched_plan(
+    ctx: GenContext, key: Hashable, visible: tuple[Service, ...]
+) -> OutboundPlan | None:
+    """The previous push's plan with the clusters of the changed services rebuilt, when this
+    push is incremental over it (only endpoints changed: the same services and rules give
+    the same clusters in the same order, only what they hold of endpoints and identities
+    differs). None when there is nothing to patch."""
+    old = ctx.previous_memo(key)
+    if ctx.changed is None or not isinstance(old, OutboundPlan) or old.visible is not visible:
+        return None
+    clusters, subsets = list(old.clusters), list(old.subsets)
+    replaced: dict[int, OutboundCluster] = {}
+    for host in ctx.changed:
+        in_clusters, in_subsets = old.positions.get(host, ((), ()))
+        for group, positions in ((clusters, in_clusters), (subsets, in_subsets)):
+            for i in positions:
+                c = group[i]
+                group[i] = _plan_cluster(ctx, c.service, c.port, old.scope, c.subset)
+                replaced[id(c)] = group[i]
+    numbers = {c.port.port for c in replaced.values()}
+
+    def members(group: tuple[OutboundCluster, ...]) -> tuple[OutboundCluster, ...]:
+        return tuple(replaced.get(id(c), c) for c in group)
+
+    ports = tuple(
+        OutboundPort(p.number, members(p.http), members(p.tls), members(p.tcp))
+        if p.number in numbers
+        else p
+        for p in old.ports
+    )
+    return OutboundPlan(
+        visible,
+        tuple(clusters),
+        ports,
+        tuple(subsets),
+        old.scope,
+        rebuilt=tuple(replaced.values()),
+        positions=old.positions,
+    )
 
 
 def _build_plan(ctx: GenContext, visible: tuple[Service, ...], scope: str) -> OutboundPlan:
@@ -292,23 +342,12 @@ def _build_plan(ctx: GenContext, visible: tuple[Service, ...], scope: str) -> Ou
     by_port: dict[int, list[OutboundCluster]] = {}
     for service in sorted(visible, key=lambda s: s.hostname):
         rule = ctx.index.destination_rule(service.hostname, scope)
-        rule_key = rule.key if rule is not None else None
         for port in sorted(service.ports, key=lambda p: p.port):
-            # Cluster contents depend on the service and its DestinationRule only, so scopes
-            # that see the same rule share the objects.
-            cluster = ctx.memo(
-                ("outbound-cluster", service.hostname, port.port, rule_key),
-                functools.partial(_outbound_cluster, ctx, service, port, rule),
-            )
+            cluster = _plan_cluster(ctx, service, port, scope)
             clusters.append(cluster)
             by_port.setdefault(port.port, []).append(cluster)
             for subset in rule.subsets if rule is not None else ():
-                subsets.append(
-                    ctx.memo(
-                        ("outbound-subset", service.hostname, port.port, rule_key, subset.name),
-                        functools.partial(_outbound_cluster, ctx, service, port, rule, subset.name),
-                    )
-                )
+                subsets.append(_plan_cluster(ctx, service, port, scope, subset.name))
     ports = []
     for number in sorted(by_port):
         members = by_port[number]
@@ -325,7 +364,31 @@ def _build_plan(ctx: GenContext, visible: tuple[Service, ...], scope: str) -> Ou
                 ),
             )
         )
-    return OutboundPlan(visible, tuple(clusters), tuple(ports), tuple(subsets), scope)
+    positions: dict[str, tuple[list[int], list[int]]] = {}
+    for group, which in ((clusters, 0), (subsets, 1)):
+        for i, c in enumerate(group):
+            positions.setdefault(c.service.hostname, ([], []))[which].append(i)
+    return OutboundPlan(
+        visible,
+        tuple(clusters),
+        tuple(ports),
+        tuple(subsets),
+        scope,
+        positions={h: (tuple(a), tuple(b)) for h, (a, b) in positions.items()},
+    )
+
+
+def _plan_cluster(
+    ctx: GenContext, service: Service, port: ServicePort, scope: str, subset: str = ""
+) -> OutboundCluster:
+    # Cluster contents depend on the service and its DestinationRule only, so scopes that
+    # see the same rule share the objects.
+    rule = ctx.index.destination_rule(service.hostname, scope)
+    rule_key = rule.key if rule is not None else None
+    return ctx.memo(
+        ("outbound-cluster", service.hostname, port.port, rule_key, subset),
+        functools.partial(_outbound_cluster, ctx, service, port, rule, subset),
+    )
 
 
 def _outbound_cluster(

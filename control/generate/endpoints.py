@@ -9,6 +9,7 @@ to be said explicitly.
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
 
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 
@@ -16,6 +17,7 @@ from control.generate.common import (
     ENDPOINT_TYPE,
     EndpointKey,
     OutboundCluster,
+    OutboundPlan,
     endpoint_keys,
     locality_endpoints,
     outbound_plan,
@@ -27,17 +29,35 @@ from control.xds.cache import Resource, ResourceSet
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
+    key = ("eds-set", plan.key)
     # Nothing here depends on the proxy beyond its scope: one set per scope per push.
-    return ctx.memo(
-        ("eds-set", plan.key),
-        lambda: ResourceSet(
-            [
-                ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c))
-                for c in plan.all_clusters
-                if c.eds
-            ]
-        ),
+    return ctx.memo(key, lambda: _patched(ctx, plan, key) or _full(ctx, plan))
+
+
+def _full(ctx: GenContext, plan: OutboundPlan) -> ResourceSet:
+    return ResourceSet(
+        [
+            ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c))
+            for c in plan.all_clusters
+            if c.eds
+        ]
     )
+
+
+def _patched(ctx: GenContext, plan: OutboundPlan, key: Hashable) -> ResourceSet | None:
+    """The previous push's set with the assignments of the rebuilt clusters replaced, when
+    the plan was patched from the previous push's plan of the same key (whose set this is)."""
+    old = ctx.previous_memo(key)
+    if plan.rebuilt is None or not isinstance(old, ResourceSet):
+        return None
+    changes: dict[str, Resource | None] = {
+        c.name: ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c)) if c.eds else None
+        for c in plan.rebuilt
+    }
+    new = old.replace(changes)
+    # The reused assignments are served again without asking the cache for them.
+    ctx.memo(("eds-keep", id(old)), lambda: ctx.cache.keep(ENDPOINT_TYPE, old))
+    return new
 
 
 def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:

@@ -1,12 +1,21 @@
 """MeshIndex: one immutable view of config + registered workloads, with the lookups that the
-generators need. A new index is built for every push; lookups are memoized inside it, so the
+generators need. A new index is made for every push; lookups are memoized inside it, so the
 work of answering "which endpoints back this port" is done once per push, not once per proxy.
+
+When only workloads changed since the previous push (the usual case: pods come and go, the
+rules stay), `MeshIndex.next()` derives the new index from the previous one instead of building
+it afresh: what the rules imply is shared, and only the services that select a changed workload
+lose their memoized endpoints. `changed_since()` names those services, so the generators can
+redo just their part (see GenContext).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from control.model.proxy import Proxy
 from control.model.traffic import (
@@ -25,6 +34,7 @@ from control.model.types import (
     MtlsMode,
     PeerAuthentication,
     PeerPolicy,
+    Resolution,
     Service,
     ServicePort,
     SidecarScope,
@@ -53,14 +63,18 @@ class MeshIndex:
         # traffic for destinations the mesh does not know; a Sidecar may override it.
         self.outbound_traffic_policy = outbound_traffic_policy
         self.version = version
+        # Identifies this index to the one derived from it (next()); a token rather than a
+        # reference, so a chain of derived indexes does not keep every ancestor alive.
+        self._token = object()
+        self._derived_from: object = None
+        self._changed: frozenset[str] = frozenset()
         self.services: tuple[Service, ...] = tuple(
             sorted(config.services, key=lambda s: s.hostname)
         )
         self.service_by_host: dict[str, Service] = {s.hostname: s for s in self.services}
-        self.workloads: tuple[Workload, ...] = tuple(config.workload_entries) + tuple(registered)
-        self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+        # Memos over the rules alone (services, Sidecars, policies): a derived index shares
+        # these dicts with its parent, whose rules are equal.
         self._visible: dict[tuple[str, str, str], tuple[Service, ...]] = {}
-        self._selected: dict[str, list[Workload]] = {}
         self._sidecars: dict[tuple[str, Labels], SidecarScope | None] = {}
         self._peer: dict[tuple[str, Labels], PeerPolicy] = {}
         self._authz: dict[tuple[str, Labels], tuple[AuthorizationPolicy, ...]] = {}
@@ -71,6 +85,13 @@ class MeshIndex:
         for ap in sorted(config.authorization_policies, key=lambda p: p.name):
             self._authz_by_ns.setdefault(ap.namespace, []).append(ap)
         self._init_traffic(config)
+        self._selectors: _SelectorIndex | None = None  # built by the first next()
+        # Memos over workloads: a derived index copies them, less the changed services.
+        self.workloads: tuple[Workload, ...] = tuple(config.workload_entries) + tuple(registered)
+        self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+        self._subset_endpoints: dict[str, dict[tuple[int, Labels], tuple[Endpoint, ...]]] = {}
+        self._identities: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._selected: dict[str, list[Workload]] = {}
         # Inverted index (namespace, label key, label value) -> workloads, so selecting the
         # workloads of a service costs the size of its smallest label bucket, not the mesh.
         self._by_label: dict[tuple[str, str, str], list[Workload]] = {}
@@ -79,6 +100,108 @@ class MeshIndex:
             self._by_namespace.setdefault(wl.namespace, []).append(wl)
             for k, v in wl.labels:
                 self._by_label.setdefault((wl.namespace, k, v), []).append(wl)
+
+    # --- the next push ---------------------------------------------------------------------
+
+    def next(
+        self,
+        config: MeshConfig,
+        registered: Iterable[Workload] = (),
+        *,
+        trust_domain: str = "cluster.local",
+        version: int = 0,
+        outbound_traffic_policy: str = "ALLOW_ANY",
+    ) -> MeshIndex:
+        """The index of a new snapshot: derived from this one when only workloads changed
+        (the rules and mesh settings are equal), else built afresh. Either way it answers
+        every lookup exactly as `MeshIndex(config, registered, ...)` would."""
+        workloads = tuple(config.workload_entries) + tuple(registered)
+        if (
+            trust_domain == self.trust_domain
+            and outbound_traffic_policy == self.outbound_traffic_policy
+            and rules_of(config) == rules_of(self.config)
+        ):
+            removed, added = _difference(self.workloads, workloads)
+            # Patching costs per changed workload; past a fraction of the mesh a fresh
+            # index is as cheap and simpler to trust.
+            if len(removed) + len(added) <= max(64, len(workloads) // 8):
+                return self._derive(config, workloads, removed, added, version)
+        return MeshIndex(
+            config,
+            registered,
+            trust_domain=trust_domain,
+            version=version,
+            outbound_traffic_policy=outbound_traffic_policy,
+        )
+
+    def changed_since(self, other: MeshIndex) -> frozenset[str] | None:
+        """When this index was derived from `other` (next()): the hostnames of the services
+        whose endpoints may differ between the two (nothing else can). None when it was not:
+        then anything may differ."""
+        return self._changed if self._derived_from is other._token else None
+
+    def _derive(
+        self,
+        config: MeshConfig,
+        workloads: tuple[Workload, ...],
+        removed: Sequence[Workload],
+        added: Sequence[Workload],
+        version: int,
+    ) -> MeshIndex:
+        new = object.__new__(MeshIndex)
+        # Everything built from the rules, shared: both indexes have equal rules, so the
+        # memos hold the same answers for both (the parent is not used after this anyway).
+        new.__dict__.update(self.__dict__)
+        new.config = config
+        new.version = version
+        new.workloads = workloads
+        new._token = object()
+        new._derived_from = self._token
+        if self._selectors is None:
+            self._selectors = _SelectorIndex(self.services)
+        new._selectors = self._selectors
+        changed = {
+            s.hostname
+            for wl in itertools.chain(removed, added)
+            for s in self._selectors.selecting(wl)
+        }
+        new._changed = frozenset(changed)
+        # The workload buckets: copied, and copy-on-write for the buckets that change.
+        by_label = dict(self._by_label)
+        by_namespace = dict(self._by_namespace)
+        copied: set[object] = set()
+
+        def bucket(d: dict[_K, list[Workload]], key: _K) -> list[Workload]:
+            b = d.get(key)
+            if b is None:
+                b = d[key] = []
+            elif (id(d), key) not in copied:
+                b = d[key] = list(b)
+            copied.add((id(d), key))
+            return b
+
+        for wl in removed:
+            _remove(bucket(by_namespace, wl.namespace), wl)
+            for k, v in wl.labels:
+                _remove(bucket(by_label, (wl.namespace, k, v)), wl)
+        for wl in added:
+            bucket(by_namespace, wl.namespace).append(wl)
+            for k, v in wl.labels:
+                bucket(by_label, (wl.namespace, k, v)).append(wl)
+        new._by_label = by_label
+        new._by_namespace = by_namespace
+        # Workload memos: kept for every service that selects no changed workload.
+        new._endpoints = dict(self._endpoints)
+        new._identities = dict(self._identities)
+        new._subset_endpoints = dict(self._subset_endpoints)
+        new._selected = dict(self._selected)
+        for host in changed:
+            new._selected.pop(host, None)
+            new._subset_endpoints.pop(host, None)
+            for port in self.service_by_host[host].ports:
+                new._endpoints.pop((host, port.port), None)
+                new._identities.pop((host, port.port), None)
+        return new
 
     # --- endpoints -------------------------------------------------------------------------
 
@@ -130,7 +253,8 @@ class MeshIndex:
 
     def workloads_selected_by(self, service: Service) -> list[Workload]:
         """Workloads in the service's namespace that its selector (Kubernetes Service) or
-        workloadSelector (ServiceEntry) matches, in registration order."""
+        workloadSelector (ServiceEntry) matches (in no particular order: a derived index
+        patches its buckets; endpoints() sorts)."""
         cached = self._selected.get(service.hostname)
         if cached is not None:
             return cached
@@ -163,34 +287,35 @@ class MeshIndex:
     def identities(self, service: Service, port: ServicePort) -> tuple[str, ...]:
         """SPIFFE IDs an mTLS client of this service port accepts: those of its mTLS
         endpoints, sorted (the clusters' subject alt names)."""
-        return tuple(
-            sorted(
-                {
-                    spiffe_id(self.trust_domain, e.namespace, e.service_account)
-                    for e in self.endpoints(service, port)
-                    if e.mtls
-                }
+        key = (service.hostname, port.port)
+        cached = self._identities.get(key)
+        if cached is None:
+            cached = tuple(
+                sorted(
+                    {
+                        spiffe_id(self.trust_domain, e.namespace, e.service_account)
+                        for e in self.endpoints(service, port)
+                        if e.mtls
+                    }
+                )
             )
-        )
-
-    def all_identities(self) -> dict[tuple[str, int], tuple[str, ...]]:
-        """identities() of every service port: a push compares these between two indexes to
-        tell whether clusters (their SANs) changed along with the endpoints."""
-        return {(s.hostname, p.port): self.identities(s, p) for s in self.services for p in s.ports}
+            self._identities[key] = cached
+        return cached
 
     def subset_endpoints(
         self, service: Service, port: ServicePort, labels: Labels
     ) -> tuple[Endpoint, ...]:
         """The endpoints of a DestinationRule subset: those whose labels include `labels`."""
-        key = (service.hostname, port.port, labels)
-        cached = self._subset_endpoints.get(key)
+        memo = self._subset_endpoints.setdefault(service.hostname, {})
+        key = (port.port, labels)
+        cached = memo.get(key)
         if cached is None:
             cached = tuple(
                 e
                 for e in self.endpoints(service, port)
                 if workload_selector_matches(labels, e.labels)
             )
-            self._subset_endpoints[key] = cached
+            memo[key] = cached
         return cached
 
     # --- traffic rules (VirtualService, DestinationRule) -----------------------------------
@@ -198,7 +323,6 @@ class MeshIndex:
     def _init_traffic(self, config: MeshConfig) -> None:
         self.virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
         self.destination_rules = tuple(sorted(config.destination_rules, key=lambda r: r.key))
-        self._subset_endpoints: dict[tuple[str, int, Labels], tuple[Endpoint, ...]] = {}
         # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
         self._vs_by_host: dict[str, list[VirtualService]] = {}
         self._vs_wild: list[VirtualService] = []
@@ -403,3 +527,126 @@ def _host_allowed(service: Service, hosts: list[str], proxy_namespace: str) -> b
         if dns == "*" or fnmatch.fnmatchcase(service.hostname, dns):
             return True
     return False
+
+
+_K = TypeVar("_K")
+
+
+def rules_of(config: MeshConfig) -> tuple[object, ...]:
+    """The config objects that everything but endpoints is built from: services, Sidecars,
+    security policies and traffic rules. Two snapshots with equal rules differ at most in
+    their workloads, i.e. in endpoints (and what follows from them: mTLS identities, DNS
+    clusters of ServiceEntries that select workloads)."""
+    return (
+        config.services,
+        config.sidecars,
+        config.peer_authentications,
+        config.authorization_policies,
+        config.virtual_services,
+        config.destination_rules,
+    )
+
+
+def endpoints_only(old: MeshIndex, new: MeshIndex) -> bool:
+    """Whether going from `old` to `new` changes endpoint assignments (EDS) and nothing else,
+    as Istio's incremental EDS push decides. Not so when the index was not derived (rules
+    changed), when the identities behind a changed service change (its mTLS clusters' SANs),
+    or when a changed service is a DNS ServiceEntry that takes its endpoints from workloads
+    (DNS clusters carry their endpoints inline, in CDS). Costs the changed services only."""
+    changed = new.changed_since(old)
+    if changed is None:
+        return False
+    for host in changed:
+        service = new.service_by_host[host]
+        if service.resolution is Resolution.DNS and service.workload_selector is not None:
+            return False
+        if any(old.identities(service, p) != new.identities(service, p) for p in service.ports):
+            return False
+    return True
+
+
+def _difference(
+    old: tuple[Workload, ...], new: tuple[Workload, ...]
+) -> tuple[Sequence[Workload], Sequence[Workload]]:
+    """(removed, added) between two workload lists. Snapshots keep unchanged objects (files
+    that did not change are not re-read), so identity tests done in C settle nearly every
+    pair; equality is asked only where identity fails. The common head and tail are cut off
+    first; in the middle, same-length lists are compared pair by pair (edits in place),
+    others as multisets of objects (insertions and removals)."""
+    head = _common_prefix(old, new)
+    tail = _common_prefix(old[head:][::-1], new[head:][::-1])
+    mid_old, mid_new = old[head : len(old) - tail], new[head : len(new) - tail]
+    if len(mid_old) == len(mid_new):
+        pairs = [
+            (a, b)
+            for a, b, same in zip(
+                mid_old, mid_new, map(operator.is_, mid_old, mid_new), strict=True
+            )
+            if not same and a != b
+        ]
+        return [a for a, _ in pairs], [b for _, b in pairs]
+    old_ids = {id(w) for w in mid_old}
+    new_ids = {id(w) for w in mid_new}
+    return (
+        [w for w in mid_old if id(w) not in new_ids],
+        [w for w in mid_new if id(w) not in old_ids],
+    )
+
+
+def _common_prefix(a: Sequence[Workload], b: Sequence[Workload]) -> int:
+    same = list(map(operator.is_, a, b))
+    start = 0
+    while True:
+        try:
+            i = same.index(False, start)
+        except ValueError:
+            return len(same)
+        if a[i] != b[i]:
+            return i
+        start = i + 1
+
+
+def _remove(bucket: list[Workload], wl: Workload) -> None:
+    # By identity first: list.remove compares with ==, which for dataclasses is Python code
+    # run against every element before the one sought.
+    try:
+        i = list(map(operator.is_, bucket, itertools.repeat(wl))).index(True)
+    except ValueError:
+        bucket.remove(wl)  # an equal object stands for it (see _difference)
+        return
+    del bucket[i]
+
+
+class _SelectorIndex:
+    """Which services select a workload: services keyed by one label of their selector (all
+    of a selector's labels must match, so any one of them narrows the candidates), plus the
+    ServiceEntries with an empty workloadSelector (every workload of their namespace)."""
+
+    def __init__(self, services: Iterable[Service]) -> None:
+        self._by_label: dict[tuple[str, str, str], list[Service]] = {}
+        self._everything: dict[str, list[Service]] = {}
+        for s in services:
+            if s.registry == "Kubernetes":
+                selector = s.selector or None  # no selector, or an empty one: selects nothing
+            else:
+                selector = s.workload_selector
+            if selector is None:
+                continue
+            if not selector:
+                self._everything.setdefault(s.namespace, []).append(s)
+            else:
+                k, v = selector[0]
+                self._by_label.setdefault((s.namespace, k, v), []).append(s)
+
+    def selecting(self, wl: Workload) -> list[Service]:
+        found = list(self._everything.get(wl.namespace, ()))
+        for k, v in wl.labels:
+            for s in self._by_label.get((wl.namespace, k, v), ()):
+                if s.registry == "Kubernetes":
+                    if selector_matches(s.selector or (), wl.labels):
+                        found.append(s)
+                elif s.workload_selector is not None and workload_selector_matches(
+                    s.workload_selector, wl.labels
+                ):
+                    found.append(s)
+        return found

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -40,13 +40,10 @@ def digest(data: bytes) -> str:
 def view_version(by_name: Mapping[str, Resource]) -> str:
     """A version for a group of resources: a digest over their names and versions, so two
     proxies that receive the same resources see the same version_info."""
-    h = hashlib.blake2b(digest_size=8)
-    for name in sorted(by_name):
-        h.update(name.encode())
-        h.update(b"\0")
-        h.update(by_name[name].version.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    # One update over the joined text: the same digest as feeding the parts one by one, in
+    # a fraction of the time for the thousands of names an EDS set holds.
+    text = "".join([f"{name}\0{by_name[name].version}\0" for name in sorted(by_name)])
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 _view_ids = itertools.count(1)
@@ -165,6 +162,17 @@ class ResourceSet(Mapping[str, Resource]):
     def versions(self) -> dict[str, str]:
         return {n: r.version for n, r in self._by_name.items()}
 
+    def replace(self, changes: Mapping[str, Resource | None]) -> ResourceSet:
+        """A new set: this one with `changes` applied (a resource replaces or adds the one
+        of its name, None removes the name). Costs a dict copy, not a rebuild."""
+        new = ResourceSet(self._by_name)
+        for name, res in changes.items():
+            if res is None:
+                new._by_name.pop(name, None)
+            else:
+                new._by_name[name] = res
+        return new
+
 
 EMPTY = ResourceSet(())
 
@@ -220,6 +228,16 @@ class ResourceCache:
         res = Resource(name, version, type_url, wire.any_bytes(type_url, value))
         self._entries[slot] = _Entry(key, res, self.generation)
         return res
+
+    def keep(self, type_url: str, names: Iterable[str]) -> None:
+        """Mark the (variant-less) entries of `names` as in use in this generation without
+        asking for them: what an incremental push reuses from the previous push's answer,
+        so that the sweep does not take them for abandoned."""
+        entries, generation = self._entries, self.generation
+        for name in names:
+            entry = entries.get((type_url, name, None))
+            if entry is not None:
+                entry.generation = generation
 
     def next_generation(self) -> int:
         self.generation += 1

@@ -215,6 +215,7 @@ class DeltaStream:
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[DeltaResponse]:
         """Responses for a push, clusters and endpoints first, cluster removals last."""
         out: list[DeltaResponse] = []
+        self._resend_updated_cluster_endpoints(sets)
         hold_cds = typeurls.CLUSTER in sets and any(
             t in self._types for t in (typeurls.LISTENER, typeurls.ROUTE)
         )
@@ -233,6 +234,19 @@ class DeltaStream:
             if resp is not None:
                 out.append(resp)
         return out
+
+    def _resend_updated_cluster_endpoints(self, sets: Mapping[str, Mapping[str, Resource]]) -> None:
+        """Envoy warms an updated EDS cluster until an assignment for it arrives (or its
+        initial fetch timeout, 15 s, passes): forget that the client has the assignments of
+        the clusters this push updates, so they are sent again even when unchanged."""
+        cds, eds = self._types.get(typeurls.CLUSTER), self._types.get(typeurls.ENDPOINT)
+        if cds is None or eds is None or typeurls.CLUSTER not in sets or not eds.client_has:
+            return
+        clusters = sets[typeurls.CLUSTER]
+        for name, version in cds.client_has.items():
+            res = clusters.get(name)
+            if res is not None and res.version != version:
+                eds.client_has.pop(name, None)
 
     @property
     def subscribed_types(self) -> list[str]:

@@ -207,11 +207,17 @@ class SotwStream:
         """
         out: list[SotwResponse] = []
         final_cds: Mapping[str, Resource] | None = None
+        refresh_eds = self._updates_eds_clusters(sets)
         for type_url in ordered(sets):
             st = self._types.get(type_url)
             if st is None:
                 continue
             resources = sets[type_url]
+            if type_url == typeurls.ENDPOINT and refresh_eds:
+                resp = self.respond(type_url, resources, force=True)
+                if resp is not None:
+                    out.append(resp)
+                continue
             if type_url == typeurls.CLUSTER and st.sent is not None:
                 view = st.view(resources)
                 if view.version == st.sent.version:
@@ -234,6 +240,20 @@ class SotwStream:
             if resp is not None:
                 out.append(resp)
         return out
+
+    def _updates_eds_clusters(self, sets: Mapping[str, Mapping[str, Resource]]) -> bool:
+        """Whether this push changes a cluster the client already has and whose assignment it
+        subscribes to. Envoy warms an updated EDS cluster until an assignment for it arrives
+        (or its initial fetch timeout, 15 s, passes), so the assignment must be sent again
+        even when it did not change itself, as Istio's full pushes do."""
+        cds, eds = self._types.get(typeurls.CLUSTER), self._types.get(typeurls.ENDPOINT)
+        if cds is None or eds is None or cds.sent is None or typeurls.CLUSTER not in sets:
+            return False
+        new = cds.view(sets[typeurls.CLUSTER])
+        if new.version == cds.sent.version:
+            return False
+        updated = _updated_names(cds.sent, new)
+        return bool(updated) and (eds.wildcard or not updated.isdisjoint(eds.names))
 
     def _respond_view(self, st: _TypeState, view: View) -> SotwResponse | None:
         if st.sent is not None and view.version == st.sent.version:
@@ -263,6 +283,27 @@ class SotwStream:
             )
             for t, st in self._types.items()
         ]
+
+
+# Views are shared by every stream that got the same selection, so the names updated between
+# two of them are worked out once per pair, not once per stream. Bounded: a handful of pairs
+# are live at a time (one per push and subscription shape).
+_updated_memo: dict[tuple[int, int], frozenset[str]] = {}
+
+
+def _updated_names(old: View, new: View) -> frozenset[str]:
+    """Names in both views whose resource changed."""
+    key = (old.seq, new.seq)
+    found = _updated_memo.get(key)
+    if found is None:
+        before = old.by_name
+        found = frozenset(
+            n for n, r in new.by_name.items() if n in before and before[n].version != r.version
+        )
+        if len(_updated_memo) >= 256:
+            _updated_memo.clear()
+        _updated_memo[key] = found
+    return found
 
 
 def names_of(responses: Sequence[SotwResponse]) -> list[tuple[str, list[str]]]:

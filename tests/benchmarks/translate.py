@@ -6,9 +6,10 @@ D DestinationRules (two subsets, a load balancer, outlier detection, a connectio
 
 - full: a cold cache and a new index: CDS, EDS, LDS and RDS for one proxy, every resource
   built and serialized (what a proxy's first connection costs after a restart);
-- incremental: one endpoint changes: a new index over the new snapshot and what the control
-  plane's push does for an endpoint-only change (EDS regenerated, the cache reusing every
-  unchanged assignment's bytes).
+- incremental: one endpoint changes: what the control plane's push does for it (ControlPlane.
+  push_now): the new index derived from the previous one (MeshIndex.next), the next
+  generation context (cache sweep included), the EDS-only decision, and EDS regenerated for
+  the proxy, patched over the previous push's answer.
 
 Both are medians over several runs in the same process; the ratio is what to read.
 """
@@ -27,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from control.generate import GENERATORS
 from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
-from control.generate.context import GenContext
-from control.model.index import MeshIndex
+from control.generate.context import GenContext, next_context
+from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.traffic import (
     ConnectionPool,
@@ -174,10 +175,12 @@ def incremental(config: MeshConfig, proxy: Proxy, runs: int) -> tuple[list[float
         snapshot = dataclasses.replace(config, workload_entries=tuple(moved))
         before = cache.serializations
         start = time.perf_counter()
-        cache.next_generation()
-        ctx = GenContext(MeshIndex(snapshot), cache)
+        old = ctx.index
+        ctx = next_context(ctx, old.next(snapshot))
+        eds_only = endpoints_only(old, ctx.index)
         GENERATORS[ENDPOINT_TYPE](ctx, proxy)
         times.append(time.perf_counter() - start)
+        assert eds_only, "one endpoint moved: the push must be EDS only"
         serialized = cache.serializations - before
     return times, serialized
 

@@ -72,7 +72,10 @@ async def bounded_teardown(aw: Any, what: str, timeout: float = 15.0) -> None:
 
         print(f"\n[teardown] {what} did not finish in {timeout}s; tasks:", file=sys.stderr)
         for task in asyncio.all_tasks():
-            task.print_stack(limit=8, file=sys.stderr)
+            try:
+                task.print_stack(limit=8, file=sys.stderr)
+            except Exception as e:  # Cython frames (grpc.aio) have no line number
+                print(f"{task!r}: no stack ({e!r})", file=sys.stderr)
 
 
 async def eventually(

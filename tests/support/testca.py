@@ -129,8 +129,28 @@ class TestCA:
             cert.serial_number,
         )
 
+    def server_cert(self, dns_names: Sequence[str], ttl_seconds: float = 3600) -> IssuedCert:
+        """A key and certificate for an HTTPS server outside the mesh: DNS SANs, no SPIFFE
+        identity (what TLS origination towards an external host verifies)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        san = x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names])
+        cert = self._leaf(key.public_key(), "", ttl_seconds, san)
+        return IssuedCert(
+            cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+            cert.serial_number,
+        )
+
     def _leaf(
-        self, public_key: CertificatePublicKeyTypes, identity: str, ttl_seconds: float
+        self,
+        public_key: CertificatePublicKeyTypes,
+        identity: str,
+        ttl_seconds: float,
+        san: x509.SubjectAlternativeName | None = None,
     ) -> x509.Certificate:
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         serial = x509.random_serial_number()
@@ -143,7 +163,7 @@ class TestCA:
             .not_valid_before(now)
             .not_valid_after(now + datetime.timedelta(seconds=ttl_seconds))
             .add_extension(
-                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity)]),
+                san or x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity)]),
                 critical=True,
             )
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

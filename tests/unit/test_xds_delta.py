@@ -305,6 +305,23 @@ def _subscribe_all(s: DeltaStream, b: Build) -> None:
     dstart(s, CDS, rset(b.cluster("a"), b.cluster("b")))
 
 
+def test_rule6_delta_updated_cluster_gets_its_assignment_again(b: Build) -> None:
+    """Envoy warms an updated EDS cluster until an assignment for it arrives: an unchanged
+    assignment is sent again (only for the clusters updated)."""
+    s = DeltaStream()
+    dstart(s, CDS, rset(b.cluster("a"), b.cluster("b")))
+    dstart(s, EDS, rset(b.cla("a"), b.cla("b")), sub=["a", "b"])
+    eds = rset(b.cla("a"), b.cla("b"))
+    out = s.push({CDS: rset(b.cluster("a", 2), b.cluster("b")), EDS: eds})
+    assert [(r.type_url, got(r)) for r in out] == [(CDS, (["a"], [])), (EDS, (["a"], []))]
+    for resp in out:
+        s.receive(dack(resp))
+    # Nothing updated: nothing sent; a cluster only added: CDS alone.
+    assert s.push({CDS: rset(b.cluster("a", 2), b.cluster("b")), EDS: eds}) == []
+    out = s.push({CDS: rset(b.cluster("a", 2), b.cluster("b"), b.cluster("c")), EDS: eds})
+    assert [(r.type_url, got(r)) for r in out] == [(CDS, (["c"], []))]
+
+
 def test_rule6_delta_push_order_and_cluster_removals_last(b: Build) -> None:
     s = DeltaStream()
     _subscribe_all(s, b)

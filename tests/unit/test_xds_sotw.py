@@ -441,6 +441,28 @@ def test_rule6_push_order_cds_eds_lds_rds(b: Build) -> None:
     assert [r.type_url for r in out] == [CDS, EDS, LDS, RDS]
 
 
+def test_rule6_an_updated_cluster_gets_its_assignment_again(b: Build) -> None:
+    """Envoy warms an updated EDS cluster until an assignment for it arrives; an unchanged
+    assignment must be sent again, or the new cluster waits out Envoy's 15 s fetch timeout."""
+    s = SotwStream()
+    start(s, CDS, rset(b.cluster("a"), b.cluster("b")))
+    start(s, EDS, rset(b.cla("a"), b.cla("b")), subs=["a", "b"])
+    eds = rset(b.cla("a"), b.cla("b"))
+    out = s.push({CDS: rset(b.cluster("a", 2), b.cluster("b")), EDS: eds})
+    assert names_of(out) == [(CDS, ["a", "b"]), (EDS, ["a", "b"])]
+    for resp in out:
+        s.receive(ack(resp, ["a", "b"] if resp.type_url == EDS else ()))
+    # A cluster only added is no update: its assignment comes with its new subscription.
+    out = s.push({CDS: rset(b.cluster("a", 2), b.cluster("b"), b.cluster("c")), EDS: eds})
+    assert names_of(out) == [(CDS, ["a", "b", "c"])]
+    # An updated cluster whose assignment the client does not subscribe to: no EDS either.
+    s2 = SotwStream()
+    start(s2, CDS, rset(b.cluster("a"), b.cluster("b")))
+    start(s2, EDS, rset(b.cla("b")), subs=["b"])
+    out = s2.push({CDS: rset(b.cluster("a", 2), b.cluster("b")), EDS: eds})
+    assert names_of(out) == [(CDS, ["a", "b"])]
+
+
 def test_rule6_ordered_puts_unknown_types_last() -> None:
     other = typeurls.NAME_TABLE
     assert ordered([other, RDS, typeurls.SECRET, LDS, EDS, CDS]) == [
