@@ -135,7 +135,10 @@ class XdsServer:
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
-        self._by_type: dict[str, tuple[Any, Any]] = {}
+        self._by_type: dict[str, tuple[Any, Any, list[bytes | None]]] = {}
+        # Writes in progress: when they started and the task doing them (see _watch_writes).
+        self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
+        self._watchdog: asyncio.Task[None] | None = None
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -303,31 +306,64 @@ class XdsServer:
     ) -> bool:
         """Write frames in order; False when the stream must close. A separate coroutine so
         that the encoded bytes are released as soon as they are written, not kept by an idle
-        stream until its next push."""
+        stream until its next push.
+
+        A write that the client does not take within `send_timeout` is cancelled by the
+        watchdog (one timer for the whole server instead of one per write: this is the hot
+        path of a push)."""
+        task = asyncio.current_task()
+        assert task is not None
         for type_url, data in frames:
+            self._writing[conn] = (self._clock(), task)
+            self._start_watchdog()
             try:
-                async with asyncio.timeout(self._options.send_timeout):
-                    await context.write(data)
-            except TimeoutError:
+                await context.write(data)
+            except asyncio.CancelledError:
+                if conn.error is None or conn.error.code is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                task.uncancel()  # our watchdog's cancellation, not the worker's
                 self._metrics.push_errors.labels(_short(type_url)).inc()
                 logger.warning("stream %s: send timed out; closing it", conn.id)
-                conn.error = _StreamError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
-                )
                 return False
-            pushes, sizes = self._type_metrics(type_url)
+            finally:
+                self._writing.pop(conn, None)
+            pushes, sizes, last = self._type_metrics(type_url)
             pushes.inc()
-            sizes.observe(len(data))
+            if data is not last[0]:
+                # Streams share the bytes of identical responses: the size is observed once
+                # per distinct response, not once per stream.
+                last[0] = data
+                sizes.observe(len(data))
         return True
 
-    def _type_metrics(self, type_url: str) -> tuple[Any, Any]:
-        """The per-type metric children, looked up once (labels() is slow on a hot path)."""
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch_writes())
+
+    async def _watch_writes(self) -> None:
+        """Cancel writes that have waited longer than `send_timeout` on a client that does
+        not read; exits when nothing is being written."""
+        timeout = self._options.send_timeout
+        while self._writing:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = self._clock()
+            for conn, (started, task) in list(self._writing.items()):
+                if now - started > timeout and conn.error is None:
+                    conn.error = _StreamError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
+                    )
+                    task.cancel()
+
+    def _type_metrics(self, type_url: str) -> tuple[Any, Any, list[bytes | None]]:
+        """The per-type metric children, looked up once (labels() is slow on a hot path),
+        and the last response observed for the size histogram."""
         found = self._by_type.get(type_url)
         if found is None:
             short = _short(type_url)
             found = (
                 self._metrics.pushes.labels(short),
                 self._metrics.config_size.labels(short),
+                [None],
             )
             self._by_type[type_url] = found
         return found
