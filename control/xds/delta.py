@@ -215,10 +215,11 @@ class DeltaStream:
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[DeltaResponse]:
         """Responses for a push, clusters and endpoints first, cluster removals last."""
         out: list[DeltaResponse] = []
-        self._resend_updated_cluster_endpoints(sets)
         hold_cds = typeurls.CLUSTER in sets and any(
             t in self._types for t in (typeurls.LISTENER, typeurls.ROUTE)
         )
+        cds_state = self._types.get(typeurls.CLUSTER)
+        had_clusters = set(cds_state.client_has) if cds_state is not None else set()
         for type_url in ordered(sets):
             if type_url not in self._types:
                 continue
@@ -229,24 +230,26 @@ class DeltaStream:
             )
             if resp is not None:
                 out.append(resp)
+                if type_url == typeurls.CLUSTER:
+                    self._resend_endpoints_of(resp, had_clusters)
         if hold_cds and typeurls.CLUSTER in self._types:
             resp = self.respond(typeurls.CLUSTER, sets[typeurls.CLUSTER])
             if resp is not None:
                 out.append(resp)
         return out
 
-    def _resend_updated_cluster_endpoints(self, sets: Mapping[str, Mapping[str, Resource]]) -> None:
+    def _resend_endpoints_of(self, cds: DeltaResponse, had: set[str]) -> None:
         """Envoy warms an updated EDS cluster until an assignment for it arrives (or its
         initial fetch timeout, 15 s, passes): forget that the client has the assignments of
-        the clusters this push updates, so they are sent again even when unchanged."""
-        cds, eds = self._types.get(typeurls.CLUSTER), self._types.get(typeurls.ENDPOINT)
-        if cds is None or eds is None or typeurls.CLUSTER not in sets or not eds.client_has:
+        the clusters this CDS response updates (clusters it `had`; new ones get theirs
+        anyway), so they are sent again even when unchanged; the EDS response of the same
+        push follows. Not while EDS stands NACKed: rule 2 forbids re-sending it unchanged."""
+        eds = self._types.get(typeurls.ENDPOINT)
+        if eds is None or not eds.client_has or eds.nack_message:
             return
-        clusters = sets[typeurls.CLUSTER]
-        for name, version in cds.client_has.items():
-            res = clusters.get(name)
-            if res is not None and res.version != version:
-                eds.client_has.pop(name, None)
+        for res in cds.resources:
+            if res.name in had:
+                eds.client_has.pop(res.name, None)
 
     @property
     def subscribed_types(self) -> list[str]:
