@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import inspect
 import logging
 import os
 import time
@@ -21,12 +20,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Self
 
+from control.config.delivery import WarningLog, deliver
 from control.config.discovery import discover
 from control.config.errors import ConfigError, DuplicateObjectError
 from control.config.loader import DEFAULT_DOMAIN, load_bytes, read_file
 from control.config.merge import merge
 from control.config.objects import FileConfig
-from control.model.types import ConfigWarning, MeshConfig
+from control.model.types import MeshConfig
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class ConfigWatcher:
         self._latest: dict[str, FileConfig] = {}  # newest valid version (may be a duplicate)
         self._parse_errors: dict[str, ConfigError] = {}
         self._stamps: dict[str, Stamp] = {}  # the stamps the state above reflects
-        self._logged_warnings: set[ConfigWarning] = set()
+        self._warnings = WarningLog(logger)
         self._task: asyncio.Task[None] | None = None
         self._started = False
 
@@ -142,7 +142,7 @@ class ConfigWatcher:
                 self._good[file] = self._latest[file] = result
         self.current = merge(list(self._good.values()))
         self._stamps = {f: s for f, s in stamps.items() if f in self._good}
-        self._log_new_warnings()
+        self._warnings.update(self.current.warnings)
         self._started = True
         self._task = asyncio.create_task(self._run(), name="config-watcher")
         logger.info(
@@ -238,7 +238,7 @@ class ConfigWatcher:
         self._set_errors(self._parse_errors | duplicates)
 
         previous, self.current = self.current, merged
-        self._log_new_warnings()
+        self._warnings.update(self.current.warnings)
         if merged != previous:
             self.reloads += 1
             logger.info(
@@ -250,7 +250,7 @@ class ConfigWatcher:
                 len(merged.workload_entries),
                 len(merged.sidecars),
             )
-            await self._notify(merged)
+            await deliver(self.on_change, merged, logger)
 
     def _merge(
         self, candidates: dict[str, FileConfig]
@@ -298,24 +298,6 @@ class ConfigWatcher:
             if file in self._stamps:
                 logger.info("config file %s is valid again", file)
         self.errors = dict(sorted(errors.items()))
-
-    def _log_new_warnings(self) -> None:
-        current = set(self.current.warnings)
-        for warning in self.current.warnings:
-            if warning not in self._logged_warnings:
-                logger.warning("%s", warning)
-        # Forget warnings that went away, so they are reported again if they come back.
-        self._logged_warnings = current
-
-    async def _notify(self, config: MeshConfig) -> None:
-        try:
-            result = self.on_change(config)
-            if inspect.isawaitable(result):
-                await result
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("config change handler failed")
 
     # --- debugging -------------------------------------------------------------------------
 

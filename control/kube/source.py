@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from control.config import kinds
+from control.config.delivery import WarningLog, deliver
 from control.config.errors import ConfigError
 from control.config.manifest import RawObject
 from control.config.merge import merge
@@ -161,7 +161,7 @@ class KubeSource:
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0
         self._good: dict[tuple[str, Key], tuple[str, ConfigObject]] = {}  # by (kind, key)
-        self._logged_warnings: set[ConfigWarning] = set()
+        self._warnings = WarningLog(logger)
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -175,7 +175,7 @@ class KubeSource:
             self._tasks.append(asyncio.create_task(self._reflect(r), name=f"kube-{r.plural}"))
         await self._synced.wait()
         self.current = self._build()
-        self._log_new_warnings()
+        self._warnings.update(self.current.warnings)
         self._tasks.append(asyncio.create_task(self._merge_loop(), name="kube-merge"))
         logger.info(
             "kubernetes config synced from %s: %d services, %d pods as workloads",
@@ -296,10 +296,10 @@ class KubeSource:
                 logger.exception("building config from the Kubernetes API failed")
                 continue
             previous, self.current = self.current, merged
-            self._log_new_warnings()
+            self._warnings.update(self.current.warnings)
             if merged != previous:
                 self.reloads += 1
-                await self._notify(merged)
+                await deliver(self.on_change, merged, logger)
 
     def _build(self) -> MeshConfig:
         objects: list[ConfigObject] = []
@@ -369,20 +369,3 @@ class KubeSource:
             if self.errors.get(name) != err:
                 logger.error("%s (keeping its last good version, if any)", err)
         self.errors = dict(sorted(errors.items()))
-
-    def _log_new_warnings(self) -> None:
-        current = set(self.current.warnings)
-        for warning in self.current.warnings:
-            if warning not in self._logged_warnings:
-                logger.warning("%s", warning)
-        self._logged_warnings = current
-
-    async def _notify(self, config: MeshConfig) -> None:
-        try:
-            result = self.on_change(config)
-            if inspect.isawaitable(result):
-                await result
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("config change handler failed")
