@@ -111,24 +111,37 @@ async def push_to_acks(
     Every proxy gets the same push at the same moment, so a noisy machine slows both sides
     of the comparison alike (the figures are paired per push)."""
     out: dict[str, list[float]] = {p: [] for p in proxies}
-    for r in range(rounds):
-        mesh.write_text(mesh_yaml(services, variant=1 + r % 2))
-        before_reload = cp.watcher.reloads
-        while cp.watcher.reloads == before_reload:
-            await asyncio.sleep(0.005)
-        conns = {p: _stream_of(cp, p) for p in proxies}
-        before = {p: c.state.acks for p, c in conns.items()}
-        pending = set(proxies)
-        t0 = time.monotonic()
-        cp.push_now()
-        while pending:
-            await asyncio.sleep(0.0002)
-            now = time.monotonic()
-            for p in list(pending):
-                if conns[p].state.acks > before[p]:
-                    out[p].append(now - t0)
-                    pending.discard(p)
-        await asyncio.sleep(0.05)
+    # ACKs are timed where the control plane handles them (no polling loop competing with
+    # the agent and the Envoys for the machine's cores).
+    handle = cp.xds._handle_request
+    waiting: dict[Any, tuple[str, int]] = {}
+    t0 = 0.0
+    done = asyncio.Event()
+
+    def timed(conn: Any, req: Any) -> None:
+        handle(conn, req)
+        if conn in waiting and conn.state.acks > waiting[conn][1]:
+            out[waiting.pop(conn)[0]].append(time.monotonic() - t0)
+            if not waiting:
+                done.set()
+
+    cp.xds._handle_request = timed  # type: ignore[method-assign]
+    try:
+        for r in range(rounds):
+            mesh.write_text(mesh_yaml(services, variant=1 + r % 2))
+            before_reload = cp.watcher.reloads
+            while cp.watcher.reloads == before_reload:
+                await asyncio.sleep(0.005)
+            for p in proxies:
+                conn = _stream_of(cp, p)
+                waiting[conn] = (p, conn.state.acks)
+            done.clear()
+            t0 = time.monotonic()
+            cp.push_now()
+            await asyncio.wait_for(done.wait(), 30)
+            await asyncio.sleep(0.05)
+    finally:
+        cp.xds._handle_request = handle  # type: ignore[method-assign]
     return out
 
 
@@ -142,7 +155,17 @@ def _stream_of(cp: ControlPlane, pod: str) -> Any:
 
 async def latency(tmp: Path, rounds: int) -> tuple[list[float], list[float]]:
     """Two Envoys at once: one connected straight to the control plane, one through a real
-    agent process; both receive every push."""
+    agent process; both receive every push. The control plane writes a push to its streams
+    in the order they connected, so half the rounds run with each Envoy connected first."""
+    first = await _latency(tmp / "direct-first", rounds - rounds // 2, agent_first=False)
+    second = await _latency(tmp / "agent-first", rounds // 2, agent_first=True)
+    return first[0] + second[0], first[1] + second[1]
+
+
+async def _latency(
+    tmp: Path, rounds: int, *, agent_first: bool
+) -> tuple[list[float], list[float]]:
+    tmp.mkdir(parents=True, exist_ok=True)
     mesh = tmp / "lat.yaml"
     mesh.write_text(mesh_yaml(10))
     async with _cp(mesh) as cp:
@@ -150,10 +173,11 @@ async def latency(tmp: Path, rounds: int) -> tuple[list[float], list[float]]:
         envoys: list[EnvoyProcess] = []
         try:
             await agent.wait_socket()
-            for mode, ip, xds in (
+            order = [
                 ("direct", "127.77.0.1", f"127.0.0.1:{cp.xds_port}"),
                 ("agent", "127.77.0.2", f"unix://{(tmp / 'agent-lat' / 'XDS').resolve()}"),
-            ):
+            ]
+            for mode, ip, xds in reversed(order) if agent_first else order:
                 envoy = EnvoyProcess(
                     build_bootstrap(
                         BootstrapOptions(
