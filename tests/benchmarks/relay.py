@@ -162,9 +162,7 @@ async def latency(tmp: Path, rounds: int) -> tuple[list[float], list[float]]:
     return first[0] + second[0], first[1] + second[1]
 
 
-async def _latency(
-    tmp: Path, rounds: int, *, agent_first: bool
-) -> tuple[list[float], list[float]]:
+async def _latency(tmp: Path, rounds: int, *, agent_first: bool) -> tuple[list[float], list[float]]:
     tmp.mkdir(parents=True, exist_ok=True)
     mesh = tmp / "lat.yaml"
     mesh.write_text(mesh_yaml(10))
