@@ -1,5 +1,5 @@
 """The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`): binding them
-privately and stopping them without hanging."""
+privately and stopping them without hanging (`UnixGrpcServer` does both)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -58,3 +60,37 @@ async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
         await asyncio.wait_for(server.stop(grace), grace + 5.0)
     except TimeoutError:
         logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)
+
+
+class UnixGrpcServer:
+    """A grpc.aio server on one private Unix socket: `start(handler)`, `close()`. The socket
+    file is removed on close."""
+
+    def __init__(
+        self,
+        path: Path,
+        mode: int,
+        *,
+        owner: int | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.path = path
+        self._mode = mode
+        self._owner = owner
+        self._options = list(options)
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self, handler: grpc.GenericRpcHandler) -> None:
+        server = grpc.aio.server(options=self._options)
+        server.add_generic_rpc_handlers((handler,))
+        # A few syscalls once at startup; gRPC binds synchronously anyway.
+        bind_private(server, self.path, self._mode, self._owner)
+        await server.start()
+        self._server = server
+
+    async def close(self, grace: float) -> None:
+        if self._server is not None:
+            await stop_bounded(self._server, grace)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

@@ -24,7 +24,7 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
-from agent.unixsocket import bind_private, stop_bounded
+from agent.unixsocket import UnixGrpcServer
 from protos import typeurls
 
 logger = logging.getLogger(__name__)
@@ -45,28 +45,18 @@ class SdsServer:
         """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
         agent); the socket stays 0600, owned by that user."""
         self.socket_path = socket_path
-        self._owner = owner
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
-        self._server: grpc.aio.Server | None = None
+        self._server = UnixGrpcServer(socket_path, 0o600, owner=owner)
         self._ids = itertools.count(1)
         self.active = 0  # open StreamSecrets streams
 
     async def start(self) -> None:
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((self._handler(),))
-        # A few syscalls once at startup; gRPC binds synchronously anyway.
-        bind_private(server, self.socket_path, 0o600, self._owner)
-        await server.start()
-        self._server = server
+        await self._server.start(self._handler())
         logger.info("SDS server listening on %s", self.socket_path)
 
     async def close(self, grace: float = 0.5) -> None:
-        if self._server is not None:
-            await stop_bounded(self._server, grace)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        await self._server.close(grace)
 
     async def __aenter__(self) -> SdsServer:
         await self.start()

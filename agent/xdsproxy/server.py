@@ -3,7 +3,6 @@ here; each stream is relayed upstream (see relay.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.unixsocket import bind_private, stop_bounded
+from agent.unixsocket import UnixGrpcServer
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
@@ -32,30 +31,24 @@ class DownstreamServer:
         self._upstream = upstream
         self._handlers = handlers
         self._stats = stats
-        self._server: grpc.aio.Server | None = None
+        # Only this pod's processes (same user or group) may talk to the control plane as us.
+        self._server = UnixGrpcServer(
+            socket_path,
+            0o660,
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 256 << 20),
+            ],
+        )
         self._ids = itertools.count(1)
         self.active = 0
 
     async def start(self) -> None:
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 256 << 20),
-            ]
-        )
-        server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
-        # Only this pod's processes (same user or group) may talk to the control plane as us.
-        bind_private(server, self.socket_path, 0o660)
-        await server.start()
-        self._server = server
+        await self._server.start(raw_ads_handler(self._sotw, self._delta))
         logger.info("xDS proxy listening on %s", self.socket_path)
 
     async def close(self, grace: float = 0.5) -> None:
-        if self._server is not None:
-            await stop_bounded(self._server, grace)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        await self._server.close(grace)
 
     async def __aenter__(self) -> DownstreamServer:
         await self.start()
