@@ -3,8 +3,8 @@
 Sans-IO at its core: `sign_csr` takes CSR bytes, the authenticated identity and `now`, and
 returns the PEM chain; it does no I/O and never looks at the identities the CSR asks for. The
 loaders at the bottom read or create the key material (blocking file I/O; the control plane
-calls them through asyncio.to_thread); `sign_csr`, ~0.3 ms of crypto, runs on the CA
-service's signing thread.
+calls them through asyncio.to_thread); `sign_csr`, ~0.2 ms of crypto, runs in the CA's
+signing worker process (control/ca/signworker.py).
 
 Where the CA comes from:
 - `--ca-cert/--ca-key[/--ca-chain]`: a plugged-in root, or an intermediate whose chain up to

@@ -345,7 +345,8 @@ async def agent_run_to_ready(
     /healthz/ready is 200, i.e. it holds a workload certificate and Envoy has accepted LDS
     and CDS (and the DNS name table has arrived), and the phases of its start timeline. The
     pod is a client of the mesh's backend (outbound listener and clusters to fetch).
-    PF_BENCH_AGENT_LOG=debug shows more of where the time goes (<workdir>/agent.log)."""
+    PF_BENCH_AGENT_LOG=debug shows more of where the time goes (<workdir>/agent.log), and
+    PF_BENCH_CONTROL_LOG=info the control plane's side (<tmp>/control.log)."""
     ip = pod_ip()
     workdir.mkdir(parents=True)
     (workdir / "token").write_text(token)
@@ -417,10 +418,11 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
             "--http-address",
             "127.0.0.1:0",
             "--log-level",
-            "warning",
+            os.environ.get("PF_BENCH_CONTROL_LOG", "warning"),
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
+        stderr=(tmp / "control.log").open("wb"),
         start_new_session=True,
     )
     envoy_times: list[float] = []
