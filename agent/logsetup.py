@@ -31,7 +31,7 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # grpc and aiohttp are chatty at info; keep them at warning unless debugging.
+    # grpc is chatty at info; keep it at warning unless debugging.
     if level.upper() != "DEBUG":
-        for name in ("aiohttp.access", "grpc"):
+        for name in ("grpc",):
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -8,6 +8,7 @@
 - `GET /debug/ndsz`: the DNS name table as JSON.
 
 Callbacks keep this module ignorant of the rest of the agent (it is wired in `__main__`).
+HTTP is agent/httpio.py's (not aiohttp: see agent/httpwire.py for why).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
-import aiohttp
-from aiohttp import web
-
+from agent.httpio import HttpClientError, HttpServer, Request, Response, fetch
 from agent.metrics import CONTENT_TYPE, AgentMetrics
 
 logger = logging.getLogger(__name__)
@@ -82,47 +81,25 @@ class StatusServer:
         self._ndsz = ndsz
         self._readiness_timeout = readiness_timeout
         self._envoy_stats_timeout = envoy_stats_timeout
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        app = web.Application()
-        app.router.add_get("/healthz/ready", self._ready)
-        app.router.add_get("/stats/prometheus", self._stats)
-        app.router.add_post("/quitquitquit", self._quit)
-        app.router.add_post("/drain", self._drain)
-        app.router.add_get("/debug/ndsz", self._ndsz_handler)
-        self._app = app
+        # No access log: probes hit /healthz/ready every few seconds for the pod's lifetime.
+        self._server = HttpServer(
+            {
+                "/healthz/ready": {"GET": self._ready},
+                "/stats/prometheus": {"GET": self._stats},
+                "/quitquitquit": {"POST": self._quit},
+                "/drain": {"POST": self._drain},
+                "/debug/ndsz": {"GET": self._ndsz_handler},
+            }
+        )
 
     async def start(self) -> int:
         """Listen on `ip:port` (port 0: any); the actual port."""
-        if self._envoy_stats_url is not None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._envoy_stats_timeout)
-            )
-        # No access log: probes hit /healthz/ready every few seconds for the pod's lifetime.
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.ip, self.port).start()
-        except BaseException:
-            await runner.cleanup()
-            await self._close_session()
-            raise
-        self._runner = runner
-        addr = runner.addresses[0]
-        self.port = int(addr[1])
+        self.port = await self._server.start(self.ip, self.port)
         logger.info("status server listening on %s:%d", self.ip, self.port)
         return self.port
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        await self._close_session()
-
-    async def _close_session(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._server.close()
 
     async def __aenter__(self) -> StatusServer:
         await self.start()
@@ -136,7 +113,7 @@ class StatusServer:
     ) -> None:
         await self.close()
 
-    async def _ready(self, request: web.Request) -> web.Response:
+    async def _ready(self, request: Request) -> Response:
         try:
             async with asyncio.timeout(self._readiness_timeout):
                 reason = await self._readiness()
@@ -147,10 +124,10 @@ class StatusServer:
             logger.exception("readiness check failed")
             reason = f"readiness check failed: {e}"
         if reason is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=reason.rstrip("\n") + "\n")
+            return Response.text("ready\n")
+        return Response.text(reason.rstrip("\n") + "\n", 503)
 
-    async def _stats(self, request: web.Request) -> web.Response:
+    async def _stats(self, request: Request) -> Response:
         self._metrics.scrapes.inc()
         envoy = await self._envoy_stats()
         # Rendered after the fetch, so this scrape's failure count is in this scrape.
@@ -159,47 +136,45 @@ class StatusServer:
             if not body.endswith(b"\n"):
                 body += b"\n"
             body += envoy
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return Response(200, body, CONTENT_TYPE)
 
     async def _envoy_stats(self) -> bytes:
-        if self._envoy_stats_url is None or self._session is None:
+        if self._envoy_stats_url is None:
             return b""
         try:
-            async with self._session.get(self._envoy_stats_url) as r:
-                data = await r.read()
-                if r.status != 200:
-                    raise aiohttp.ClientResponseError(
-                        r.request_info, r.history, status=r.status, message="unexpected status"
-                    )
-                return data
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            status, data = await fetch(self._envoy_stats_url, timeout=self._envoy_stats_timeout)
+            if status != 200:
+                raise HttpClientError(f"HTTP {status}")
+            return data
+        except (HttpClientError, TimeoutError, OSError) as e:
             # The agent's own metrics are still worth serving (they may say why Envoy is down).
             logger.debug("cannot fetch Envoy stats from %s: %s", self._envoy_stats_url, e)
             self._metrics.scrape_failures.labels(type="envoy").inc()
             return b""
 
-    def _forbidden(self, request: web.Request) -> web.Response | None:
+    def _forbidden(self, request: Request) -> Response | None:
         if is_local_caller(request.remote, self.ip):
             return None
         logger.warning("refused %s %s from %s", request.method, request.path, request.remote)
-        return web.Response(status=403, text="Only requests from localhost are allowed\n")
+        return Response.text("Only requests from localhost are allowed\n", 403)
 
-    async def _quit(self, request: web.Request) -> web.Response:
+    async def _quit(self, request: Request) -> Response:
         if (refused := self._forbidden(request)) is not None:
             return refused
         logger.info("/quitquitquit from %s: shutting down", request.remote)
         self._on_quit()
-        return web.Response(text="OK\n")
+        return Response.text("OK\n")
 
-    async def _drain(self, request: web.Request) -> web.Response:
+    async def _drain(self, request: Request) -> Response:
         if (refused := self._forbidden(request)) is not None:
             return refused
         logger.info("/drain from %s: draining Envoy", request.remote)
         await self._on_drain()
-        return web.Response(text="OK\n")
+        return Response.text("OK\n")
 
-    async def _ndsz_handler(self, request: web.Request) -> web.Response:
-        return web.Response(
-            text=json.dumps(self._ndsz(), indent=2, sort_keys=True, default=str) + "\n",
-            content_type="application/json",
+    async def _ndsz_handler(self, request: Request) -> Response:
+        return Response(
+            200,
+            (json.dumps(self._ndsz(), indent=2, sort_keys=True, default=str) + "\n").encode(),
+            "application/json",
         )

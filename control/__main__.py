@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
+
+# gRPC's fork handlers are for children that go on using gRPC; ours (the CA's signing worker)
+# only exec Python. Set before anything imports grpc, as the agent does.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from control import logsetup
 

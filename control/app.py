@@ -203,6 +203,7 @@ class ControlPlane:
         )
         self.xds.add_to(server)
         self._ca_service = CertificateService(ca, self._call_auth, self.metrics)
+        await self._ca_service.start()
         self._ca_service.add_to(server)
         self.xds_port = server.add_insecure_port(self.options.xds_address)
         if self.xds_port == 0:
@@ -225,6 +226,11 @@ class ControlPlane:
             else "off",
             _with_port(self.options.http_address, self.http_port),
         )
+
+    @property
+    def ca_service(self) -> CertificateService | None:
+        """The CA's gRPC service and its signing worker (set by start())."""
+        return self._ca_service
 
     def _load_security(self) -> tuple[CertificateAuthority, TokenIssuer]:
         """The CA and the token key (blocking; called through asyncio.to_thread)."""
@@ -352,7 +358,7 @@ class ControlPlane:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
         if self._ca_service is not None:
-            self._ca_service.close()
+            await self._ca_service.close()
             self._ca_service = None
         await self.watcher.close()
 

@@ -90,6 +90,11 @@ class Metrics:
         self.csr_sign_errors = Counter(
             "citadel_server_csr_sign_err_count", "CSRs the CA failed to sign.", registry=r
         )
+        self.signer_restarts = Counter(
+            "pilotfish_ca_signer_restarts",
+            "Signing worker processes started again after one exited.",
+            registry=r,
+        )
         self.root_expiry = Gauge(
             "citadel_server_root_cert_expiry_timestamp",
             "Unix time at which the root certificate expires.",

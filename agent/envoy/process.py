@@ -6,7 +6,7 @@ data plane, and restarting behind the kubelet's back would hide the failure), an
 calls `drain()` then `close()`.
 
 Everything is asyncio: the subprocess is created with `create_subprocess_exec`, its output is
-read by a task, and the admin API is called with aiohttp, so the agent's event loop (which
+read by a task, and the admin API is called with agent/httpio.py, so the agent's event loop (which
 also relays xDS) never blocks on Envoy.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import aiohttp
+from agent.httpio import HttpClientError, fetch
 
 logger = logging.getLogger(__name__)
 # Envoy's own lines go to a logger of their own, so they can be filtered or leveled apart
@@ -228,12 +228,8 @@ class EnvoySupervisor:
         return code
 
     async def _admin_post(self, path: str, timeout: float = 5.0) -> int:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
-            s.post(self.admin_url + path) as r,
-        ):
-            await r.read()
-            return r.status
+        status, _ = await fetch(self.admin_url + path, "POST", timeout)
+        return status
 
     async def start_drain(self) -> bool:
         """Ask Envoy to drain its listeners gracefully; returns at once. False if Envoy could
@@ -249,7 +245,7 @@ class EnvoySupervisor:
             return False
         try:
             status = await self._admin_post("/drain_listeners?graceful")
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        except (HttpClientError, TimeoutError, OSError) as e:
             logger.warning("could not ask Envoy to drain: %s", e)
             return False
         if status != 200:
@@ -294,19 +290,17 @@ class EnvoySupervisor:
         `timeout` passes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as s:
-            while True:
-                if self.exited.is_set() or self._proc is None:
-                    raise EnvoyError(f"Envoy exited (code {self.returncode}) before its admin")
-                try:
-                    async with s.get(self.admin_url + "/server_info") as r:
-                        await r.read()
-                        return
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    pass
-                if loop.time() > deadline:
-                    raise EnvoyError(f"Envoy admin {self.admin_url} not up after {timeout}s")
-                await asyncio.sleep(0.05)
+        while True:
+            if self.exited.is_set() or self._proc is None:
+                raise EnvoyError(f"Envoy exited (code {self.returncode}) before its admin")
+            try:
+                await fetch(self.admin_url + "/server_info", timeout=1.0)
+                return
+            except (HttpClientError, TimeoutError, OSError):
+                pass
+            if loop.time() > deadline:
+                raise EnvoyError(f"Envoy admin {self.admin_url} not up after {timeout}s")
+            await asyncio.sleep(0.05)
 
     async def __aenter__(self) -> EnvoySupervisor:
         await self.start()

@@ -160,6 +160,9 @@ class UpstreamChannel:
             )
         else:
             self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        # Connect now (TCP and TLS handshakes run in gRPC's threads) rather than at the
+        # first call: the first CSR and xDS request then find the connection up.
+        self._channel.get_state(try_to_connect=True)
         logger.info("upstream channel to %s%s", self.target, " (TLS)" if self.tls else "")
 
     async def close(self) -> None:

@@ -3,8 +3,8 @@
 Sans-IO at its core: `sign_csr` takes CSR bytes, the authenticated identity and `now`, and
 returns the PEM chain; it does no I/O and never looks at the identities the CSR asks for. The
 loaders at the bottom read or create the key material (blocking file I/O; the control plane
-calls them through asyncio.to_thread); `sign_csr`, ~0.3 ms of crypto, runs on the CA
-service's signing thread.
+calls them through asyncio.to_thread); `sign_csr`, ~0.2 ms of crypto, runs in the CA's
+signing worker process (control/ca/signworker.py).
 
 Where the CA comes from:
 - `--ca-cert/--ca-key[/--ca-chain]`: a plugged-in root, or an intermediate whose chain up to
@@ -100,12 +100,12 @@ class CertificateAuthority:
         """A leaf for `identity` (never the CSR's own SANs or subject) with the CSR's public
         key, valid from `now` for `ttl_seconds` (0: the maximum), capped by the maximum
         workload TTL and by the CA's own expiry. Returns PEMs, leaf first and root last."""
-        csr = _load_csr(csr_pem)
+        public_key = _csr_public_key(csr_pem)
         if ttl_seconds < 0:
             raise CsrError(f"validity_duration {ttl_seconds} is negative")
         ttl = min(ttl_seconds or self.limits.max_workload_ttl, self.limits.max_workload_ttl)
         leaf = self._leaf(
-            csr.public_key(),  # type: ignore[arg-type]
+            public_key,
             x509.SubjectAlternativeName(
                 [x509.UniformResourceIdentifier(identity.spiffe_id(self.trust_domain))]
             ),
@@ -199,7 +199,8 @@ class CertificateAuthority:
 # --- CSR checks ----------------------------------------------------------------------------
 
 
-def _load_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:
+def _csr_public_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey | rsa.RSAPublicKey:
+    """The key of a well-formed, self-signed CSR with an allowed key, or CsrError."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
     except ValueError as e:
@@ -215,7 +216,9 @@ def _load_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:
     except ValueError as e:
         raise CsrError(f"csr public key cannot be read: {e}") from None
     check_key_strength(key, what="csr key")
-    return csr
+    if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):  # for the type checker
+        raise CsrError(f"csr key: {type(key).__name__} is not allowed (ECDSA or RSA)")
+    return key
 
 
 def check_key_strength(key: object, *, what: str) -> None:

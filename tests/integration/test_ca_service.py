@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
+import signal
 import stat
 import time
 from collections.abc import AsyncIterator
@@ -138,6 +140,31 @@ async def test_bad_csr_is_invalid_argument(cp: ControlPlane) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await create(plain, b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n", token(cp))
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_killed_signing_worker_answers_unavailable_then_a_new_one_signs(
+    cp: ControlPlane,
+) -> None:
+    """The calls the worker held when it died get UNAVAILABLE (the agent's CaClient retries
+    those); the next calls are signed by its successor."""
+    assert cp.ca_service is not None
+    signer = cp.ca_service.signer
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+        await create(plain, make_csr(), token(cp))
+        pid = signer.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        held = asyncio.create_task(create(plain, make_csr(), token(cp)))
+        # Counted, then (in the same step of the loop) written to the stopped worker's pipe.
+        await eventually(lambda: metric(cp, "citadel_server_csr_count_total") == 2)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await held
+        assert e.value.code() is grpc.StatusCode.UNAVAILABLE, e.value.details()
+        verify_chain(await create(plain, make_csr(), token(cp)))
+    assert signer.pid not in (None, pid)
+    assert metric(cp, "pilotfish_ca_signer_restarts_total") == 1
+    assert metric(cp, "citadel_server_success_cert_issuance_count_total") == 2
 
 
 async def test_state_dir_keys_are_private_and_the_root_survives_a_restart(
