@@ -57,7 +57,8 @@ async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
     seen to wait forever on a call that will not finish, and an agent that is stopping must
     not hang on it."""
     try:
-        await asyncio.wait_for(server.stop(grace), grace + 5.0)
+        async with asyncio.timeout(grace + 5.0):
+            await server.stop(grace)
     except TimeoutError:
         logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)
 

@@ -353,7 +353,8 @@ class ControlPlane:
         if self._grpc is not None:
             try:
                 # Bounded: shutdown must not hang on a stream that will not finish.
-                await asyncio.wait_for(self._grpc.stop(grace), grace + 5.0)
+                async with asyncio.timeout(grace + 5.0):
+                    await self._grpc.stop(grace)
             except TimeoutError:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
@@ -459,7 +460,8 @@ class ControlPlane:
             delay = deadline - time.monotonic()
             if delay > 0:
                 try:
-                    await asyncio.wait_for(self._expiry_wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._expiry_wake.wait()
                     self._expiry_wake.clear()
                 except TimeoutError:
                     pass

@@ -258,7 +258,8 @@ class EnvoySupervisor:
         """Drain listeners and wait out the drain duration (or until Envoy exits)."""
         if await self.start_drain():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.exited.wait(), self.drain_duration)
+                async with asyncio.timeout(self.drain_duration):
+                    await self.exited.wait()
 
     async def close(self) -> int | None:
         """Stop Envoy: SIGTERM, then SIGKILL after `kill_timeout`. Its exit code (None if it
@@ -270,7 +271,8 @@ class EnvoySupervisor:
         if not self.exited.is_set():
             self._signal(proc, signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.exited.wait(), self.kill_timeout)
+                async with asyncio.timeout(self.kill_timeout):
+                    await self.exited.wait()
             except TimeoutError:
                 logger.warning("Envoy did not stop in %.0fs; killing it", self.kill_timeout)
                 self._signal(proc, signal.SIGKILL)

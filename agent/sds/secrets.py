@@ -242,7 +242,8 @@ class SecretManager:
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._issued.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._issued.wait()
         return self.ready
 
     @property
@@ -363,14 +364,16 @@ class SecretManager:
                 delay = schedule.after_success(cert.not_before, cert.not_after, self._clock())
                 logger.debug("next certificate renewal in %.1fs", delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _issue(self) -> WorkloadCert:
         kc = await new_key_and_csr(self.identity, self.config.key_type)
         self.stats.on_attempt()
         ttl = max(1, round(self.config.cert_ttl))
-        chain = await asyncio.wait_for(self._signer.sign(kc.csr_pem, ttl), self.config.sign_timeout)
+        async with asyncio.timeout(self.config.sign_timeout):
+            chain = await self._signer.sign(kc.csr_pem, ttl)
         root_file = self.config.root_cert_file
         return await asyncio.to_thread(_checked_cert, chain, kc.key_pem, root_file)
 

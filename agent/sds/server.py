@@ -203,7 +203,8 @@ class SdsServer:
                     return missing
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
             return []
         finally:
             unwatch()

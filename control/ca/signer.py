@@ -128,7 +128,8 @@ class ProcessSigner:
             proc.stdin.close()  # end of input: the worker answers what it has and exits
         if self._supervisor is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._supervisor), self._close_timeout)
+                async with asyncio.timeout(self._close_timeout):
+                    await asyncio.shield(self._supervisor)
             except TimeoutError:
                 logger.warning("CA signing worker did not stop in %.0fs", self._close_timeout)
                 self._supervisor.cancel()
@@ -285,7 +286,8 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
     """Wait for a worker that has ended its output; kill one that did so and lingers (a
     corrupt stream), so no worker outlives its pipe."""
     try:
-        await asyncio.wait_for(proc.wait(), 2.0)
+        async with asyncio.timeout(2.0):
+            await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

@@ -129,7 +129,8 @@ class PushLoop:
             delay = deadline - self._clock()
             if delay > 0:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                     self._wake.clear()
                 except TimeoutError:
                     pass

@@ -320,3 +320,34 @@ async def test_file_root_appears_when_the_file_does(tmp_path: Path) -> None:
         assert manager.get(name) is not None  # the other stream still holds it
         manager.release(name)
         assert manager.get(name) is None
+
+
+class HeldSigner:
+    """Signs with a real CA, but hands the chain over only when the test releases it."""
+
+    def __init__(self, ca: TestCA) -> None:
+        self.ca = ca
+        self.asked = asyncio.Event()
+        self.answer: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self.csr = b""
+
+    async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]:
+        self.csr = csr_pem
+        self.asked.set()
+        return await self.answer
+
+
+async def test_close_while_the_certificate_arrives_stops_the_manager() -> None:
+    # Regression: with asyncio.wait_for around the signing call, a cancellation landing as the
+    # chain arrived was swallowed (Python 3.11), the loop installed the certificate and slept
+    # until the next renewal, and close() hung (the SDS server's tests hung ~1 run in 10).
+    ca = TestCA()
+    signer = HeldSigner(ca)
+    manager = SecretManager(signer, config(cert_ttl=3600))
+    await manager.start()
+    await asyncio.wait_for(signer.asked.wait(), 10)
+    chain = await asyncio.to_thread(ca.sign_csr, signer.csr, 3600)
+    signer.answer.set_result(chain)  # the chain arrives ...
+    closing = asyncio.ensure_future(manager.close())  # ... and close() cancels, same moment
+    done, _ = await asyncio.wait([closing], timeout=10)
+    assert closing in done, "close() did not return: the rotation loop swallowed its cancellation"
