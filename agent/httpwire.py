@@ -65,7 +65,7 @@ class ResponseHead:
 
 def _content_length(headers: dict[str, str], limit: int) -> int:
     raw = headers.get("content-length", "0").strip()
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # str.isdigit() also takes "²"
         raise HttpWireError(f"bad Content-Length {raw!r}")
     n = int(raw)
     if n > limit:
@@ -138,7 +138,7 @@ def render_request(method: str, host: str, target: str) -> bytes:
 def chunk_size(line: bytes) -> int:
     """The size on a chunk-size line (extensions ignored)."""
     raw = line.split(b";", 1)[0].strip()
-    try:
-        return int(raw, 16)
-    except ValueError:
-        raise HttpWireError(f"bad chunk size {raw[:20]!r}") from None
+    # int() would also take a sign, underscores and surrounding blanks: hex digits only.
+    if not raw or raw.strip(b"0123456789abcdefABCDEF"):
+        raise HttpWireError(f"bad chunk size {raw[:20]!r}")
+    return int(raw, 16)

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.httpio import HttpClientError, HttpServer, Request, Response, fetch
 from agent.httpwire import (
@@ -156,3 +158,73 @@ async def test_client_reads_chunked_and_until_close_bodies() -> None:
         await fetch(url)  # nobody listens any more
     with pytest.raises(ValueError):
         await fetch("https://example.invalid/")
+
+
+_HEAD_PARTS = st.sampled_from(
+    [
+        b"GET",
+        b"POST",
+        b"get",
+        b" ",
+        b"/healthz/ready",
+        b"?x=1",
+        b"HTTP/1.1",
+        b"HTTP/1.0",
+        b"HTTP/2",
+        b"\r\n",
+        b":",
+        b"Content-Length",
+        b"Transfer-Encoding",
+        b"chunked",
+        b"-1",
+        b"99999999999999999999",
+        b"\x00",
+        b"\xff",
+        b"Connection",
+        b"close",
+        b"\t",
+        b"200",
+        b"\xb2",
+        b"_",
+        b"+",
+        b"OK",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300), st.lists(_HEAD_PARTS, max_size=30).map(b"".join)))
+def test_any_bytes_parse_or_raise_the_wire_error(raw: bytes) -> None:
+    # What a client on the pod network may send: a value or HttpWireError, nothing else.
+    head = raw + b"\r\n\r\n"
+    for parse in (parse_request_head, parse_response_head):
+        try:
+            parsed = parse(head)
+        except HttpWireError:
+            continue
+        try:
+            parsed.body_length()
+        except HttpWireError:
+            pass
+    try:
+        chunk_size(raw)
+    except HttpWireError:
+        pass
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",  # "²": str.isdigit() says yes
+        b"GET / HTTP/1.1\r\nContent-Length: +1\r\n\r\n",
+    ],
+)
+def test_content_length_is_ascii_digits_only(head: bytes) -> None:
+    with pytest.raises(HttpWireError):
+        parse_request_head(head).body_length()
+
+
+@pytest.mark.parametrize("line", [b"-1\r\n", b"+a\r\n", b"1_0\r\n", b"\r\n", b" \r\n"])
+def test_chunk_size_is_hex_digits_only(line: bytes) -> None:
+    with pytest.raises(HttpWireError):
+        chunk_size(line)
