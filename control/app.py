@@ -351,6 +351,7 @@ class ControlPlane:
             except TimeoutError:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
+        await self.xds.close()
         if self._ca_service is not None:
             self._ca_service.close()
             self._ca_service = None
