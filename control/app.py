@@ -5,6 +5,7 @@ debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -453,11 +454,13 @@ class ControlPlane:
                 continue
             delay = deadline - time.monotonic()
             if delay > 0:
-                try:
-                    await asyncio.wait_for(self._expiry_wake.wait(), timeout=delay)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that arrives with the event (a stream closing as the control plane stops),
+                # and close() would then wait out the grace period.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._expiry_wake.wait()
                     self._expiry_wake.clear()
-                except TimeoutError:
-                    pass
                 continue
             removed = self.registry.expire(time.monotonic())
             if removed:

@@ -213,7 +213,8 @@ class SdsServer:
                     return missing
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # wait_for could lose a cancel
+                        await changed.wait()
             return []
         finally:
             unwatch()
