@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,13 @@ class DeltaType:
     def wildcard(self) -> bool:
         return self.explicit_wildcard or (self.legacy_wildcard and not self.names)
 
+    def forget(self, dropped: Callable[[str], bool]) -> None:
+        """The client no longer holds these names: what it NACKed of them, or NACKs later
+        from a response it got before dropping them, no longer binds the server (asking for
+        them again must bring them again)."""
+        self.nacked = {(n, v) for n, v in self.nacked if not dropped(n)}
+        self.sent = {k: [(n, v) for n, v in got if not dropped(n)] for k, got in self.sent.items()}
+
 
 class DeltaOracle:
     """What a delta server must answer and must never send, from the xDS protocol (delta
@@ -245,10 +252,10 @@ class DeltaOracle:
             t.legacy_wildcard = False
         # The client drops what it unsubscribes from (and, leaving the wildcard, everything it
         # held only through it): the server may send those again if they are asked for again.
-        forget = set(unsubscribe)
+        t.forget(unsubscribe.__contains__)
         if "*" in req.resource_names_unsubscribe and not t.wildcard:
-            forget |= {name for name, _ in t.nacked if name not in t.names}
-        t.nacked = {(n, v) for n, v in t.nacked if n not in forget}
+            names = set(t.names)
+            t.forget(lambda n: n not in names)
         return first or bool(added) or (t.wildcard and not was_wildcard)
 
     def on_response(self, resp: DeltaDiscoveryResponse) -> None:
@@ -259,7 +266,7 @@ class DeltaOracle:
         if not t.wildcard:
             extra = {name for name, _ in got} - t.names
             assert not extra, f"sent unsubscribed {extra} of {resp.type_url}"
-        t.nacked = {(n, v) for n, v in t.nacked if n not in resp.removed_resources}
+        t.forget(set(resp.removed_resources).__contains__)
         t.outstanding.add(resp.nonce)
         t.sent[resp.nonce] = got
         t.nonces.append(resp.nonce)
@@ -405,6 +412,14 @@ def test_sotw_request_sequences(
         (typeurls.ENDPOINT, [ALPHA, BETA], [], "none", "", {ALPHA: "1", "nope": "v"}),
         (typeurls.ENDPOINT, [], [ALPHA], "last", "bad", {}),
         (typeurls.ENDPOINT, [ALPHA], [], "none", "", {}),
+    ],
+    with_node=True,
+)
+@example(  # NACK, after leaving the wildcard, of a response from before: no longer binding
+    steps=[
+        (typeurls.CLUSTER, [], [], "none", "", {}),
+        (typeurls.CLUSTER, [ALPHA], ["*"], "none", "", {}),
+        (typeurls.CLUSTER, ["*"], [], "older", "bad config", {}),
     ],
     with_node=True,
 )
