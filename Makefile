@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv sysdeps test unit integration lint demo bench protos clean
+.PHONY: venv sysdeps test unit integration fuzz lint demo bench protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,18 @@ lint: $(STAMP)
 
 test: $(STAMP) sysdeps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -p no:unraisableexception tests/unit tests/integration tests/e2e
+
+# The fuzz and property tests with FUZZ_SCALE times the examples `make test` runs (default
+# 20: several minutes); e.g. `make fuzz FUZZ_SCALE=100`. Failures are kept in .hypothesis/
+# and replayed first on the next run.
+FUZZ_SCALE ?= 20
+FUZZ_TESTS := tests/unit/test_fuzz_config.py tests/unit/test_xds_sotw.py tests/unit/test_xds_delta.py \
+	tests/integration/test_fuzz_ads.py tests/integration/test_fuzz_live.py \
+	tests/integration/test_fuzz_config_live.py tests/integration/test_dns_fuzz.py
+
+fuzz: $(STAMP) sysdeps
+	PILOTFISH_FUZZ_SCALE=$(FUZZ_SCALE) $(BIN)/python -m pytest -q -p no:cacheprovider \
+		-p no:unraisableexception -o timeout=0 --hypothesis-show-statistics $(FUZZ_TESTS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

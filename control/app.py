@@ -5,6 +5,7 @@ debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -358,6 +359,7 @@ class ControlPlane:
             except TimeoutError:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
+        await self.xds.close()
         if self._ca_service is not None:
             await self._ca_service.close()
             self._ca_service = None
@@ -459,12 +461,13 @@ class ControlPlane:
                 continue
             delay = deadline - time.monotonic()
             if delay > 0:
-                try:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that arrives with the event (a stream closing as the control plane stops),
+                # and close() would then wait out the grace period.
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._expiry_wake.wait()
                     self._expiry_wake.clear()
-                except TimeoutError:
-                    pass
                 continue
             removed = self.registry.expire(time.monotonic())
             if removed:

@@ -93,7 +93,16 @@ class DebugServer:
         ]
         errors = {path: str(err) for path, err in self._cp.watcher.errors.items()}
         warnings = [str(w) for w in config.warnings]
-        return _json({"objects": objects, "errors": errors, "warnings": warnings})
+        return _json(
+            {
+                "objects": objects,
+                "errors": errors,
+                "warnings": warnings,
+                # The source's own summary: files in use, reload and failure counts (file
+                # mode), or the state of each Kubernetes watch.
+                "source": self._cp.watcher.status(),
+            }
+        )
 
     async def _config_dump(self, request: web.Request) -> web.Response:
         proxy_id = request.query.get("proxyID", "")

@@ -363,6 +363,8 @@ class SecretManager:
                 self._install(cert)
                 delay = schedule.after_success(cert.not_before, cert.not_after, self._clock())
                 logger.debug("next certificate renewal in %.1fs", delay)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that
+            # arrives with the wake-up, and close() would then wait for the next rotation.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()

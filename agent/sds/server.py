@@ -203,7 +203,7 @@ class SdsServer:
                     return missing
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
+                    async with asyncio.timeout(remaining):  # wait_for could lose a cancel
                         await changed.wait()
             return []
         finally:

@@ -13,6 +13,7 @@ duplicate keys, recursive aliases and alias bombs are errors, never tracebacks.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,9 @@ def parse_yaml(text: str, file: str) -> list[Document]:
     try:
         roots: list[Node] = list(yaml.compose_all(text, Loader=_Loader))
     except yaml.MarkedYAMLError as exc:
-        raise ConfigError(file, _mark_line(exc), _yaml_reason(exc)) from None
+        # At the end of a file without a final newline libyaml's mark is one line past it.
+        line = min(_mark_line(exc), last_line(text))
+        raise ConfigError(file, line, _yaml_reason(exc)) from None
     except yaml.reader.ReaderError as exc:
         line = _reader_line(exc, text)
         raise ConfigError(file, line, f"invalid YAML: {_reader_reason(exc)}") from None
@@ -88,6 +91,14 @@ def parse_yaml(text: str, file: str) -> list[Document]:
         value = builder.build(root, (), 0)
         docs.append(Document(file, root.start_mark.line + 1, value, builder.lines))
     return docs
+
+
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML counts as one
+
+
+def last_line(text: str) -> int:
+    """The number of the last line of `text` (1-based, as YAML counts lines)."""
+    return len(_LINE_BREAK.findall(text)) + 1
 
 
 def _is_null(node: Node) -> bool:
@@ -207,14 +218,18 @@ class _Builder:
                 sub._count, sub._distinct, sub._active = self._count, self._distinct, self._active
                 merged = sub.build(source, path, depth + 1)
                 self._count = sub._count
+                taken: set[str] = set()
                 for key, value in merged.items():
-                    if key in out:
-                        continue
-                    out[key] = value
-                    prefix = (*path, key)
-                    for sub_path, line in sub.lines.items():
-                        if sub_path[: len(prefix)] == prefix:
-                            self.lines.setdefault(sub_path, line)
+                    if key not in out:
+                        out[key] = value
+                        taken.add(key)
+                # The lines of what was taken, in one pass over the source's lines (a pass per
+                # key made a large merged mapping cost quadratic time: a few hundred kilobytes
+                # of YAML kept the loader busy for minutes).
+                at = len(path)
+                for sub_path, line in sub.lines.items():
+                    if len(sub_path) > at and sub_path[at] in taken:
+                        self.lines.setdefault(sub_path, line)
         return out
 
     def _scalar(self, node: ScalarNode) -> Any:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -106,10 +107,9 @@ class PushLoop:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            # gather, not `await task` under suppress(CancelledError): that would also
+            # swallow a cancellation of close() itself.
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
     async def __aenter__(self) -> PushLoop:
@@ -128,12 +128,12 @@ class PushLoop:
                 continue
             delay = deadline - self._clock()
             if delay > 0:
-                try:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that arrives with the event, and close() would then wait forever.
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
                     self._wake.clear()
-                except TimeoutError:
-                    pass
                 continue
             flushed = self._debouncer.flush(self._clock())
             if flushed is None:

@@ -145,6 +145,20 @@ class XdsServer:
     def add_to(self, server: grpc.aio.Server) -> None:
         server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
 
+    async def close(self) -> None:
+        """Stop the background tasks (the send watchdog and any send worker still running);
+        call after the gRPC server has stopped, when no stream is left to serve."""
+        tasks = [*self._worker_tasks, *([self._watchdog] if self._watchdog else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watchdog = None
+
+    @property
+    def send_workers(self) -> int:
+        """Send workers running now (at most `max_concurrent_pushes`)."""
+        return self._workers
+
     def push_all(self, types: frozenset[str] | None = None) -> int:
         """Mark every stream for a push of the current resources of `types` (None: every
         subscribed type); returns how many streams. At most `max_concurrent_pushes` streams
@@ -224,6 +238,12 @@ class XdsServer:
         conn.context = context
         conn.handler = asyncio.current_task()
         try:
+            # Headers now, in a batch of their own: otherwise they ride with the first
+            # response, and while that write is stuck on a client that does not read, gRPC
+            # refuses to start the batch carrying the final status (it would hold headers a
+            # second time: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS). With them out, a status is
+            # queued behind the stuck response, as HTTP/2 wants trailers after DATA.
+            await context.send_initial_metadata(())
             # One task per stream, and it only reads: answers and pushes are generated and
             # written by the bounded pool of send workers, so reading requests never waits on
             # a slow client, and a connection storm encodes at most that many responses at
@@ -240,6 +260,13 @@ class XdsServer:
             conn.error = e
         except grpc.aio.AioRpcError as e:
             logger.debug("stream %s read ended: %s", conn.id, e.code())
+        except asyncio.CancelledError:
+            if not _timed_out(conn):
+                raise
+            # A send worker ended the stream (the client stopped reading): tell the client.
+            handler = asyncio.current_task()
+            assert handler is not None
+            handler.uncancel()
         finally:
             conn.closed = True
             self.connections.pop(conn_id, None)
@@ -248,8 +275,9 @@ class XdsServer:
                 self._on_disconnect(proxy)
             logger.info("stream %s closed", conn_id)
         if conn.error is not None:
-            self._metrics.stream_errors.labels("bad_request").inc()
-            await context.abort(conn.error.code, conn.error.message)
+            if not _timed_out(conn):
+                self._metrics.stream_errors.labels("bad_request").inc()
+            await _end_stream(context, conn.error)
 
     def _handle_request(self, conn: Connection, req: Any) -> None:
         if not req.type_url:
@@ -285,18 +313,33 @@ class XdsServer:
                     if conn.handler is not None and conn.handler is not asyncio.current_task():
                         conn.handler.cancel()  # the handler is blocked reading: end the RPC
                     return
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+        except (
+            grpc.aio.AioRpcError,
+            asyncio.InvalidStateError,
+            grpc.aio.UsageError,  # the RPC already ended (the handler returned)
+            grpc.aio.InternalError,  # core failed the write: the client cancelled under it
+        ) as e:
             logger.debug("stream %s: write failed: %s", conn.id, e)
         finally:
             conn.busy = False
 
     async def _push_worker(self) -> None:
-        while self._push_queue:
-            conn = self._push_queue.popleft()
-            conn.queued = False
-            if not conn.closed:
-                await self._flush(conn)
-        self._workers -= 1
+        try:
+            while self._push_queue:
+                conn = self._push_queue.popleft()
+                conn.queued = False
+                if conn.closed:
+                    continue
+                try:
+                    await self._flush(conn)
+                except Exception:
+                    # A bug of ours (a generator failing for this proxy, say): logged, and
+                    # the worker goes on with the other streams.
+                    logger.exception("stream %s: sending failed", conn.id)
+        finally:
+            # Always given back: a slot lost here is a stream that is never served (a new
+            # worker starts only while fewer run than streams wait).
+            self._workers -= 1
 
     async def _send(
         self,
@@ -483,6 +526,24 @@ class XdsServer:
             }
             for c in sorted(self.connections.values(), key=lambda c: c.id)
         ]
+
+
+def _timed_out(conn: Connection) -> bool:
+    return conn.error is not None and conn.error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def _end_stream(context: grpc.aio.ServicerContext, error: _StreamError) -> None:
+    """End the RPC with `error`'s status. After a send timeout the status waits behind the
+    response the client is not reading (HTTP/2 sends trailers after DATA; grpc.aio has no way
+    to reset a server stream), so a client that reads again gets the response and then this
+    status, and re-dials. If the client goes away first, core fails the batch: that is the
+    client cancelling, and is reported to gRPC as such (any other exception would be logged
+    by grpc.aio as a servicer error)."""
+    try:
+        await context.abort(error.code, error.message)
+    except grpc.aio.InternalError as e:
+        logger.debug("stream status not delivered, the client went away: %s", e)
+        raise asyncio.CancelledError from None
 
 
 def _short(type_url: str) -> str:

@@ -13,13 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 from dnslib import EDNS0, QTYPE, DNSHeader, DNSQuestion, DNSRecord
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.dns.forwarder import Forwarder
 from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, NameInfo, kubernetes_search_domains
+from tests.support.fuzz import fuzz_settings
 from tests.support.net import pod_ip
 
 ROWS = {
@@ -148,7 +149,7 @@ def mutated(draw: st.DrawFn) -> bytes:
 packets = st.one_of(st.binary(max_size=600), valid_queries, mutated())
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(400)
 @given(packet=packets)
 def test_udp_random_and_mutated_packets(server: ServerThread, packet: bytes) -> None:
     server_seen_ids.add(packet[:2])
@@ -158,7 +159,7 @@ def test_udp_random_and_mutated_packets(server: ServerThread, packet: bytes) -> 
         probe_roundtrip(server, sock, packet)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(150)
 @given(packet=packets)
 def test_tcp_random_and_mutated_packets(server: ServerThread, packet: bytes) -> None:
     """Framed as TCP DNS: the reply (if any) is well formed; a connection the server ends

@@ -38,6 +38,10 @@ class ControlProcess:
             f"127.0.0.1:{self.xds_port}",
             "--secure-xds-address",
             "off",
+            # Its default port is fixed (15017): another control plane on this machine would
+            # make the start fail.
+            "--webhook-address",
+            "off",
             "--http-address",
             f"127.0.0.1:{self.http_port}",
             "--debounce-after",

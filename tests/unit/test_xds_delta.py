@@ -17,13 +17,14 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DeltaDiscoveryRequest,
     DeltaDiscoveryResponse,
 )
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from control.xds.cache import Resource, ResourceCache, ResourceSet
 from control.xds.delta import DeltaResponse, DeltaStream
 from control.xds.state import RequestKind, SyncStatus, TypeStatus
 from protos import typeurls, wire
+from tests.support.fuzz import fuzz_settings
 
 CDS, EDS, LDS, RDS = typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE
 
@@ -506,7 +507,7 @@ _push = st.tuples(
 _push_same = st.just(("push_same",))
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(500)
 @given(first=_push, ops=st.lists(st.one_of(_request, _request, _push, _push_same), max_size=40))
 def test_property_delta_rules_2_4_7_random_interleavings(first: tuple, ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """Random delta requests (subscribe/unsubscribe incl. '*', real/older/bogus/no nonce, with

@@ -149,3 +149,24 @@ async def test_rule9_push_loop_close_without_events() -> None:
     await asyncio.sleep(0.05)
     await asyncio.wait_for(loop.close(), timeout=1.0)
     await loop.close()  # idempotent
+
+
+async def test_push_loop_closes_when_a_notification_races_the_close() -> None:
+    """Regression: waiting with asyncio.wait_for(event.wait(), delay) loses a cancellation
+    that arrives with the event (Python 3.11's wait_for returns the inner result then); the
+    loop went on waiting and close() hung (a control plane stopping while a stream
+    disconnected took the debounce/grace period or forever)."""
+    pushed = asyncio.Event()
+
+    async def on_push(reasons: set[str], waited: float) -> None:
+        pushed.set()
+
+    loop = PushLoop(on_push, quiet=30.0, max_delay=60.0)
+    await loop.start()
+    loop.notify("first")  # the loop now waits up to `quiet` for more
+    await asyncio.sleep(0.01)
+    loop.notify("second")  # wakes the wait ...
+    closing = asyncio.create_task(loop.close())  # ... in the same turn as the cancellation
+    done, _ = await asyncio.wait([closing], timeout=5)
+    assert done, "close() hung"
+    assert not pushed.is_set()

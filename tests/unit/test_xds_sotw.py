@@ -15,13 +15,14 @@ from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import any_pb2
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from control.xds.cache import Resource, ResourceCache, ResourceSet
 from control.xds.sotw import SotwResponse, SotwStream, names_of
 from control.xds.state import PUSH_ORDER, RequestKind, SyncStatus, TypeStatus, ordered
 from protos import typeurls, wire
+from tests.support.fuzz import fuzz_settings
 
 CDS, EDS, LDS, RDS = typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE
 
@@ -634,7 +635,7 @@ _push = st.tuples(st.just("push"), _sets_strategy())
 _push_same = st.just(("push_same",))  # a push that changes nothing (other proxies' config)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(500)
 @given(first=_push, ops=st.lists(st.one_of(_request, _request, _push, _push_same), max_size=40))
 def test_property_rules_2_3_4_random_interleavings(first: tuple, ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """Random requests (types, names incl. '*' and missing ones, the real last nonce, an older
