@@ -306,7 +306,10 @@ async def idle_rss(tmp: Path) -> tuple[int, int]:
             "-c",
             "import importlib, json, sys, time\n"
             "for m in json.loads(sys.argv[1]):\n"
-            "    importlib.import_module(m)\n"
+            "    try:\n"
+            "        importlib.import_module(m)\n"
+            "    except ImportError:\n"  # e.g. cython_runtime: listed, not importable alone
+            "        pass\n"
             "print('ok', flush=True); time.sleep(30)",
             json.dumps(libraries),
         ],
@@ -314,7 +317,8 @@ async def idle_rss(tmp: Path) -> tuple[int, int]:
         text=True,
     )
     assert floor.stdout is not None
-    floor.stdout.readline()
+    if floor.stdout.readline().strip() != "ok":
+        raise RuntimeError("the floor process did not import the agent's libraries")
     await asyncio.sleep(0.5)
     floor_rss = rss_of(floor.pid)
     floor.kill()
