@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -47,6 +49,9 @@ def view_version(by_name: Mapping[str, Resource]) -> str:
 
 
 _view_ids = itertools.count(1)
+_set_ids = itertools.count(1)
+# How many ancestors a set derived by `replace` remembers the differences to.
+_LINEAGE = 8
 
 
 class View:
@@ -61,6 +66,7 @@ class View:
     """
 
     __slots__ = (
+        "__weakref__",
         "_block",
         "_framed",
         "_framed_for",
@@ -110,6 +116,17 @@ class View:
         return len(self.by_name)
 
 
+# Every live view by version. The version is a digest of the names and versions a view
+# holds, so views with the same version hold the same resources: a selection made again (a
+# push rebuilt an unchanged set, a new stream subscribed to what others have) reuses the view
+# the streams already hold, and with it its encoded response. Without this, streams that
+# connect at different times each keep an identical copy of their CDS and RDS responses.
+# (Selections of different types never share a version, their resources' bytes differ; an
+# empty selection looks the same whatever its type, so it is not shared: a stream must not
+# get one view, and so one nonce, for two types.)
+_live_views: weakref.WeakValueDictionary[str, View] = weakref.WeakValueDictionary()
+
+
 class ResourceSet(Mapping[str, Resource]):
     """The resources of one type for one proxy (or a group of proxies that share them).
 
@@ -117,7 +134,7 @@ class ResourceSet(Mapping[str, Resource]):
     is one string comparison per stream on a push.
     """
 
-    __slots__ = ("_by_name", "_digest", "_views")
+    __slots__ = ("_by_name", "_digest", "_since", "_views", "seq")
 
     def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
         if isinstance(resources, Mapping):
@@ -126,6 +143,9 @@ class ResourceSet(Mapping[str, Resource]):
             self._by_name = {r.name: r for r in resources}
         self._digest: str | None = None
         self._views: dict[frozenset[str] | None, View] = {}
+        self.seq: int = next(_set_ids)  # names this set (see changed_since)
+        # seq of an ancestor -> names that differ between it and this set (see replace).
+        self._since: dict[int, frozenset[str]] | None = None
 
     def view(self, names: frozenset[str] | None) -> View:
         """The resources among `names` (None: all of them), memoized per set of names, so
@@ -133,16 +153,27 @@ class ResourceSet(Mapping[str, Resource]):
         v = self._views.get(names)
         if v is None:
             if names is None:
-                v = View(self._by_name, self.digest)
+                selected, version = self._by_name, self.digest
             else:
                 by_name = self._by_name
-                v = View({n: by_name[n] for n in names if n in by_name})
+                selected = {n: by_name[n] for n in names if n in by_name}
+                version = view_version(selected)
+            v = _live_views.get(version) if selected else None
+            if v is None:
+                v = View(selected, version)
+                if selected:  # an empty view has the same version whatever its type
+                    _live_views[version] = v
             if len(self._views) < 64:  # bounded: odd subscriptions are not worth keeping
                 self._views[names] = v
         return v
 
     def __getitem__(self, name: str) -> Resource:
         return self._by_name[name]
+
+    def get(self, name: str, default: Resource | None = None) -> Resource | None:  # type: ignore[override]
+        # The dict's own get: Mapping.get goes through __getitem__ and an exception handler,
+        # and a delta push asks once per subscribed name of every stream.
+        return self._by_name.get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
@@ -164,14 +195,34 @@ class ResourceSet(Mapping[str, Resource]):
 
     def replace(self, changes: Mapping[str, Resource | None]) -> ResourceSet:
         """A new set: this one with `changes` applied (a resource replaces or adds the one
-        of its name, None removes the name). Costs a dict copy, not a rebuild."""
+        of its name, None removes the name). Costs a dict copy, not a rebuild. The new set
+        remembers which names differ from this one and from this one's recent ancestors."""
         new = ResourceSet(self._by_name)
         for name, res in changes.items():
             if res is None:
                 new._by_name.pop(name, None)
             else:
                 new._by_name[name] = res
+        changed = frozenset(changes)
+        since = {self.seq: changed}
+        for seq, names in (self._since or {}).items():  # newest first
+            if len(since) >= _LINEAGE:
+                break
+            since[seq] = names | changed
+        new._since = since
         return new
+
+    def changed_since(self, seq: int) -> frozenset[str] | None:
+        """The names whose resource may differ (changed, added or removed) between the set
+        numbered `seq` and this one: empty for this very set, a superset of the differences
+        when this set was derived from that one by a few `replace` calls, None when unknown.
+        A delta stream whose client holds exactly the set `seq` then looks at these names
+        only, instead of every name it subscribes to."""
+        if seq == self.seq:
+            return frozenset()
+        if self._since is None:
+            return None
+        return self._since.get(seq)
 
 
 EMPTY = ResourceSet(())
@@ -219,7 +270,9 @@ class ResourceCache:
         msg = build()
         value = msg.SerializeToString(deterministic=True)
         self.serializations += 1
-        version = digest(value)
+        # Interned: streams record the versions they sent, and a resource rebuilt with the
+        # same bytes (after a sweep) then shares the string.
+        version = sys.intern(digest(value))
         if entry is not None and entry.resource.version == version:
             # Same bytes from new inputs: keep the old object so identity checks stay cheap.
             entry.key = key

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
-from control.xds.cache import Resource
+from control.xds.cache import Resource, ResourceSet
 from control.xds.state import (
     NonceSource,
     RequestKind,
@@ -63,6 +63,10 @@ class _TypeState:
     nack_message: str = ""
     nacked_nonce: str = ""
     ever_sent: bool = False
+    # seq of the ResourceSet the client's view (client_has, told_absent) matches over this
+    # subscription, 0 when unknown: a push then only looks at the names that changed since
+    # (ResourceSet.changed_since) instead of every subscribed name.
+    synced: int = 0
 
     @property
     def wildcard(self) -> bool:
@@ -106,6 +110,8 @@ class DeltaStream:
 
         subscribe = set(req.resource_names_subscribe)
         unsubscribe = set(req.resource_names_unsubscribe)
+        if subscribe or unsubscribe:
+            st.synced = 0  # the scope changes: the next answer looks at everything
         was_wildcard = st.wildcard
         # Subscription changes apply whatever the nonce (rule 7).
         if WILDCARD in subscribe:
@@ -173,25 +179,38 @@ class DeltaStream:
         st = self._types.get(type_url)
         if st is None:
             return None
-        if st.wildcard:
-            candidates = set(resources) | st.names
+        changed = (
+            resources.changed_since(st.synced)
+            if st.synced and isinstance(resources, ResourceSet)
+            else None
+        )
+        candidates: set[str] | frozenset[str]
+        if changed is None:
+            # Everything in scope: the client may lack any of it.
+            candidates = set(resources) | st.names if st.wildcard else st.names
+            gone: set[str] | frozenset[str] = st.client_has.keys() - resources.keys()
+            absent = st.names - resources.keys()
         else:
-            candidates = st.names
+            # The client holds the set numbered st.synced: only names changed since can
+            # differ (the same rules, applied to fewer names).
+            candidates = changed if st.wildcard else changed & st.names
+            gone = {n for n in changed if n in st.client_has and n not in resources}
+            absent = {n for n in changed & st.names if n not in resources}
         updates: list[Resource] = []
         removed: list[str] = []
+        client_has = st.client_has
         for name in sorted(candidates):
             res = resources.get(name)
-            if res is None:
-                continue
-            if st.client_has.get(name) != res.version:
+            if res is not None and client_has.get(name) != res.version:
                 updates.append(res)
         if allow_removals:
-            for name in sorted(st.client_has):
-                if name not in resources:
-                    removed.append(name)
+            removed = sorted(gone)
             # A subscribed name that does not exist is reported removed once, so the client
             # stops waiting for it (it stays subscribed and arrives when it appears).
-            removed.extend(sorted(st.names - set(resources) - st.told_absent - set(removed)))
+            removed.extend(sorted(absent - st.told_absent - gone))
+        # What the client will hold matches `resources` over the subscription, unless
+        # removals were held back.
+        st.synced = resources.seq if allow_removals and isinstance(resources, ResourceSet) else 0
         if not updates and not removed and not force:
             return None
         for res in updates:
@@ -219,7 +238,11 @@ class DeltaStream:
             t in self._types for t in (typeurls.LISTENER, typeurls.ROUTE)
         )
         cds_state = self._types.get(typeurls.CLUSTER)
-        had_clusters = set(cds_state.client_has) if cds_state is not None else set()
+        had_clusters = (
+            set(cds_state.client_has)
+            if cds_state is not None and typeurls.CLUSTER in sets
+            else set()
+        )
         for type_url in ordered(sets):
             if type_url not in self._types:
                 continue
@@ -247,6 +270,7 @@ class DeltaStream:
         eds = self._types.get(typeurls.ENDPOINT)
         if eds is None or not eds.client_has or eds.nack_message:
             return
+        eds.synced = 0  # the client's view is ours no longer
         for res in cds.resources:
             if res.name in had:
                 eds.client_has.pop(res.name, None)
