@@ -14,7 +14,7 @@ import itertools
 import sys
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
@@ -29,10 +29,21 @@ class Resource:
     version: str
     type_url: str
     any_bytes: bytes  # a serialized google.protobuf.Any
+    # delta_field(), encoded on first use and then shared by every delta stream.
+    _delta_field: bytes | None = field(default=None, compare=False, repr=False)
 
     def delta_bytes(self) -> bytes:
         """The resource wrapped as envoy.service.discovery.v3.Resource (delta xDS)."""
         return wire.delta_resource(self.name, self.version, self.any_bytes)
+
+    def delta_field(self) -> bytes:
+        """The resource as one element of DeltaDiscoveryResponse.resources (tag and length
+        included): a delta response is these joined, whatever stream it is for."""
+        encoded = self._delta_field
+        if encoded is None:
+            encoded = wire.delta_resource_field(self.name, self.version, self.any_bytes)
+            object.__setattr__(self, "_delta_field", encoded)  # a cache, not state
+        return encoded
 
 
 def digest(data: bytes) -> str:
@@ -134,7 +145,7 @@ class ResourceSet(Mapping[str, Resource]):
     is one string comparison per stream on a push.
     """
 
-    __slots__ = ("_by_name", "_digest", "_since", "_views", "seq")
+    __slots__ = ("_by_name", "_digest", "_selections", "_since", "_views", "seq")
 
     def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
         if isinstance(resources, Mapping):
@@ -146,6 +157,7 @@ class ResourceSet(Mapping[str, Resource]):
         self.seq: int = next(_set_ids)  # names this set (see changed_since)
         # seq of an ancestor -> names that differ between it and this set (see replace).
         self._since: dict[int, frozenset[str]] | None = None
+        self._selections: dict[frozenset[str] | None, Selection] | None = None
 
     def view(self, names: frozenset[str] | None) -> View:
         """The resources among `names` (None: all of them), memoized per set of names, so
@@ -166,6 +178,26 @@ class ResourceSet(Mapping[str, Resource]):
             if len(self._views) < 64:  # bounded: odd subscriptions are not worth keeping
                 self._views[names] = v
         return v
+
+    def selection(self, names: frozenset[str] | None) -> Selection:
+        """What a delta subscription to `names` (None: everything) covers, worked out once per
+        set and subscription and shared by every stream with that subscription."""
+        memo = self._selections
+        if memo is None:
+            memo = self._selections = {}
+        found = memo.get(names)
+        if found is None:
+            by_name = self._by_name
+            if names is None:
+                picked = [by_name[n] for n in sorted(by_name)]
+                absent: frozenset[str] = frozenset()
+            else:
+                picked = [by_name[n] for n in sorted(names) if n in by_name]
+                absent = frozenset(n for n in names if n not in by_name)
+            found = Selection(tuple(picked), {r.name: r.version for r in picked}, absent)
+            if len(memo) < 64:  # bounded, as views are
+                memo[names] = found
+        return found
 
     def __getitem__(self, name: str) -> Resource:
         return self._by_name[name]
@@ -223,6 +255,45 @@ class ResourceSet(Mapping[str, Resource]):
         if self._since is None:
             return None
         return self._since.get(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The part of a ResourceSet a delta subscription covers (ResourceSet.selection)."""
+
+    resources: tuple[Resource, ...]  # by name
+    # name -> version: a stream whose client holds exactly this selection refers to this
+    # dict instead of a copy of its own (thousands of streams, thousands of names each).
+    # Shared: never modified.
+    versions: dict[str, str]
+    absent: frozenset[str]  # names subscribed to that the set does not have
+    # Whole responses carrying all of it, encoded once (see framed).
+    _framed: dict[tuple[str, str, str, bytes | None], bytes] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def framed(
+        self, type_url: str, system_version: str, nonce: str, control_plane: bytes | None
+    ) -> bytes:
+        """The DeltaDiscoveryResponse that sends all of the selection and removes nothing.
+        New streams with the same subscription ask the same questions in the same order, so
+        their first answers carry the same version and nonce (both count per stream) and
+        share these bytes, as SotW streams share a view's; the encoding is not made afresh
+        for each of thousands of connecting proxies."""
+        key = (type_url, system_version, nonce, control_plane)
+        found = self._framed.get(key)
+        if found is None:
+            found = wire.delta_discovery_response_block(
+                system_version,
+                b"".join([r.delta_field() for r in self.resources]),
+                type_url,
+                (),
+                nonce,
+                control_plane,
+            )
+            if len(self._framed) < 8:  # the first answers of a stream: a handful
+                self._framed[key] = found
+        return found
 
 
 EMPTY = ResourceSet(())

@@ -460,9 +460,14 @@ class XdsServer:
             return wire.discovery_response_block(
                 resp.view.version, resp.view.block, resp.type_url, resp.nonce, self._control_plane
             )
-        return wire.delta_discovery_response(
+        if resp.selection is not None:
+            shared: bytes = resp.selection.framed(
+                resp.type_url, resp.system_version_info, resp.nonce, self._control_plane
+            )
+            return shared
+        return wire.delta_discovery_response_block(
             resp.system_version_info,
-            [r.delta_bytes() for r in resp.resources],
+            b"".join([r.delta_field() for r in resp.resources]),
             resp.type_url,
             list(resp.removed),
             resp.nonce,

@@ -653,6 +653,15 @@ _change = st.tuples(
 )
 
 
+# A first request that claims resources (a reconnecting client's initial_resource_versions).
+_reconnect = st.tuples(
+    st.just("reconnect"),
+    st.sampled_from(TYPES),
+    _names,
+    st.dictionaries(st.sampled_from((*NAMES, "d")), st.sampled_from(("x", "y")), max_size=3),
+)
+
+
 def _shape(responses: Iterable[DeltaResponse | None]) -> list[object]:
     return [
         None
@@ -663,25 +672,45 @@ def _shape(responses: Iterable[DeltaResponse | None]) -> list[object]:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(st.one_of(_request, _change, _change, _push_same), max_size=40))
+@given(ops=st.lists(st.one_of(_request, _change, _change, _push_same, _reconnect), max_size=40))
 def test_property_delta_push_of_derived_set_answers_as_a_full_comparison(
     ops: list[tuple],  # type: ignore[type-arg]
 ) -> None:
     """The incremental EDS push derives each set from the previous one (ResourceSet.replace);
     a stream whose client holds the previous set then compares only the names that changed
-    (ResourceSet.changed_since). Whatever the interleaving of subscription changes, ACKs,
-    NACKs, stale nonces and pushes, it must answer exactly as a stream that compares every
-    subscribed name (fed copies of the same sets, which know no history)."""
+    (ResourceSet.changed_since), a new stream gets a selection worked out once for all
+    (ResourceSet.selection), and a stream in line with a set refers to the set's versions
+    instead of a copy. Whatever the interleaving of subscription changes, ACKs, NACKs, stale
+    nonces and pushes, it must answer exactly as a stream that compares every subscribed
+    name (fed plain mappings of the same resources)."""
     b = Build()
     build = {CDS: b.cluster, EDS: b.cla, LDS: b.listener}
     fast, full = DeltaStream("s"), DeltaStream("s")
     current = {t: ResourceSet(()) for t in TYPES}
     last: dict[str, str] = {}
 
-    def copies() -> dict[str, ResourceSet]:
-        return {t: ResourceSet(dict(rs)) for t, rs in current.items()}
+    def copies() -> dict[str, dict[str, Resource]]:
+        # Plain mappings: no history, no shared selections; every name compared.
+        return {t: dict(rs) for t, rs in current.items()}
 
     for op in ops:
+        if op[0] == "reconnect":
+            _, t, sub, claimed = op
+            if t in fast.subscribed_types:
+                continue  # initial versions count on a stream's first request only
+            # The client claims the versions it holds of the current resources, or stale ones.
+            initial = {
+                n: current[t][n].version if v == "x" and n in current[t] else v
+                for n, v in claimed.items()
+            }
+            req = dreq(t, sub, initial=initial)
+            assert fast.receive(req) == full.receive(req)
+            a = fast.respond(t, current[t], force=True)
+            c = full.respond(t, copies()[t], force=True)
+            assert _shape([a]) == _shape([c])
+            if a is not None:
+                last[t] = a.nonce
+            continue
         if op[0] in ("replace", "push_same"):
             if op[0] == "replace":
                 _, t, changes = op
@@ -731,3 +760,36 @@ def test_delta_push_of_derived_set_looks_only_at_changed_names(b: Build) -> None
     (resp,) = s.push({EDS: counting})
     assert got(resp) == (["c7"], [])
     assert Counting.asked == 1
+
+
+def test_rule8_new_streams_share_their_first_answers(b: Build) -> None:
+    """Thousands of proxies connecting at once: each new stream's first answer sends all of
+    the same selection; it is worked out and encoded once, and every stream refers to the
+    selection's versions instead of a copy of its own."""
+    names = [f"c{i}" for i in range(50)]
+    rs = ResourceSet([b.cla(n) for n in names])
+    answers = []
+    streams = []
+    for _ in range(3):
+        s = DeltaStream()
+        s.receive(dreq(EDS, names))
+        resp = s.respond(EDS, rs, force=True)
+        assert resp is not None and resp.selection is not None
+        answers.append(resp)
+        streams.append(s)
+    first = answers[0]
+    assert all(a.selection is first.selection for a in answers)
+    encoded = [
+        a.selection.framed(a.type_url, a.system_version_info, a.nonce, None)  # type: ignore[union-attr]
+        for a in answers
+    ]
+    assert encoded[0] is encoded[1] is encoded[2]
+    decoded = DeltaDiscoveryResponse.FromString(encoded[0])
+    assert [r.name for r in decoded.resources] == sorted(names)
+    assert (decoded.nonce, decoded.system_version_info) == (first.nonce, first.system_version_info)
+    assert all(s._types[EDS].client_has is first.selection.versions for s in streams)  # type: ignore[union-attr]
+    # A stream that changes what it holds gets a copy of its own; the others keep sharing.
+    streams[0].receive(dreq(EDS, unsub=["c0"], nonce=first.nonce))
+    assert streams[0].client_versions(EDS).keys() == set(names) - {"c0"}
+    assert streams[1]._types[EDS].client_has is first.selection.versions  # type: ignore[union-attr]
+    assert len(streams[1].client_versions(EDS)) == 50
