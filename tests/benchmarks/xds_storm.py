@@ -16,7 +16,10 @@ same way:
   with one proxy converged, over N (target <= 30 KB), so one-time work (generating and caching
   the config) is not spread over the streams.
 
+SotW and delta, one after the other (--mode to pick one).
+
 Usage: python tests/benchmarks/xds_storm.py [--proxies 5000] [--services 1000] [--endpoints 5]
+       [--mode sotw|delta|both]
 """
 
 from __future__ import annotations
@@ -50,17 +53,17 @@ def _reset_peak(pid: int) -> None:
 
 
 async def storm(
-    target: str, stats: ProcStats, args: argparse.Namespace, *, ours: bool
+    target: str, stats: ProcStats, args: argparse.Namespace, delta: bool
 ) -> dict[str, Any]:
     """Warm one proxy, then storm N; returns the figures."""
-    warm_opts = LoadOptions(target, 1, delta=args.delta, first_index=args.proxies)
+    warm_opts = LoadOptions(target, 1, delta=delta, first_index=args.proxies)
     async with LoadClients(warm_opts) as warm:
         await warm.wait_converged(120)
         await asyncio.sleep(1.0)
         rss0 = stats.rss()
         cpu0 = stats.cpu()
         _reset_peak(stats.pid)
-        opts = LoadOptions(target, args.proxies, workers=args.workers, delta=args.delta)
+        opts = LoadOptions(target, args.proxies, workers=args.workers, delta=delta)
         async with LoadClients(opts) as load:
             status = await load.wait_converged(args.timeout)
             cpu1 = stats.cpu()
@@ -81,11 +84,11 @@ async def storm(
         "failures": status["failures"],
         "problems": check_acks(records),
         "client_cpu": status["cpu"],
-        "ours": ours,
     }
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run_mode(args: argparse.Namespace, delta: bool) -> bool:
+    """One storm on ours and one on the floor; prints the figures; True when it passed."""
     tmp = Path(tempfile.mkdtemp(prefix="pf-storm-"))
     mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
     mesh.write()
@@ -94,7 +97,7 @@ async def run(args: argparse.Namespace) -> None:
     await cp.start()
     try:
         assert cp.stats is not None
-        ours = await storm(cp.target, cp.stats, args, ours=True)
+        ours = await storm(cp.target, cp.stats, args, delta)
         m = await cp.metrics()
     except Exception:
         print(cp.log_tail(), file=sys.stderr)
@@ -105,56 +108,62 @@ async def run(args: argparse.Namespace) -> None:
     await floor_run.start()
     try:
         assert floor_run.stats is not None
-        floor = await storm(floor_run.target, floor_run.stats, args, ours=False)
+        floor = await storm(floor_run.target, floor_run.stats, args, delta)
     finally:
         await floor_run.close()
 
     burst = 2 * args.connection_rate
     bound = max(0.0, (args.proxies - burst) / args.connection_rate)
-    mode = "delta" if args.delta else "sotw"
+    mode = "delta" if delta else "sotw"
     rate_limited = metric(m, "pilotfish_xds_connections_rate_limited_total")
     cp_errors = metric(m, "pilotfish_xds_stream_errors_total*") + metric(
         m, "pilot_xds_push_errors_total*"
     )
+    name = f"storm {mode}"
     print(
-        f"storm: {args.proxies} proxies ({mode}), {args.services} services x "
-        f"{args.endpoints} endpoints; admission {args.connection_rate:g}/s after {burst:g}"
+        f"{name}: {args.proxies} proxies, {args.services} services x {args.endpoints} "
+        f"endpoints; admission {args.connection_rate:g}/s after {burst:g}"
     )
-    print(machine())
     vs_bound = f"ratio ours/bound: {ours['converge'] / bound:.2f}" if bound else "no wait"
     print(
-        f"storm converge ours: {ours['converge']:.1f} s (per proxy p50 {ours['p50']:.1f} s, "
+        f"{name} converge ours: {ours['converge']:.1f} s (per proxy p50 {ours['p50']:.1f} s, "
         f"p99 {ours['p99']:.1f} s); admission bound {bound:.1f} s; {vs_bound}"
     )
     print(
-        f"storm converge floor (bare grpc.aio, no admission): {floor['converge']:.1f} s; "
+        f"{name} converge floor (bare grpc.aio, no admission): {floor['converge']:.1f} s; "
         f"ratio ours/max(floor, bound): {ours['converge'] / max(floor['converge'], bound):.2f}"
     )
     print(
-        f"storm errors ours: {ours['failures']} failed streams, {len(ours['problems'])} "
+        f"{name} errors ours: {ours['failures']} failed streams, {len(ours['problems'])} "
         f"proxies with problems, {cp_errors:g} control-plane stream/push errors  (target 0); "
         f"floor: {floor['failures']} failed streams"
     )
-    print(f"storm rate limited: {rate_limited:g} streams waited for admission")
+    print(f"{name} rate limited: {rate_limited:g} streams waited for admission")
     print(
-        f"storm peak RSS ours: {ours['peak'] / 2**20:.0f} MB (before the storm "
+        f"{name} peak RSS ours: {ours['peak'] / 2**20:.0f} MB (before the storm "
         f"{ours['rss_base'] / 2**20:.0f} MB); floor: {floor['peak'] / 2**20:.0f} MB; "
         f"ratio {ours['peak'] / floor['peak']:.2f}"
     )
     print(
-        f"storm RSS per stream ours: {ours['rss_per_stream'] / 1024:.1f} KB  (target <= 30 KB); "
-        f"floor: {floor['rss_per_stream'] / 1024:.1f} KB; "
+        f"{name} RSS per stream ours: {ours['rss_per_stream'] / 1024:.1f} KB  "
+        f"(target <= 30 KB); floor: {floor['rss_per_stream'] / 1024:.1f} KB; "
         f"ratio {ours['rss_per_stream'] / max(1.0, floor['rss_per_stream']):.2f}"
     )
     print(
-        f"storm server CPU ours: {ours['cpu']:.1f} s; floor: {floor['cpu']:.1f} s; "
+        f"{name} server CPU ours: {ours['cpu']:.1f} s; floor: {floor['cpu']:.1f} s; "
         f"ratio {ours['cpu'] / max(0.01, floor['cpu']):.2f}  "
         f"(clients: {ours['client_cpu']:.0f} s / {floor['client_cpu']:.0f} s CPU)"
     )
     for p in ours["problems"][:5]:
-        print(f"storm problem: {p}")
-    if ours["failures"] or ours["problems"] or cp_errors:
-        sys.exit(1)
+        print(f"{name} problem: {p}")
+    return not (ours["failures"] or ours["problems"] or cp_errors)
+
+
+async def run(args: argparse.Namespace) -> int:
+    print(machine())
+    modes = (False, True) if args.mode == "both" else (args.mode == "delta",)
+    passed = [await run_mode(args, delta) for delta in modes]
+    return 0 if all(passed) else 1
 
 
 def main() -> None:
@@ -162,7 +171,7 @@ def main() -> None:
     ap.add_argument("--proxies", type=int, default=5000)
     ap.add_argument("--services", type=int, default=1000)
     ap.add_argument("--endpoints", type=int, default=5)
-    ap.add_argument("--delta", action="store_true", help="delta xDS instead of SotW")
+    ap.add_argument("--mode", choices=("sotw", "delta", "both"), default="both")
     ap.add_argument("--workers", type=int, default=0, help="load worker processes (0: by size)")
     ap.add_argument("--connection-rate", type=float, default=200.0)
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -170,8 +179,9 @@ def main() -> None:
     import uvloop
 
     t0 = time.monotonic()
-    uvloop.run(run(args))
+    rc = uvloop.run(run(args))
     print(f"storm benchmark took {time.monotonic() - t0:.0f} s")
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
