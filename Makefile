@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv sysdeps test unit integration fuzz lint demo bench protos clean
+.PHONY: venv sysdeps test unit integration fuzz lint demo bench soak protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,12 +47,28 @@ integration: $(STAMP) sysdeps
 demo: $(STAMP)
 	$(BIN)/python examples/local/demo.py
 
+# Scale the xDS benchmarks down with e.g. XDS_STORM_ARGS="--proxies 1000 --services 200"
+# XDS_CHURN_ARGS="--seconds 20 --mode delta" FANOUT_5000_ARGS="--streams 2000".
+XDS_STORM_ARGS ?=
+XDS_CHURN_ARGS ?=
+FANOUT_5000_ARGS ?= --streams 5000
+
 bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/push_fanout.py
+	$(BIN)/python tests/benchmarks/push_fanout.py $(FANOUT_5000_ARGS)
+	$(BIN)/python tests/benchmarks/xds_storm.py $(XDS_STORM_ARGS)
+	$(BIN)/python tests/benchmarks/xds_churn.py $(XDS_CHURN_ARGS)
 	$(BIN)/python tests/benchmarks/relay.py
 	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py
+
+# 10 minutes of churn at 200 proxies; RSS and fd slopes must stay flat. Not part of
+# `make test` or CI. Shorter: make soak SOAK_SECONDS=60
+SOAK_SECONDS ?= 600
+
+soak: $(STAMP)
+	$(BIN)/python tests/benchmarks/xds_soak.py --seconds $(SOAK_SECONDS)
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -5,6 +5,7 @@ debug/health HTTP server. `__main__` turns flags into `ControlPlaneOptions` and 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import ipaddress
@@ -54,12 +55,43 @@ from control.webhook.server import WebhookServer, ssl_context_for
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
-from control.xds.server import XdsOptions, XdsServer
+from control.xds.server import XdsOptions, XdsServer, grpc_stream_options
 from protos.typeurls import ENDPOINT
 
 logger = logging.getLogger(__name__)
 
 _EDS_ONLY = frozenset((ENDPOINT,))
+PUSH_LOG_SIZE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PushRecord:
+    """One push, for /debug/pushz: when it started (the monotonic clock is the one every
+    process on the machine shares, so a load generator can line its own timings up with it),
+    why, how long its changes waited in the debounce, and what it pushed to how many streams."""
+
+    seq: int
+    started: float  # time.monotonic()
+    started_unix: float  # time.time()
+    reasons: tuple[str, ...]
+    debounce: float  # seconds from the first change it carries to its start
+    eds_only: bool
+    streams: int
+    # File mode: time.monotonic() when the scan of the config files it carries began (every
+    # file written before that is in it; ConfigWatcher.snapshot_at). None in Kubernetes mode.
+    config_snapshot: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "started_monotonic": self.started,
+            "started_unix": self.started_unix,
+            "reasons": list(self.reasons),
+            "debounce_seconds": self.debounce,
+            "eds_only": self.eds_only,
+            "streams": self.streams,
+            "config_snapshot_monotonic": self.config_snapshot,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +176,7 @@ class ControlPlane:
         )
         self.debug = DebugServer(self)
         self.pushes = 0
+        self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
         self._index_version = 0
         self._ctx = GenContext(
             MeshIndex(
@@ -193,7 +226,7 @@ class ControlPlane:
         )
         server = grpc.aio.server(
             options=[
-                ("grpc.max_concurrent_streams", 1 << 20),
+                *grpc_stream_options(self.options.xds),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -415,9 +448,9 @@ class ControlPlane:
         self.metrics.debounce.observe(waited)
         for r in reasons or {"unknown"}:
             self.metrics.push_triggers.labels(r).inc()
-        self.push_now()
+        self.push_now(reasons, waited)
 
-    def push_now(self) -> int:
+    def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
         """Rebuild the index from the current config and workloads and push to every stream
         (skips the debounce; benchmarks and tests use it). Returns the streams marked.
 
@@ -428,14 +461,31 @@ class ControlPlane:
         is pushed, as Istio's incremental EDS push does, and only those services' assignments
         are regenerated. The exception is a change of the identities behind a service (the
         SANs its mTLS clusters accept), which Istio answers with a full push too."""
-        self._push_started = time.monotonic()
+        self._push_started = started = time.monotonic()
+        wall = time.time()
         old_index = self._ctx.index
         self._rebuild()
         self.pushes += 1
-        if endpoints_only(old_index, self._ctx.index):
+        eds_only = endpoints_only(old_index, self._ctx.index)
+        if eds_only:
             self.metrics.push_triggers.labels("eds_only").inc()
-            return self.xds.push_all(_EDS_ONLY)
-        return self.xds.push_all()
+            streams = self.xds.push_all(_EDS_ONLY)
+        else:
+            streams = self.xds.push_all()
+        snapshot = self.watcher.snapshot_at if isinstance(self.watcher, ConfigWatcher) else None
+        self.push_log.append(
+            PushRecord(
+                self.pushes,
+                started,
+                wall,
+                tuple(sorted(reasons)),
+                waited,
+                eds_only,
+                streams,
+                snapshot,
+            )
+        )
+        return streams
 
     async def _on_config(self, config: MeshConfig) -> None:
         del config

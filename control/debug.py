@@ -1,7 +1,8 @@
 """HTTP server for health, metrics and debug views (`--http-address`).
 
 Endpoints: /ready, /metrics, /debug/syncz, /debug/configz, /debug/config_dump?proxyID=,
-/debug/connections. Everything is read-only; it binds only where `--http-address` says.
+/debug/connections, /debug/pushz (the most recent pushes). Everything is read-only; it binds
+only where `--http-address` says.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class DebugServer:
         app.router.add_get("/debug/configz", self._configz)
         app.router.add_get("/debug/config_dump", self._config_dump)
         app.router.add_get("/debug/connections", self._connections)
+        app.router.add_get("/debug/pushz", self._pushz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, _, port = address.rpartition(":")
@@ -85,6 +87,15 @@ class DebugServer:
 
     async def _connections(self, request: web.Request) -> web.Response:
         return _json(self._cp.xds.connections_view())
+
+    async def _pushz(self, request: web.Request) -> web.Response:
+        """The last pushes, oldest first (at most control.app.PUSH_LOG_SIZE)."""
+        return _json(
+            {
+                "pushes": self._cp.pushes,
+                "recent": [r.as_json() for r in self._cp.push_log],
+            }
+        )
 
     async def _configz(self, request: web.Request) -> web.Response:
         config = self._cp.watcher.current

@@ -167,6 +167,13 @@ def delta_resource(name: str, version: str, any_payload: bytes) -> bytes:
     return b"".join(parts)
 
 
+def delta_resource_field(name: str, version: str, any_payload: bytes) -> bytes:
+    """One element of ``DeltaDiscoveryResponse.resources``, tag and length included: a
+    response's resources are such elements joined (``delta_discovery_response_block``)."""
+    payload = delta_resource(name, version, any_payload)
+    return b"".join((_T_DDR_RESOURCES, varint(len(payload)), payload))
+
+
 def delta_discovery_response(
     system_version_info: str,
     resources: Iterable[bytes],
@@ -176,11 +183,28 @@ def delta_discovery_response(
     control_plane: bytes | None = None,
 ) -> bytes:
     """A serialized ``DeltaDiscoveryResponse``; each resource is a serialized ``Resource``."""
+    parts: list[bytes] = []
+    _put_repeated(parts, _T_DDR_RESOURCES, resources)
+    return delta_discovery_response_block(
+        system_version_info, b"".join(parts), type_url, removed_resources, nonce, control_plane
+    )
+
+
+def delta_discovery_response_block(
+    system_version_info: str,
+    block: bytes,
+    type_url: str,
+    removed_resources: Iterable[str],
+    nonce: str,
+    control_plane: bytes | None = None,
+) -> bytes:
+    """A serialized ``DeltaDiscoveryResponse`` around an encoded ``resources`` field (elements
+    from ``delta_resource_field``, joined)."""
     if isinstance(removed_resources, str):
         raise TypeError("removed_resources must be a collection of names, not a str")
     parts: list[bytes] = []
     _put_str(parts, _T_DDR_SYSTEM_VERSION_INFO, system_version_info)
-    _put_repeated(parts, _T_DDR_RESOURCES, resources)
+    parts.append(block)
     _put_str(parts, _T_DDR_TYPE_URL, type_url)
     _put_str(parts, _T_DDR_NONCE, nonce)
     _put_repeated(parts, _T_DDR_REMOVED_RESOURCES, (n.encode() for n in removed_resources))

@@ -116,6 +116,9 @@ class ConfigWatcher:
         self.current = MeshConfig()
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0  # times `current` changed after start() (= on_change calls)
+        # time.monotonic() when the scan that `current` reflects began: every write finished
+        # before it is in `current` (a push's record says which changes it can carry).
+        self.snapshot_at = 0.0
         self.failed_loads = 0  # file versions rejected after start()
         self._good: dict[str, FileConfig] = {}  # the version of each file in use
         self._latest: dict[str, FileConfig] = {}  # newest valid version (may be a duplicate)
@@ -131,6 +134,7 @@ class ConfigWatcher:
         """Load all files; raises ConfigError for a missing path or any bad file."""
         if self._started:
             raise RuntimeError("ConfigWatcher already started")
+        scanned_at = time.monotonic()
         files = await asyncio.to_thread(discover, self.paths)
         stamps = await asyncio.to_thread(_scan, self.paths)
         loaded = await asyncio.to_thread(_load_files, files, self.domain)
@@ -142,6 +146,7 @@ class ConfigWatcher:
                 self._good[file] = self._latest[file] = result
         self.current = merge(list(self._good.values()))
         self._stamps = {f: s for f, s in stamps.items() if f in self._good}
+        self.snapshot_at = scanned_at
         self._warnings.update(self.current.warnings)
         self._started = True
         self._task = asyncio.create_task(self._run(), name="config-watcher")
@@ -186,26 +191,29 @@ class ConfigWatcher:
                 stamps = await asyncio.to_thread(_scan, self.paths)
                 if stamps == self._stamps:
                     continue
-                stamps = await self._settle(stamps)
-                await self._apply(stamps)
+                stamps, scanned_at = await self._settle(stamps)
+                await self._apply(stamps, scanned_at)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug, not a user error: keep watching
                 logger.exception("config reload failed unexpectedly")
 
-    async def _settle(self, stamps: dict[str, Stamp]) -> dict[str, Stamp]:
-        """Wait until the files have not changed for `debounce` seconds."""
+    async def _settle(self, stamps: dict[str, Stamp]) -> tuple[dict[str, Stamp], float]:
+        """Wait until the files have not changed for `debounce` seconds. Returns their stamps
+        and when the last scan (which found them unchanged) began."""
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
         step = max(0.005, min(self.debounce, self.poll_interval))
+        scanned_at = time.monotonic()
         while loop.time() - quiet_since < self.debounce:
             await asyncio.sleep(step)
+            scanned_at = time.monotonic()
             latest = await asyncio.to_thread(_scan, self.paths)
             if latest != stamps:
                 stamps, quiet_since = latest, loop.time()
-        return stamps
+        return stamps, scanned_at
 
-    async def _apply(self, stamps: dict[str, Stamp]) -> None:
+    async def _apply(self, stamps: dict[str, Stamp], scanned_at: float = 0.0) -> None:
         changed = sorted(f for f, s in stamps.items() if self._stamps.get(f) != s)
         removed = sorted(set(self._stamps) - set(stamps))
         loaded = await asyncio.to_thread(_load_files, changed, self.domain)
@@ -238,6 +246,7 @@ class ConfigWatcher:
         self._set_errors(self._parse_errors | duplicates)
 
         previous, self.current = self.current, merged
+        self.snapshot_at = max(self.snapshot_at, scanned_at)
         self._warnings.update(self.current.warnings)
         if merged != previous:
             self.reloads += 1

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
@@ -27,10 +29,21 @@ class Resource:
     version: str
     type_url: str
     any_bytes: bytes  # a serialized google.protobuf.Any
+    # delta_field(), encoded on first use and then shared by every delta stream.
+    _delta_field: bytes | None = field(default=None, compare=False, repr=False)
 
     def delta_bytes(self) -> bytes:
         """The resource wrapped as envoy.service.discovery.v3.Resource (delta xDS)."""
         return wire.delta_resource(self.name, self.version, self.any_bytes)
+
+    def delta_field(self) -> bytes:
+        """The resource as one element of DeltaDiscoveryResponse.resources (tag and length
+        included): a delta response is these joined, whatever stream it is for."""
+        encoded = self._delta_field
+        if encoded is None:
+            encoded = wire.delta_resource_field(self.name, self.version, self.any_bytes)
+            object.__setattr__(self, "_delta_field", encoded)  # a cache, not state
+        return encoded
 
 
 def digest(data: bytes) -> str:
@@ -47,6 +60,9 @@ def view_version(by_name: Mapping[str, Resource]) -> str:
 
 
 _view_ids = itertools.count(1)
+_set_ids = itertools.count(1)
+# How many ancestors a set derived by `replace` remembers the differences to.
+_LINEAGE = 8
 
 
 class View:
@@ -61,6 +77,7 @@ class View:
     """
 
     __slots__ = (
+        "__weakref__",
         "_block",
         "_framed",
         "_framed_for",
@@ -110,6 +127,17 @@ class View:
         return len(self.by_name)
 
 
+# Every live view by version. The version is a digest of the names and versions a view
+# holds, so views with the same version hold the same resources: a selection made again (a
+# push rebuilt an unchanged set, a new stream subscribed to what others have) reuses the view
+# the streams already hold, and with it its encoded response. Without this, streams that
+# connect at different times each keep an identical copy of their CDS and RDS responses.
+# (Selections of different types never share a version, their resources' bytes differ; an
+# empty selection looks the same whatever its type, so it is not shared: a stream must not
+# get one view, and so one nonce, for two types.)
+_live_views: weakref.WeakValueDictionary[str, View] = weakref.WeakValueDictionary()
+
+
 class ResourceSet(Mapping[str, Resource]):
     """The resources of one type for one proxy (or a group of proxies that share them).
 
@@ -117,7 +145,7 @@ class ResourceSet(Mapping[str, Resource]):
     is one string comparison per stream on a push.
     """
 
-    __slots__ = ("_by_name", "_digest", "_views")
+    __slots__ = ("_by_name", "_digest", "_selections", "_since", "_views", "seq")
 
     def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
         if isinstance(resources, Mapping):
@@ -126,6 +154,10 @@ class ResourceSet(Mapping[str, Resource]):
             self._by_name = {r.name: r for r in resources}
         self._digest: str | None = None
         self._views: dict[frozenset[str] | None, View] = {}
+        self.seq: int = next(_set_ids)  # names this set (see changed_since)
+        # seq of an ancestor -> names that differ between it and this set (see replace).
+        self._since: dict[int, frozenset[str]] | None = None
+        self._selections: dict[frozenset[str] | None, Selection] | None = None
 
     def view(self, names: frozenset[str] | None) -> View:
         """The resources among `names` (None: all of them), memoized per set of names, so
@@ -133,16 +165,47 @@ class ResourceSet(Mapping[str, Resource]):
         v = self._views.get(names)
         if v is None:
             if names is None:
-                v = View(self._by_name, self.digest)
+                selected, version = self._by_name, self.digest
             else:
                 by_name = self._by_name
-                v = View({n: by_name[n] for n in names if n in by_name})
+                selected = {n: by_name[n] for n in names if n in by_name}
+                version = view_version(selected)
+            v = _live_views.get(version) if selected else None
+            if v is None:
+                v = View(selected, version)
+                if selected:  # an empty view has the same version whatever its type
+                    _live_views[version] = v
             if len(self._views) < 64:  # bounded: odd subscriptions are not worth keeping
                 self._views[names] = v
         return v
 
+    def selection(self, names: frozenset[str] | None) -> Selection:
+        """What a delta subscription to `names` (None: everything) covers, worked out once per
+        set and subscription and shared by every stream with that subscription."""
+        memo = self._selections
+        if memo is None:
+            memo = self._selections = {}
+        found = memo.get(names)
+        if found is None:
+            by_name = self._by_name
+            if names is None:
+                picked = [by_name[n] for n in sorted(by_name)]
+                absent: frozenset[str] = frozenset()
+            else:
+                picked = [by_name[n] for n in sorted(names) if n in by_name]
+                absent = frozenset(n for n in names if n not in by_name)
+            found = Selection(tuple(picked), {r.name: r.version for r in picked}, absent)
+            if len(memo) < 64:  # bounded, as views are
+                memo[names] = found
+        return found
+
     def __getitem__(self, name: str) -> Resource:
         return self._by_name[name]
+
+    def get(self, name: str, default: Resource | None = None) -> Resource | None:  # type: ignore[override]
+        # The dict's own get: Mapping.get goes through __getitem__ and an exception handler,
+        # and a delta push asks once per subscribed name of every stream.
+        return self._by_name.get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
@@ -164,14 +227,73 @@ class ResourceSet(Mapping[str, Resource]):
 
     def replace(self, changes: Mapping[str, Resource | None]) -> ResourceSet:
         """A new set: this one with `changes` applied (a resource replaces or adds the one
-        of its name, None removes the name). Costs a dict copy, not a rebuild."""
+        of its name, None removes the name). Costs a dict copy, not a rebuild. The new set
+        remembers which names differ from this one and from this one's recent ancestors."""
         new = ResourceSet(self._by_name)
         for name, res in changes.items():
             if res is None:
                 new._by_name.pop(name, None)
             else:
                 new._by_name[name] = res
+        changed = frozenset(changes)
+        since = {self.seq: changed}
+        for seq, names in (self._since or {}).items():  # newest first
+            if len(since) >= _LINEAGE:
+                break
+            since[seq] = names | changed
+        new._since = since
         return new
+
+    def changed_since(self, seq: int) -> frozenset[str] | None:
+        """The names whose resource may differ (changed, added or removed) between the set
+        numbered `seq` and this one: empty for this very set, a superset of the differences
+        when this set was derived from that one by a few `replace` calls, None when unknown.
+        A delta stream whose client holds exactly the set `seq` then looks at these names
+        only, instead of every name it subscribes to."""
+        if seq == self.seq:
+            return frozenset()
+        if self._since is None:
+            return None
+        return self._since.get(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The part of a ResourceSet a delta subscription covers (ResourceSet.selection)."""
+
+    resources: tuple[Resource, ...]  # by name
+    # name -> version: a stream whose client holds exactly this selection refers to this
+    # dict instead of a copy of its own (thousands of streams, thousands of names each).
+    # Shared: never modified.
+    versions: dict[str, str]
+    absent: frozenset[str]  # names subscribed to that the set does not have
+    # Whole responses carrying all of it, encoded once (see framed).
+    _framed: dict[tuple[str, str, str, bytes | None], bytes] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def framed(
+        self, type_url: str, system_version: str, nonce: str, control_plane: bytes | None
+    ) -> bytes:
+        """The DeltaDiscoveryResponse that sends all of the selection and removes nothing.
+        New streams with the same subscription ask the same questions in the same order, so
+        their first answers carry the same version and nonce (both count per stream) and
+        share these bytes, as SotW streams share a view's; the encoding is not made afresh
+        for each of thousands of connecting proxies."""
+        key = (type_url, system_version, nonce, control_plane)
+        found = self._framed.get(key)
+        if found is None:
+            found = wire.delta_discovery_response_block(
+                system_version,
+                b"".join([r.delta_field() for r in self.resources]),
+                type_url,
+                (),
+                nonce,
+                control_plane,
+            )
+            if len(self._framed) < 8:  # the first answers of a stream: a handful
+                self._framed[key] = found
+        return found
 
 
 EMPTY = ResourceSet(())
@@ -219,7 +341,9 @@ class ResourceCache:
         msg = build()
         value = msg.SerializeToString(deterministic=True)
         self.serializations += 1
-        version = digest(value)
+        # Interned: streams record the versions they sent, and a resource rebuilt with the
+        # same bytes (after a sweep) then shares the string.
+        version = sys.intern(digest(value))
         if entry is not None and entry.resource.version == version:
             # Same bytes from new inputs: keep the old object so identity checks stay cheap.
             entry.key = key

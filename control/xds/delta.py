@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
-from control.xds.cache import Resource
+from control.xds.cache import Resource, ResourceSet, Selection
 from control.xds.state import (
     NonceSource,
     RequestKind,
@@ -44,18 +44,42 @@ class DeltaResponse:
     nonce: str
     resources: tuple[Resource, ...]
     removed: tuple[str, ...]
+    # Set when the response sends exactly this selection and removes nothing (a new
+    # stream's first answer): its encoding can be shared (Selection.framed).
+    selection: Selection | None = None
+
+
+# One copy of each distinct subscription, shared by every stream that has it (a thousand
+# proxies subscribing to the same thousand assignments hold one set); bounded.
+_subscriptions: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared(names: frozenset[str]) -> frozenset[str]:
+    found = _subscriptions.get(names)
+    if found is None:
+        if len(_subscriptions) >= 4096:
+            _subscriptions.clear()
+        found = _subscriptions[names] = names
+    return found
 
 
 @dataclass(slots=True)
 class _TypeState:
     type_url: str
-    names: set[str] = field(default_factory=set)
+    names: frozenset[str] = frozenset()  # shared (see _shared); replaced, never modified
     explicit_wildcard: bool = False
     legacy_wildcard: bool = False
-    # name -> version the client holds, as far as we know.
+    # name -> version the client holds, as far as we know. After an answer that brought the
+    # client in line with a ResourceSet this is that set's Selection.versions, shared by
+    # every stream in the same place (client_shared): copy it before changing it (_own).
     client_has: dict[str, str] = field(default_factory=dict)
+    client_shared: bool = False
+    # The client may hold names outside the subscription (its legacy wildcard ended, or it
+    # claimed them on reconnect): then client_has is its own, never a selection's.
+    beyond: bool = False
     # Names we told the client do not exist (so we say it once, not on every push).
-    told_absent: set[str] = field(default_factory=set)
+    # (Usually empty: the shared empty frozenset, replaced when it changes.)
+    told_absent: frozenset[str] = frozenset()
     outstanding: set[str] = field(default_factory=set)  # nonces sent, not yet (N)ACKed
     sent_nonce: str = ""
     sent_version: str = ""
@@ -63,10 +87,21 @@ class _TypeState:
     nack_message: str = ""
     nacked_nonce: str = ""
     ever_sent: bool = False
+    # seq of the ResourceSet the client's view (client_has, told_absent) matches over this
+    # subscription, 0 when unknown: a push then only looks at the names that changed since
+    # (ResourceSet.changed_since) instead of every subscribed name.
+    synced: int = 0
 
     @property
     def wildcard(self) -> bool:
         return self.explicit_wildcard or (self.legacy_wildcard and not self.names)
+
+    def own(self) -> dict[str, str]:
+        """client_has, made this stream's own before it is changed."""
+        if self.client_shared:
+            self.client_has = dict(self.client_has)
+            self.client_shared = False
+        return self.client_has
 
     def status(self) -> SyncStatus:
         if not self.ever_sent:
@@ -104,8 +139,11 @@ class DeltaStream:
             st.legacy_wildcard = not req.resource_names_subscribe
             st.client_has.update(req.initial_resource_versions)
 
-        subscribe = set(req.resource_names_subscribe)
+        # Interned: every stream names the same clusters; one copy of each name.
+        subscribe = {sys.intern(n) for n in req.resource_names_subscribe}
         unsubscribe = set(req.resource_names_unsubscribe)
+        if subscribe or unsubscribe:
+            st.synced = 0  # the scope changes: the next answer looks at everything
         was_wildcard = st.wildcard
         # Subscription changes apply whatever the nonce (rule 7).
         if WILDCARD in subscribe:
@@ -117,20 +155,27 @@ class DeltaStream:
             unsubscribe.discard(WILDCARD)
         dropped_wildcard = WILDCARD in req.resource_names_unsubscribe
         added = subscribe - st.names
-        st.names |= subscribe
-        st.names -= unsubscribe
+        if subscribe or unsubscribe:
+            st.names = _shared((st.names | subscribe) - unsubscribe)
         if dropped_wildcard and not st.wildcard:
             # The client forgets what it held only through the wildcard; so do we, so that a
             # later "*" sends those resources again.
             st.client_has = {n: v for n, v in st.client_has.items() if n in st.names}
+            st.client_shared = False
         if subscribe:
             # Legacy wildcard holds only until the client names a resource (xDS spec).
             st.legacy_wildcard = False
         for name in unsubscribe:
             # The client drops what it unsubscribes from; forget it so a later subscribe resends.
-            st.client_has.pop(name, None)
-            st.told_absent.discard(name)
-        st.told_absent -= added
+            if name in st.client_has:
+                st.own().pop(name)
+        if st.told_absent and (unsubscribe or added):
+            st.told_absent = st.told_absent - unsubscribe - added
+        scope_shrank = was_wildcard or (first and bool(req.initial_resource_versions))
+        if scope_shrank and not st.wildcard and not st.beyond:
+            # The legacy wildcard ended (what it brought stays with the client), or the client
+            # claims resources on reconnect: does it hold any outside its subscription?
+            st.beyond = any(n not in st.names for n in st.client_has)
         if st.wildcard and not was_wildcard:
             added.add(WILDCARD)  # newly subscribed to everything: answer it (rule 4)
 
@@ -173,33 +218,63 @@ class DeltaStream:
         st = self._types.get(type_url)
         if st is None:
             return None
-        if st.wildcard:
-            candidates = set(resources) | st.names
+        rs = resources if isinstance(resources, ResourceSet) else None
+        scope = None if st.wildcard else st.names
+        changed = rs.changed_since(st.synced) if rs is not None and st.synced else None
+        gone: set[str] | frozenset[str]
+        absent: set[str] | frozenset[str]
+        updates: list[Resource]
+        selection: Selection | None = None
+        if changed is None and rs is not None and not st.client_has:
+            # The client holds nothing (a new stream): all of the selection, worked out once
+            # for every stream with this subscription.
+            selection = rs.selection(scope)
+            updates = list(selection.resources)
+            gone = frozenset()
+            absent = selection.absent if scope is not None else st.names - rs.keys()
         else:
-            candidates = st.names
-        updates: list[Resource] = []
+            candidates: set[str] | frozenset[str]
+            if changed is None:
+                # Everything in scope: the client may lack any of it.
+                candidates = set(resources) | st.names if st.wildcard else st.names
+                gone = st.client_has.keys() - resources.keys()
+                absent = st.names - resources.keys()
+            else:
+                # The client holds the set numbered st.synced: only names changed since can
+                # differ (the same rules, applied to fewer names).
+                candidates = changed if st.wildcard else changed & st.names
+                gone = {n for n in changed if n in st.client_has and n not in resources}
+                absent = {n for n in changed & st.names if n not in resources}
+            client_has = st.client_has
+            updates = []
+            for name in sorted(candidates):
+                res = resources.get(name)
+                if res is not None and client_has.get(name) != res.version:
+                    updates.append(res)
         removed: list[str] = []
-        for name in sorted(candidates):
-            res = resources.get(name)
-            if res is None:
-                continue
-            if st.client_has.get(name) != res.version:
-                updates.append(res)
         if allow_removals:
-            for name in sorted(st.client_has):
-                if name not in resources:
-                    removed.append(name)
+            removed = sorted(gone)
             # A subscribed name that does not exist is reported removed once, so the client
             # stops waiting for it (it stays subscribed and arrives when it appears).
-            removed.extend(sorted(st.names - set(resources) - st.told_absent - set(removed)))
+            removed.extend(sorted(absent - st.told_absent - gone))
+        # What the client will hold matches `resources` over the subscription, unless
+        # removals were held back.
+        in_line = allow_removals and rs is not None
+        st.synced = rs.seq if in_line and rs is not None else 0
+        if in_line and rs is not None and not st.beyond:
+            # Exactly the selection's versions: refer to them instead of keeping a copy.
+            st.client_has, st.client_shared = rs.selection(scope).versions, True
+        elif updates or removed:
+            client_has = st.own()
+            for res in updates:
+                client_has[res.name] = res.version
+            for name in removed:
+                client_has.pop(name, None)
+        for name in removed:
+            if name in st.names:
+                st.told_absent = st.told_absent | {name}
         if not updates and not removed and not force:
             return None
-        for res in updates:
-            st.client_has[res.name] = res.version
-        for name in removed:
-            st.client_has.pop(name, None)
-            if name in st.names:
-                st.told_absent.add(name)
         self._version += 1
         nonce = self._nonces.next()
         st.outstanding.add(nonce)
@@ -210,7 +285,14 @@ class DeltaStream:
         st.sent_nonce = nonce
         st.sent_version = str(self._version)
         st.ever_sent = True
-        return DeltaResponse(type_url, st.sent_version, nonce, tuple(updates), tuple(removed))
+        return DeltaResponse(
+            type_url,
+            st.sent_version,
+            nonce,
+            tuple(updates),
+            tuple(removed),
+            selection if selection is not None and not removed else None,
+        )
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[DeltaResponse]:
         """Responses for a push, clusters and endpoints first, cluster removals last."""
@@ -219,7 +301,11 @@ class DeltaStream:
             t in self._types for t in (typeurls.LISTENER, typeurls.ROUTE)
         )
         cds_state = self._types.get(typeurls.CLUSTER)
-        had_clusters = set(cds_state.client_has) if cds_state is not None else set()
+        had_clusters = (
+            set(cds_state.client_has)
+            if cds_state is not None and typeurls.CLUSTER in sets
+            else set()
+        )
         for type_url in ordered(sets):
             if type_url not in self._types:
                 continue
@@ -247,9 +333,10 @@ class DeltaStream:
         eds = self._types.get(typeurls.ENDPOINT)
         if eds is None or not eds.client_has or eds.nack_message:
             return
+        eds.synced = 0  # the client's view is ours no longer
         for res in cds.resources:
-            if res.name in had:
-                eds.client_has.pop(res.name, None)
+            if res.name in had and res.name in eds.client_has:
+                eds.own().pop(res.name)
 
     @property
     def subscribed_types(self) -> list[str]:

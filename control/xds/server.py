@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -69,6 +69,26 @@ class XdsOptions:
     connection_rate: float = 200.0  # new streams admitted per second ...
     connection_burst: float = 400.0  # ... after an initial burst of this many
     send_timeout: float = 30.0  # a stream that cannot take a response this long is closed
+    # New streams gRPC holds until our handler takes them; beyond this many it refuses them
+    # (see grpc_stream_options).
+    max_pending_streams: int = 50_000
+
+
+def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
+    """gRPC server options for taking thousands of streams at once.
+
+    The grpc.aio server takes incoming calls from gRPC core one per event-loop iteration, and
+    core refuses calls that wait to be taken beyond a backlog (by default, at random from
+    1,000 waiting and all from 3,000; the client sees CANCELLED). In a connection storm the
+    loop is busy answering the streams it already has, the backlog passes 1,000 and proxies
+    get errors instead of waiting their turn. Waiting calls cost a few hundred bytes in core;
+    the expensive part of a new stream starts after our own admission (the token bucket,
+    rule 9), which paces them. So the backlog is bounded only against a flood."""
+    return [
+        ("grpc.max_concurrent_streams", 1 << 20),
+        ("grpc.server.max_pending_requests", options.max_pending_streams),
+        ("grpc.server.max_pending_requests_hard_limit", options.max_pending_streams),
+    ]
 
 
 class _StreamError(Exception):
@@ -86,13 +106,18 @@ class Connection:
     proxy: Proxy
     delta: bool
     state: SotwStream | DeltaStream
-    peer: str
     connected_at: float  # wall clock, for /debug/connections
     context: grpc.aio.ServicerContext | None = None
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
-    respond_types: set[str] = field(default_factory=set)
+    # Types that must be answered. Usually empty: the empty frozenset is one shared object,
+    # where an empty set per stream would cost 216 bytes on thousands of idle streams.
+    respond_types: frozenset[str] = frozenset()
     push_pending: bool = False
     push_types: frozenset[str] | None = None  # types the pending push covers; None = all
+    # Start of the oldest push this stream has pending: a push coalesced into a later one
+    # converges when the later one is ACKed, and its convergence time counts from its own
+    # start, not the later one's.
+    push_since: float = 0.0
     queued: bool = False  # waiting in the push queue
     busy: bool = False  # a write is in progress; whoever holds it sends what is pending
     closed: bool = False
@@ -102,6 +127,16 @@ class Connection:
 
     def status(self) -> list[TypeStatus]:
         return self.state.status()
+
+    @property
+    def peer(self) -> str:
+        """The client's address (asked of gRPC when needed, not stored on every stream)."""
+        if self.context is None or self.closed:
+            return ""
+        try:
+            return str(self.context.peer())
+        except Exception:  # the RPC is already gone
+            return ""
 
 
 class XdsServer:
@@ -163,6 +198,7 @@ class XdsServer:
         """Mark every stream for a push of the current resources of `types` (None: every
         subscribed type); returns how many streams. At most `max_concurrent_pushes` streams
         are generated for and written to at once (rule 9)."""
+        started = self._source.push_started_at()
         for conn in self.connections.values():
             if conn.push_pending:
                 # Coalesce with a push still waiting for its turn: the union of both.
@@ -170,6 +206,7 @@ class XdsServer:
                 conn.push_types = None if pending is None or types is None else pending | types
             else:
                 conn.push_types = types
+                conn.push_since = started
             conn.push_pending = True
             self._schedule(conn)
         return len(self.connections)
@@ -217,6 +254,7 @@ class XdsServer:
         if self._authorize is not None:
             verdict = self._authorize(context, proxy)
             refused = await verdict if inspect.isawaitable(verdict) else verdict
+            del verdict  # the finished coroutine would otherwise live as long as the stream
             if refused is not None:
                 logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
                 await context.abort(*refused)
@@ -227,15 +265,16 @@ class XdsServer:
             await asyncio.sleep(wait)
         conn_id = f"{proxy.id}-{next(self._ids)}"
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
-        conn = Connection(conn_id, proxy, delta, state, context.peer(), time.time())
+        conn = Connection(conn_id, proxy, delta, state, time.time())
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
             self._on_connect(proxy)
-        logger.info(
-            "stream %s opened (%s) from %s", conn_id, "delta" if delta else "sotw", conn.peer
-        )
         conn.context = context
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "stream %s opened (%s) from %s", conn_id, "delta" if delta else "sotw", conn.peer
+            )
         conn.handler = asyncio.current_task()
         try:
             # Headers now, in a batch of their own: otherwise they ride with the first
@@ -290,13 +329,15 @@ class XdsServer:
             if pushed is not None and pushed[0] == req.response_nonce:
                 self._metrics.convergence.observe(self._clock() - pushed[1])
                 del conn.push_nonces[req.type_url]  # type: ignore[union-attr]
+                if not conn.push_nonces:
+                    conn.push_nonces = None  # an emptied dict keeps its table
         elif outcome.kind is RequestKind.NACK:
             self._metrics.rejects.labels(short).inc()
             logger.warning("%s NACKed %s: %s", conn.proxy.id, short, outcome.error_message)
         elif outcome.kind is RequestKind.STALE:
             self._metrics.stale_requests.labels(short).inc()
         if outcome.must_respond:
-            conn.respond_types.add(req.type_url)
+            conn.respond_types = conn.respond_types | {req.type_url}
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -313,13 +354,10 @@ class XdsServer:
                     if conn.handler is not None and conn.handler is not asyncio.current_task():
                         conn.handler.cancel()  # the handler is blocked reading: end the RPC
                     return
-        except (
-            grpc.aio.AioRpcError,
-            asyncio.InvalidStateError,
-            grpc.aio.UsageError,  # the RPC already ended (the handler returned)
-            grpc.aio.InternalError,  # core failed the write: the client cancelled under it
-        ) as e:
-            logger.debug("stream %s: write failed: %s", conn.id, e)
+        except (grpc.aio.AioRpcError, grpc.aio.BaseError, asyncio.InvalidStateError) as e:
+            # The client went away while we wrote (gRPC raises ExecuteBatchError, a BaseError,
+            # for a write on an RPC it has already ended): its handler sees the end too.
+            logger.debug("stream %s: write failed: %r", conn.id, e)
         finally:
             conn.busy = False
 
@@ -414,7 +452,7 @@ class XdsServer:
     def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
         """Decide what to send now; returns encoded responses in order."""
         forced = conn.respond_types
-        conn.respond_types = set()
+        conn.respond_types = frozenset()
         push = conn.push_pending
         push_types = conn.push_types
         conn.push_pending = False
@@ -429,7 +467,6 @@ class XdsServer:
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
             sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources()
-        started = self._source.push_started_at()
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()
         if push:
@@ -437,7 +474,8 @@ class XdsServer:
                 frames.append((resp.type_url, self._encode(resp)))
                 if conn.push_nonces is None:
                     conn.push_nonces = {}
-                conn.push_nonces[resp.type_url] = (resp.nonce, started)
+                # From the oldest push this response carries (see Connection.push_since).
+                conn.push_nonces[resp.type_url] = (resp.nonce, conn.push_since)
                 answered.add(resp.type_url)
         for type_url in sorted(forced - answered):
             answer = state.respond(type_url, sets.get(type_url, ResourceSet(())), force=True)
@@ -452,9 +490,14 @@ class XdsServer:
             return wire.discovery_response_block(
                 resp.view.version, resp.view.block, resp.type_url, resp.nonce, self._control_plane
             )
-        return wire.delta_discovery_response(
+        if resp.selection is not None:
+            shared: bytes = resp.selection.framed(
+                resp.type_url, resp.system_version_info, resp.nonce, self._control_plane
+            )
+            return shared
+        return wire.delta_discovery_response_block(
             resp.system_version_info,
-            [r.delta_bytes() for r in resp.resources],
+            b"".join([r.delta_field() for r in resp.resources]),
             resp.type_url,
             list(resp.removed),
             resp.nonce,

@@ -1,9 +1,10 @@
 """Benchmark: push fan-out to N SotW ADS streams, against a bare grpc.aio floor.
 
 Ours: the real control plane (in this process) with S services x E endpoints; N simulated
-Envoys (a separate process, ads_clients.py) subscribe to CDS and EDS. One endpoint changes;
-we time from push start (debounce excluded: the push is triggered directly) until every
-stream has ACKed the new EDS response, and count how many resources were serialized.
+Envoys (the load tool, xds_load.py, in worker processes of their own) subscribe to CDS and
+EDS. One endpoint changes; we time from push start (debounce excluded: the push is triggered
+directly) until every stream has ACKed the new EDS response, and count how many resources
+were serialized.
 
 Floor, same run: a bare grpc.aio server that pushes the same pre-serialized EDS response
 bytes to N streams of the same client process and waits for the ACKs.
@@ -32,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from control.app import ControlPlane, ControlPlaneOptions
-from control.xds.server import XdsOptions
+from control.xds.server import XdsOptions, grpc_stream_options
 from protos import typeurls, wire
+from tests.benchmarks.xds_load import LoadClients, LoadOptions
 
 
 def rss_bytes() -> int:
@@ -59,48 +61,31 @@ def mesh_yaml(services: int, endpoints: int, changed: bool) -> str:
     return "---\n".join(docs)
 
 
-class Clients:
-    """The simulated Envoys, in their own process."""
-
-    def __init__(self, target: str, streams: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("ads_clients.py")), target, str(streams)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-
-    async def ready(self, timeout: float = 300) -> None:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
-        if line.strip() != "ready":
-            raise RuntimeError(f"clients failed: {line!r}")
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+async def clients(target: str, streams: int, first: int = 0) -> LoadClients:
+    """Simulated Envoys subscribed to CDS and EDS, each holding its first EDS response."""
+    load = LoadClients(LoadOptions(target, streams, lds=False, first_index=first))
+    await load.start()
+    await load.wait_for(
+        lambda s: s["converged_now"] == streams and s["acks"].get("EDS", 0) >= streams,
+        300,
+        "every stream's first EDS response",
+    )
+    return load
 
 
-async def marginal_rss(target: str, streams: int) -> tuple[float, Clients]:
+async def marginal_rss(target: str, streams: int) -> tuple[float, LoadClients]:
     """RSS per connected stream: what `streams` more streams cost once one stream has been
     served, so one-time work (generating and caching the config, loading descriptors, the
     client's channels) is not spread over the streams. The same method for ours and the
     floor."""
-    warm = Clients(target, 1)
-    await warm.ready()
+    warm = await clients(target, 1, first=streams)
     await asyncio.sleep(0.5)
     rss0 = rss_bytes()
-    clients = Clients(target, streams)
-    await clients.ready()
+    load = await clients(target, streams)
     await asyncio.sleep(0.5)
     per_stream = (rss_bytes() - rss0) / streams
-    warm.close()
-    return per_stream, clients
+    await warm.close()
+    return per_stream, load
 
 
 async def wait_acks(counter: object, attr: str, target: int, timeout: float = 120) -> float:
@@ -133,7 +118,7 @@ async def run_ours(
     # those); let that settle so the RSS baseline holds only the control plane itself.
     await asyncio.sleep(2.5)
     target = f"127.0.0.1:{cp.xds_port}"
-    rss_per_stream, clients = await marginal_rss(target, streams)
+    rss_per_stream, load = await marginal_rss(target, streams)
     times: list[float] = []
     serialized: list[int] = []
     eds_bytes = b""
@@ -156,7 +141,7 @@ async def run_ours(
     eds_bytes = wire.discovery_response(
         "v", [eds[n].any_bytes for n in sorted(eds)], typeurls.ENDPOINT, "n"
     )
-    clients.close()
+    await load.close()
     await cp.close(0)
     return times, serialized, rss_per_stream, eds_bytes
 
@@ -196,7 +181,9 @@ class FloorServer:
 
 async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[list[float], float]:
     floor = FloorServer(cds, eds)
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+    # The same stream limits as ours (without them, thousands of streams opened at once
+    # are refused by gRPC's backlog limit: control/xds/server.py).
+    server = grpc.aio.server(options=grpc_stream_options(XdsOptions()))
     ident = lambda b: b  # noqa: E731
     server.add_generic_rpc_handlers(
         (
@@ -212,7 +199,7 @@ async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    rss_per_stream, clients = await marginal_rss(f"127.0.0.1:{port}", streams)
+    rss_per_stream, load = await marginal_rss(f"127.0.0.1:{port}", streams)
     times = []
     for _ in range(rounds):
         before = floor.acks
@@ -221,7 +208,7 @@ async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[
             q.put_nowait(eds)
         t1 = await wait_acks(floor, "acks", before + streams)
         times.append(t1 - t0)
-    clients.close()
+    await load.close()
     await server.stop(0)
     return times, rss_per_stream
 

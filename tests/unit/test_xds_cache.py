@@ -126,3 +126,36 @@ def test_resource_is_immutable() -> None:
         pass
     else:  # pragma: no cover
         raise AssertionError("Resource must be frozen")
+
+
+def test_rule8_equal_selections_share_one_view_and_its_encoded_response() -> None:
+    """A set rebuilt with the same resources (a later push, or the cache rebuilt them after a
+    sweep) selects the view streams already hold, so a stream that connects later shares the
+    encoded response instead of keeping a copy of its own."""
+    first = ResourceCache()
+    second = ResourceCache()  # rebuilt from nothing: new Resource objects, same bytes
+    a = ResourceSet([first.get(CDS, n, n, Counting(n)) for n in ("a", "b")])
+    b = ResourceSet([second.get(CDS, n, n, Counting(n)) for n in ("b", "a")])
+    assert a["a"] is not b["a"]
+    held = a.view(None)
+    assert b.view(None) is held
+    assert b.view(frozenset({"a", "b"})) is held  # the same selection by name
+    assert held.framed(CDS, None) is b.view(None).framed(CDS, None)
+    assert a.view(frozenset({"a"})) is not held
+    assert a.view(frozenset({"a"})).version != held.version
+
+
+def test_resource_set_replace_remembers_what_changed_since_its_ancestors() -> None:
+    cache = ResourceCache()
+    base = ResourceSet([cache.get(CDS, n, n, Counting(n)) for n in ("a", "b", "c")])
+    one = base.replace({"a": cache.get(CDS, "a", "a2", Counting("a", 2))})
+    two = one.replace({"b": None, "d": cache.get(CDS, "d", "d", Counting("d"))})
+    assert two.changed_since(two.seq) == frozenset()
+    assert two.changed_since(one.seq) == {"b", "d"}
+    assert two.changed_since(base.seq) == {"a", "b", "d"}
+    assert one.changed_since(two.seq) is None  # not an ancestor
+    assert ResourceSet(dict(two)).changed_since(base.seq) is None  # no history
+    chain = base
+    for i in range(20):
+        chain = chain.replace({"c": cache.get(CDS, "c", f"c{i}", Counting("c", i + 3))})
+    assert chain.changed_since(base.seq) is None  # too far back: look at everything

@@ -641,3 +641,156 @@ def test_outstanding_nonces_are_bounded_for_a_client_that_never_acks() -> None:
     assert len(st.outstanding) <= 32 and last.nonce in st.outstanding
     ack = s.receive(DeltaDiscoveryRequest(type_url=cds, response_nonce=last.nonce))
     assert ack.kind.value == "ack"
+
+
+# --- a push of a derived set looks at the changed names only -------------------------------
+
+_change = st.tuples(
+    st.just("replace"),
+    st.sampled_from(TYPES),
+    st.dictionaries(
+        st.sampled_from((*NAMES, "d")), st.one_of(st.none(), st.integers(1, 3)), max_size=3
+    ),
+)
+
+
+# A first request that claims resources (a reconnecting client's initial_resource_versions).
+_reconnect = st.tuples(
+    st.just("reconnect"),
+    st.sampled_from(TYPES),
+    _names,
+    st.dictionaries(st.sampled_from((*NAMES, "d")), st.sampled_from(("x", "y")), max_size=3),
+)
+
+
+def _shape(responses: Iterable[DeltaResponse | None]) -> list[object]:
+    return [
+        None
+        if r is None
+        else (r.type_url, r.nonce, [(x.name, x.version) for x in r.resources], list(r.removed))
+        for r in responses
+    ]
+
+
+@fuzz_settings(400)
+@given(ops=st.lists(st.one_of(_request, _change, _change, _push_same, _reconnect), max_size=40))
+def test_property_delta_push_of_derived_set_answers_as_a_full_comparison(
+    ops: list[tuple],  # type: ignore[type-arg]
+) -> None:
+    """The incremental EDS push derives each set from the previous one (ResourceSet.replace);
+    a stream whose client holds the previous set then compares only the names that changed
+    (ResourceSet.changed_since), a new stream gets a selection worked out once for all
+    (ResourceSet.selection), and a stream in line with a set refers to the set's versions
+    instead of a copy. Whatever the interleaving of subscription changes, ACKs, NACKs, stale
+    nonces and pushes, it must answer exactly as a stream that compares every subscribed
+    name (fed plain mappings of the same resources)."""
+    b = Build()
+    build = {CDS: b.cluster, EDS: b.cla, LDS: b.listener}
+    fast, full = DeltaStream("s"), DeltaStream("s")
+    current = {t: ResourceSet(()) for t in TYPES}
+    last: dict[str, str] = {}
+
+    def copies() -> dict[str, dict[str, Resource]]:
+        # Plain mappings: no history, no shared selections; every name compared.
+        return {t: dict(rs) for t, rs in current.items()}
+
+    for op in ops:
+        if op[0] == "reconnect":
+            _, t, sub, claimed = op
+            if t in fast.subscribed_types:
+                continue  # initial versions count on a stream's first request only
+            # The client claims the versions it holds of the current resources, or stale ones.
+            initial = {
+                n: current[t][n].version if v == "x" and n in current[t] else v
+                for n, v in claimed.items()
+            }
+            req = dreq(t, sub, initial=initial)
+            assert fast.receive(req) == full.receive(req)
+            a = fast.respond(t, current[t], force=True)
+            c = full.respond(t, copies()[t], force=True)
+            assert _shape([a]) == _shape([c])
+            if a is not None:
+                last[t] = a.nonce
+            continue
+        if op[0] in ("replace", "push_same"):
+            if op[0] == "replace":
+                _, t, changes = op
+                derived = current[t].replace(
+                    {n: build[t](n, rev) if rev else None for n, rev in changes.items()}
+                )
+                current = {**current, t: derived}
+            got_fast, got_full = fast.push(current), full.push(copies())
+            assert _shape(got_fast) == _shape(got_full)
+            for r in got_fast:
+                last[r.type_url] = r.nonce
+            continue
+        _, t, sub, unsub, which, err = op
+        nonce = {"last": last.get(t, ""), "": "", "bogus": "x-bogus", "old": "1"}[which]
+        req = dreq(t, sub, unsub, nonce, error=err)
+        out_fast, out_full = fast.receive(req), full.receive(req)
+        assert out_fast == out_full
+        if out_fast.must_respond:
+            a = fast.respond(t, current[t], force=True)
+            c = full.respond(t, copies()[t], force=True)
+            assert _shape([a]) == _shape([c])
+            if a is not None:
+                last[t] = a.nonce
+    for t in TYPES:
+        if t in fast.subscribed_types:
+            assert fast.client_versions(t) == full.client_versions(t)
+
+
+def test_delta_push_of_derived_set_looks_only_at_changed_names(b: Build) -> None:
+    """What the property above makes safe: with a thousand subscribed assignments, a push
+    that changed one looks at that one (the slow path would ask for all thousand)."""
+    names = [f"c{i}" for i in range(1000)]
+    base = ResourceSet([b.cla(n) for n in names])
+    s = DeltaStream()
+    dstart(s, EDS, base, sub=names)
+
+    class Counting(ResourceSet):
+        asked = 0
+
+        def get(self, name: str, default: Resource | None = None) -> Resource | None:  # type: ignore[override]
+            Counting.asked += 1
+            return super().get(name, default)
+
+    derived = base.replace({"c7": b.cla("c7", rev=2)})
+    counting = Counting(dict(derived))
+    counting.seq, counting._since = derived.seq, derived._since  # the same set, counted
+    (resp,) = s.push({EDS: counting})
+    assert got(resp) == (["c7"], [])
+    assert Counting.asked == 1
+
+
+def test_rule8_new_streams_share_their_first_answers(b: Build) -> None:
+    """Thousands of proxies connecting at once: each new stream's first answer sends all of
+    the same selection; it is worked out and encoded once, and every stream refers to the
+    selection's versions instead of a copy of its own."""
+    names = [f"c{i}" for i in range(50)]
+    rs = ResourceSet([b.cla(n) for n in names])
+    answers = []
+    streams = []
+    for _ in range(3):
+        s = DeltaStream()
+        s.receive(dreq(EDS, names))
+        resp = s.respond(EDS, rs, force=True)
+        assert resp is not None and resp.selection is not None
+        answers.append(resp)
+        streams.append(s)
+    first = answers[0]
+    assert all(a.selection is first.selection for a in answers)
+    encoded = [
+        a.selection.framed(a.type_url, a.system_version_info, a.nonce, None)  # type: ignore[union-attr]
+        for a in answers
+    ]
+    assert encoded[0] is encoded[1] is encoded[2]
+    decoded = DeltaDiscoveryResponse.FromString(encoded[0])
+    assert [r.name for r in decoded.resources] == sorted(names)
+    assert (decoded.nonce, decoded.system_version_info) == (first.nonce, first.system_version_info)
+    assert all(s._types[EDS].client_has is first.selection.versions for s in streams)  # type: ignore[union-attr]
+    # A stream that changes what it holds gets a copy of its own; the others keep sharing.
+    streams[0].receive(dreq(EDS, unsub=["c0"], nonce=first.nonce))
+    assert streams[0].client_versions(EDS).keys() == set(names) - {"c0"}
+    assert streams[1]._types[EDS].client_has is first.selection.versions  # type: ignore[union-attr]
+    assert len(streams[1].client_versions(EDS)) == 50

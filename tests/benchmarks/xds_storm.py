@@ -1,0 +1,188 @@
+"""Benchmark: a connection storm. N simulated proxies (xds_load.py) connect at once to a
+control plane serving S services x E endpoints, and subscribe like Envoy (CDS, EDS, LDS, RDS).
+
+Ours: `python -m control` with its defaults (admission: 200 new streams/s after a burst of
+400, so the storm is rate-limited and `pilotfish_xds_connections_rate_limited_total` counts
+the streams that waited). Floor, same run: a bare grpc.aio server in its own process serving
+the same pre-serialized bytes with no admission control (xds_floor.py). Both are measured the
+same way:
+
+- time to full convergence: from the first stream opened to the last proxy holding ACKed
+  CDS, EDS, LDS and RDS for everything it learned; for ours also against the admission bound
+  (N - burst) / rate, the least time the token bucket allows;
+- errors: streams that failed (client side), and the control plane's stream/push errors
+  (target: zero);
+- peak RSS during the storm, and RSS per stream: RSS with the N streams converged minus RSS
+  with one proxy converged, over N (target <= 30 KB), so one-time work (generating and caching
+  the config) is not spread over the streams.
+
+SotW and delta, one after the other (--mode to pick one).
+
+Usage: python tests/benchmarks/xds_storm.py [--proxies 5000] [--services 1000] [--endpoints 5]
+       [--mode sotw|delta|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.xds_bench import ControlPlaneRun, FloorRun, ProcStats, machine, metric
+from tests.benchmarks.xds_load import LoadClients, LoadOptions, check_acks, percentile
+from tests.benchmarks.xds_mesh import MeshFiles
+
+
+def _reset_peak(pid: int) -> None:
+    """Start VmHWM afresh at the current RSS (Linux: clear_refs 5), so the peak is the
+    storm's, not the config load's."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+async def storm(
+    target: str, stats: ProcStats, args: argparse.Namespace, delta: bool
+) -> dict[str, Any]:
+    """Warm one proxy, then storm N; returns the figures."""
+    warm_opts = LoadOptions(target, 1, delta=delta, first_index=args.proxies)
+    async with LoadClients(warm_opts) as warm:
+        await warm.wait_converged(120)
+        await asyncio.sleep(1.0)
+        rss0 = stats.rss()
+        cpu0 = stats.cpu()
+        _reset_peak(stats.pid)
+        opts = LoadOptions(target, args.proxies, workers=args.workers, delta=delta)
+        async with LoadClients(opts) as load:
+            status = await load.wait_converged(args.timeout)
+            cpu1 = stats.cpu()
+            await asyncio.sleep(2.0)  # let buffers of the last responses go
+            rss1 = stats.rss()
+            peak = stats.peak_rss()
+            records = await load.report()
+    first = min(r["connected_at"] for r in records if r["connected_at"])
+    done = [r["converged_at"] - first for r in records if r["converged_at"] is not None]
+    return {
+        "converge": max(done),
+        "p50": statistics.median(done),
+        "p99": percentile(done, 99),
+        "rss_per_stream": (rss1 - rss0) / args.proxies,
+        "rss_base": rss0,
+        "peak": peak,
+        "cpu": cpu1 - cpu0,
+        "failures": status["failures"],
+        "problems": check_acks(records),
+        "client_cpu": status["cpu"],
+    }
+
+
+async def run_mode(args: argparse.Namespace, delta: bool) -> bool:
+    """One storm on ours and one on the floor; prints the figures; True when it passed."""
+    tmp = Path(tempfile.mkdtemp(prefix="pf-storm-"))
+    mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
+    mesh.write()
+    await asyncio.sleep(2.5)  # files older than the watcher's racy window: no re-reads
+    cp = ControlPlaneRun(mesh.root, "--connection-rate", str(args.connection_rate))
+    await cp.start()
+    try:
+        assert cp.stats is not None
+        ours = await storm(cp.target, cp.stats, args, delta)
+        m = await cp.metrics()
+    except Exception:
+        print(cp.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        await cp.close()
+    floor_run = FloorRun(mesh.root, args.services)
+    await floor_run.start()
+    try:
+        assert floor_run.stats is not None
+        floor = await storm(floor_run.target, floor_run.stats, args, delta)
+    finally:
+        await floor_run.close()
+
+    burst = 2 * args.connection_rate
+    bound = max(0.0, (args.proxies - burst) / args.connection_rate)
+    mode = "delta" if delta else "sotw"
+    rate_limited = metric(m, "pilotfish_xds_connections_rate_limited_total")
+    cp_errors = metric(m, "pilotfish_xds_stream_errors_total*") + metric(
+        m, "pilot_xds_push_errors_total*"
+    )
+    name = f"storm {mode}"
+    print(
+        f"{name}: {args.proxies} proxies, {args.services} services x {args.endpoints} "
+        f"endpoints; admission {args.connection_rate:g}/s after {burst:g}"
+    )
+    vs_bound = f"ratio ours/bound: {ours['converge'] / bound:.2f}" if bound else "no wait"
+    print(
+        f"{name} converge ours: {ours['converge']:.1f} s (per proxy p50 {ours['p50']:.1f} s, "
+        f"p99 {ours['p99']:.1f} s); admission bound {bound:.1f} s; {vs_bound}"
+    )
+    print(
+        f"{name} converge floor (bare grpc.aio, no admission): {floor['converge']:.1f} s; "
+        f"ratio ours/max(floor, bound): {ours['converge'] / max(floor['converge'], bound):.2f}"
+    )
+    print(
+        f"{name} errors ours: {ours['failures']} failed streams, {len(ours['problems'])} "
+        f"proxies with problems, {cp_errors:g} control-plane stream/push errors  (target 0); "
+        f"floor: {floor['failures']} failed streams"
+    )
+    print(f"{name} rate limited: {rate_limited:g} streams waited for admission")
+    print(
+        f"{name} peak RSS ours: {ours['peak'] / 2**20:.0f} MB (before the storm "
+        f"{ours['rss_base'] / 2**20:.0f} MB); floor: {floor['peak'] / 2**20:.0f} MB; "
+        f"ratio {ours['peak'] / floor['peak']:.2f}"
+    )
+    print(
+        f"{name} RSS per stream ours: {ours['rss_per_stream'] / 1024:.1f} KB  "
+        f"(target <= 30 KB); floor: {floor['rss_per_stream'] / 1024:.1f} KB; "
+        f"ratio {ours['rss_per_stream'] / max(1.0, floor['rss_per_stream']):.2f}"
+    )
+    print(
+        f"{name} server CPU ours: {ours['cpu']:.1f} s; floor: {floor['cpu']:.1f} s; "
+        f"ratio {ours['cpu'] / max(0.01, floor['cpu']):.2f}  "
+        f"(clients: {ours['client_cpu']:.0f} s / {floor['client_cpu']:.0f} s CPU)"
+    )
+    for p in ours["problems"][:5]:
+        print(f"{name} problem: {p}")
+    return not (ours["failures"] or ours["problems"] or cp_errors)
+
+
+async def run(args: argparse.Namespace) -> int:
+    print(machine())
+    modes = (False, True) if args.mode == "both" else (args.mode == "delta",)
+    passed = [await run_mode(args, delta) for delta in modes]
+    return 0 if all(passed) else 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxies", type=int, default=5000)
+    ap.add_argument("--services", type=int, default=1000)
+    ap.add_argument("--endpoints", type=int, default=5)
+    ap.add_argument("--mode", choices=("sotw", "delta", "both"), default="both")
+    ap.add_argument("--workers", type=int, default=0, help="load worker processes (0: by size)")
+    ap.add_argument("--connection-rate", type=float, default=200.0)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    import uvloop
+
+    t0 = time.monotonic()
+    rc = uvloop.run(run(args))
+    print(f"storm benchmark took {time.monotonic() - t0:.0f} s")
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
