@@ -245,9 +245,12 @@ class SotwStream:
         """Whether this push changes a cluster the client already has and whose assignment it
         subscribes to. Envoy warms an updated EDS cluster until an assignment for it arrives
         (or its initial fetch timeout, 15 s, passes), so the assignment must be sent again
-        even when it did not change itself, as Istio's full pushes do."""
+        even when it did not change itself, as Istio's full pushes do. Never while the client
+        stands NACKing its assignments: rule 2 forbids re-sending what it rejected unchanged."""
         cds, eds = self._types.get(typeurls.CLUSTER), self._types.get(typeurls.ENDPOINT)
         if cds is None or eds is None or cds.sent is None or typeurls.CLUSTER not in sets:
+            return False
+        if eds.status() is SyncStatus.ERROR:
             return False
         new = cds.view(sets[typeurls.CLUSTER])
         if new.version == cds.sent.version:

@@ -15,7 +15,7 @@ from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import any_pb2
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from control.xds.cache import Resource, ResourceCache, ResourceSet
@@ -637,6 +637,20 @@ _push_same = st.just(("push_same",))  # a push that changes nothing (other proxi
 
 @fuzz_settings(500)
 @given(first=_push, ops=st.lists(st.one_of(_request, _request, _push, _push_same), max_size=40))
+# Found by this test: a CDS change re-sent (forced) the EDS view the client had just NACKed,
+# because the wildcard EDS subscription covered the updated cluster.
+@example(
+    first=(
+        "push",
+        {typeurls.CLUSTER: {"a": 1}, typeurls.ENDPOINT: {"b": 1}, typeurls.LISTENER: {}},
+    ),
+    ops=[
+        ("req", typeurls.CLUSTER, [], "last", None),
+        ("req", typeurls.ENDPOINT, ["b", "c", "*"], "last", None),
+        ("req", typeurls.ENDPOINT, ["b", "c", "*"], "last", "bad"),
+        ("push", {typeurls.CLUSTER: {"a": 2}, typeurls.ENDPOINT: {"b": 1}, typeurls.LISTENER: {}}),
+    ],
+)
 def test_property_rules_2_3_4_random_interleavings(first: tuple, ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """Random requests (types, names incl. '*' and missing ones, the real last nonce, an older
     one, a bogus one or none, with or without error_detail) interleaved with random pushes:
