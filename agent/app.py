@@ -41,7 +41,7 @@ from protos.typeurls import NAME_TABLE
 logger = logging.getLogger(__name__)
 
 _UPDATE_STATS = "/stats?filter=" + quote(
-    "^(cluster_manager.cds|listener_manager.lds).update_success$", safe=""
+    "^((cluster_manager.cds|listener_manager.lds).update_success|server.state)$", safe=""
 )
 
 
@@ -318,6 +318,10 @@ class Agent:
             if self.upstream.state() is not grpc.ChannelConnectivity.READY:
                 reason += f" ({await self.upstream.problem()})"
             return reason
+        # LDS/CDS accepted is not yet serving: Envoy's listeners (15021 among them) accept
+        # connections only once its initialization is over (server.state 0 = LIVE).
+        if values.get("server.state", "").strip() != "0":
+            return "envoy is still initializing (server.state is not LIVE)"
         return None
 
 
