@@ -33,5 +33,4 @@ def setup(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # grpc is chatty at info; keep it at warning unless debugging.
     if level.upper() != "DEBUG":
-        for name in ("grpc",):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger("grpc").setLevel(logging.WARNING)

@@ -32,10 +32,6 @@ class Resource:
     # delta_field(), encoded on first use and then shared by every delta stream.
     _delta_field: bytes | None = field(default=None, compare=False, repr=False)
 
-    def delta_bytes(self) -> bytes:
-        """The resource wrapped as envoy.service.discovery.v3.Resource (delta xDS)."""
-        return wire.delta_resource(self.name, self.version, self.any_bytes)
-
     def delta_field(self) -> bytes:
         """The resource as one element of DeltaDiscoveryResponse.resources (tag and length
         included): a delta response is these joined, whatever stream it is for."""

@@ -12,6 +12,7 @@ client still has our record of it, so only a new version goes out (rule 2).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,18 +50,12 @@ class DeltaResponse:
     selection: Selection | None = None
 
 
-# One copy of each distinct subscription, shared by every stream that has it (a thousand
-# proxies subscribing to the same thousand assignments hold one set); bounded.
-_subscriptions: dict[frozenset[str], frozenset[str]] = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def _shared(names: frozenset[str]) -> frozenset[str]:
-    found = _subscriptions.get(names)
-    if found is None:
-        if len(_subscriptions) >= 4096:
-            _subscriptions.clear()
-        found = _subscriptions[names] = names
-    return found
+    """One copy of each distinct subscription (the first one seen), shared by every stream
+    that has it: a thousand proxies subscribing to the same thousand assignments hold one
+    set."""
+    return names
 
 
 @dataclass(slots=True)

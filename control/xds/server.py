@@ -400,7 +400,7 @@ class XdsServer:
             try:
                 await context.write(data)
             except asyncio.CancelledError:
-                if conn.error is None or conn.error.code is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                if not _timed_out(conn):
                     raise
                 task.uncancel()  # our watchdog's cancellation, not the worker's
                 self._metrics.push_errors.labels(_short(type_url)).inc()

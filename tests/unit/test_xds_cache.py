@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
-from envoy.service.discovery.v3.discovery_pb2 import Resource as DeltaResource
+from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse
 from google.protobuf import any_pb2
 
 from control.xds.cache import EMPTY, Resource, ResourceCache, ResourceSet, digest
@@ -44,7 +44,8 @@ def test_rule8_resource_bytes_are_a_real_any() -> None:
     c = Cluster()
     assert any_msg.Unpack(c) and c.name == "a" and c.connect_timeout.seconds == 7
     assert r.version == digest(any_msg.value)
-    d = DeltaResource.FromString(r.delta_bytes())
+    # delta_field() is one element of DeltaDiscoveryResponse.resources, tag included.
+    (d,) = DeltaDiscoveryResponse.FromString(r.delta_field()).resources
     assert (d.name, d.version) == ("a", r.version)
     assert d.resource.SerializeToString() == any_msg.SerializeToString()
 

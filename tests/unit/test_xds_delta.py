@@ -145,9 +145,9 @@ def test_rule8_delta_response_frames_cached_bytes(b: Build) -> None:
     c = b.cluster("outbound|80||a.ns.svc.cluster.local")
     resp = dstart(s, CDS, rset(c))
     assert resp.resources == (c,)
-    raw = wire.delta_discovery_response(
+    raw = wire.delta_discovery_response_block(
         resp.system_version_info,
-        [r.delta_bytes() for r in resp.resources],
+        b"".join(r.delta_field() for r in resp.resources),
         CDS,
         list(resp.removed),
         resp.nonce,
