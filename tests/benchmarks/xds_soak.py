@@ -40,7 +40,11 @@ FD_SLOPE_MAX = 0.1  # per minute
 
 async def run(args: argparse.Namespace) -> int:
     print(machine())
-    tmp = Path(tempfile.mkdtemp(prefix="pf-soak-"))
+    with tempfile.TemporaryDirectory(prefix="pf-soak-") as tmp:
+        return await _run(args, Path(tmp))
+
+
+async def _run(args: argparse.Namespace, tmp: Path) -> int:
     mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
     mesh.write()
     await asyncio.sleep(2.5)  # files older than the watcher's racy window
