@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -130,6 +131,7 @@ class ControlPlaneRun:
                 await asyncio.to_thread(self.proc.proc.wait, 30)
             except Exception:
                 self.proc.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)  # state and log (log_tail() before)
 
     def log_tail(self) -> str:
         return self.proc.log()[-3000:]

@@ -226,14 +226,15 @@ async def run(args: argparse.Namespace) -> int:
     failed = False
     print(machine())
     for mode in modes:
-        tmp = Path(tempfile.mkdtemp(prefix="pf-churn-"))
-        ours_mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
-        ours_mesh.write()
-        floor_mesh = MeshFiles(tmp / "floor-mesh", args.services, args.endpoints)
-        floor_mesh.write()
-        await asyncio.sleep(2.5)  # files older than the watcher's racy window
-        ours = await run_ours(args, ours_mesh, mode == "delta")
-        floor = await run_floor(args, floor_mesh, mode == "delta", ours["schedule"])
+        with tempfile.TemporaryDirectory(prefix="pf-churn-") as tmp_name:
+            tmp = Path(tmp_name)
+            ours_mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
+            ours_mesh.write()
+            floor_mesh = MeshFiles(tmp / "floor-mesh", args.services, args.endpoints)
+            floor_mesh.write()
+            await asyncio.sleep(2.5)  # files older than the watcher's racy window
+            ours = await run_ours(args, ours_mesh, mode == "delta")
+            floor = await run_floor(args, floor_mesh, mode == "delta", ours["schedule"])
         p99, floor_p99 = percentile(ours["from_push"], 99), percentile(floor["from_push"], 99)
         per_push = ours["cpu"] / max(1, ours["pushes"])
         floor_per_push = floor["cpu"] / max(1, floor["pushes"])

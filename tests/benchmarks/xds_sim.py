@@ -21,8 +21,7 @@ endpoint to `marker_address(j)` at change j can tell when each proxy had change 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
@@ -514,10 +513,6 @@ class SimulatedProxy:
 
     # --- reports ---------------------------------------------------------------------------
 
-    def subscription(self, type_url: str) -> frozenset[str]:
-        sub = self._subs.get(type_url)
-        return sub.names if sub is not None else frozenset()
-
     def holds(self, type_url: str) -> frozenset[str]:
         sub = self._subs.get(type_url)
         return sub.have if sub is not None else frozenset()
@@ -526,7 +521,7 @@ class SimulatedProxy:
 def sotw_response(
     type_url: str, resources: Iterable[tuple[str, bytes]], version: str, nonce: str
 ) -> bytes:
-    """A DiscoveryResponse from (type, serialized resource) pairs; for tests and floors."""
+    """A DiscoveryResponse from (type, serialized resource) pairs (for tests)."""
     anys = [wire.any_bytes(t, v) for t, v in resources]
     return wire.discovery_response(version, anys, type_url, nonce)
 
@@ -540,11 +535,3 @@ def delta_response(
     """A DeltaDiscoveryResponse from (name, version, serialized resource) triples."""
     rs = [wire.delta_resource(n, v, wire.any_bytes(type_url, b)) for n, v, b in resources]
     return wire.delta_discovery_response("1", rs, type_url, list(removed), nonce)
-
-
-def request_json(raw: bytes, delta: bool) -> Mapping[str, object]:
-    """A request decoded to JSON-able data (tests check what the encoder wrote)."""
-    from google.protobuf import json_format
-
-    msg = DeltaDiscoveryRequest.FromString(raw) if delta else DiscoveryRequest.FromString(raw)
-    return json.loads(json_format.MessageToJson(msg))

@@ -5,7 +5,8 @@ endpoints. For the whole run, endpoints change R times a second (config files re
 in xds_churn.py) and every 10 s a few proxies restart (their streams close and they dial
 again), so the stream open/close paths are exercised as well as the push path. The control
 plane's RSS and open file descriptors are sampled every few seconds; after a warm-up, the
-least-squares slope of each must be about zero:
+least-squares slope of each (after a warm-up: 2 minutes of a 10-minute run) must be about
+zero:
 
     pass: RSS slope <= 256 KB/min (2.5 MB over 10 min) and fd slope <= 0.1/min
 
@@ -39,7 +40,11 @@ FD_SLOPE_MAX = 0.1  # per minute
 
 async def run(args: argparse.Namespace) -> int:
     print(machine())
-    tmp = Path(tempfile.mkdtemp(prefix="pf-soak-"))
+    with tempfile.TemporaryDirectory(prefix="pf-soak-") as tmp:
+        return await _run(args, Path(tmp))
+
+
+async def _run(args: argparse.Namespace, tmp: Path) -> int:
     mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
     mesh.write()
     await asyncio.sleep(2.5)  # files older than the watcher's racy window
@@ -152,12 +157,13 @@ def main() -> None:
         "--warmup",
         type=float,
         default=-1,
-        help="seconds left out of the slope (default 60; 10%% of a long soak, half a short one)",
+        help="seconds left out of the slope (default 120; 20%% of a long soak, half a short one)",
     )
     args = ap.parse_args()
     if args.warmup < 0:
-        # The first minute is the allocator and caches settling; a short soak keeps half.
-        args.warmup = min(max(60.0, args.seconds / 10), args.seconds / 2)
+        # The first minutes are the allocator and the bounded structures filling up (caches,
+        # the push log of /debug/pushz); a short soak keeps its second half.
+        args.warmup = min(max(120.0, args.seconds / 5), args.seconds / 2)
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):

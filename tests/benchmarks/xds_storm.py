@@ -89,7 +89,11 @@ async def storm(
 
 async def run_mode(args: argparse.Namespace, delta: bool) -> bool:
     """One storm on ours and one on the floor; prints the figures; True when it passed."""
-    tmp = Path(tempfile.mkdtemp(prefix="pf-storm-"))
+    with tempfile.TemporaryDirectory(prefix="pf-storm-") as tmp:
+        return await _run_mode(args, delta, Path(tmp))
+
+
+async def _run_mode(args: argparse.Namespace, delta: bool, tmp: Path) -> bool:
     mesh = MeshFiles(tmp / "mesh", args.services, args.endpoints)
     mesh.write()
     await asyncio.sleep(2.5)  # files older than the watcher's racy window: no re-reads
