@@ -406,3 +406,41 @@ async def test_rejected_name_table_is_a_nack_in_syncz(tmp_path: Path) -> None:
             reply = await query(ip, 15053, "forbidden.partner.test")
             assert rcode(reply) == "SERVFAIL"  # not in the accepted table; no upstream set
             assert addresses(await query(ip, 15053, "backend")) == [ip]
+
+
+async def test_not_ready_until_a_name_table_is_accepted(tmp_path: Path) -> None:
+    """Readiness waits for the first accepted name table: an agent whose handler rejects every
+    table has its certificate and upstream channel but stays not ready, and says why; it turns
+    ready once the control plane sends a table the handler takes."""
+    ip = pod_ip()
+    config = tmp_path / "mesh"
+    config.mkdir()
+    (config / "mesh.yaml").write_text(MESH)
+    (config / "forbidden.yaml").write_text(FORBIDDEN)
+    async with running_control_plane(config) as cp:
+        agent = Agent(agent_config(cp, tmp_path, ip, []))
+        builtin = agent.names
+        assert builtin is not None
+
+        def strict(resources: Sequence[Message]) -> None:
+            for table in resources:
+                assert isinstance(table, nds_pb2.NameTable)
+                if "forbidden.partner.test" in table.table:
+                    raise ValueError("forbidden.partner.test is not allowed here")
+            builtin(resources)
+
+        agent.handlers.unregister(typeurls.NAME_TABLE)
+        agent.handlers.register(typeurls.NAME_TABLE, strict)
+        async with agent:
+            await eventually(lambda: agent.secrets.ready, timeout=15, what="workload cert")
+
+            def nacked() -> bool:
+                return any(
+                    (row := s["types"].get(typeurls.NAME_TABLE)) and row["last_nack"]
+                    for s in cp.xds.syncz()
+                )
+
+            await eventually(nacked, timeout=5, what="NDS NACK in syncz")
+            assert await agent.readiness() == "no DNS name table from the control plane yet"
+            (config / "forbidden.yaml").unlink()
+            await ready(agent)
