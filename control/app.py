@@ -28,6 +28,7 @@ from control.ca.authn import (
     load_or_create_token_key,
 )
 from control.ca.authority import (
+    SERVING_VALIDITY,
     CaError,
     CaLimits,
     CertificateAuthority,
@@ -37,6 +38,7 @@ from control.ca.authority import (
 )
 from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
 from control.ca.service import CertificateService
+from control.ca.serving import ServingCertificates
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.generate import generators_for
@@ -51,7 +53,7 @@ from control.model.types import MeshConfig
 from control.registry.autoregister import WorkloadRegistry
 from control.webhook.cabundle import CaBundlePatcher
 from control.webhook.inject import InjectionValues
-from control.webhook.server import WebhookServer, ssl_context_for
+from control.webhook.server import WebhookServer
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
@@ -115,6 +117,9 @@ class ControlPlaneOptions:
     ca_key: str = ""  # ... its key ...
     ca_chain: str = ""  # ... and the certificates above it, root last
     max_workload_cert_ttl: float = 24 * 3600.0
+    # Lifetime of the control plane's own TLS certificates (TLS gRPC ports, webhook), seconds;
+    # each is issued again at half its lifetime (control/ca/serving.py).
+    serving_cert_ttl: float = SERVING_VALIDITY.total_seconds()
     trust_domain: str = "cluster.local"
     # Mesh-wide ALLOW_ANY | REGISTRY_ONLY for REDIRECT proxies (a Sidecar may override it).
     outbound_traffic_policy: str = "ALLOW_ANY"
@@ -203,7 +208,8 @@ class ControlPlane:
         self.tokens: TokenIssuer | None = None
         self._call_auth: CallAuthenticator | None = None
         self._ca_service: CertificateService | None = None
-        self.serving_chain: list[str] = []
+        self.serving: ServingCertificates | None = None  # the TLS gRPC ports'
+        self.webhook_serving: ServingCertificates | None = None
         self.webhook: WebhookServer | None = None
         self.webhook_port = 0
         self.ca_bundle_patcher: CaBundlePatcher | None = None
@@ -299,21 +305,17 @@ class ControlPlane:
         ips = [h for h in hosts if _is_ip(h) and not ipaddress.ip_address(h).is_unspecified]
         names = ["localhost", "pilotfish-control", "istiod.istio-system.svc", o.id]
         names += [h for h in hosts if not _is_ip(h)]
-        chain, key = await asyncio.to_thread(
-            ca.issue_serving_cert, names, [*ips, "127.0.0.1"], dt.datetime.now(dt.UTC)
+        self.serving = ServingCertificates(
+            ca, names, [*ips, "127.0.0.1"], dt.timedelta(seconds=o.serving_cert_ttl)
         )
-        self.serving_chain = chain
-        # Leaf and intermediates; clients already hold the root.
-        pair = (key, "".join(chain[:-1]).encode())
+        await self.serving.start()
         if o.secure_xds_address:
-            creds = grpc.ssl_server_credentials([pair])
+            creds = self.serving.grpc_credentials()
             self.secure_xds_port = server.add_secure_port(o.secure_xds_address, creds)
             if self.secure_xds_port == 0:
                 raise OSError(f"cannot listen on --secure-xds-address {o.secure_xds_address}")
         if o.mtls_xds_address:
-            creds = grpc.ssl_server_credentials(
-                [pair], root_certificates=ca.root_pem.encode(), require_client_auth=True
-            )
+            creds = self.serving.grpc_credentials(client_root_pem=ca.root_pem.encode())
             self.mtls_xds_port = server.add_secure_port(o.mtls_xds_address, creds)
             if self.mtls_xds_port == 0:
                 raise OSError(f"cannot listen on --mtls-xds-address {o.mtls_xds_address}")
@@ -329,10 +331,11 @@ class ControlPlane:
             # The API server calls the webhook through the Service: istiod.istio-system.svc.
             names = ["istiod.istio-system.svc", "localhost", o.id]
             names += [host] if host and not _is_ip(host) else []
-            chain, key = await asyncio.to_thread(
-                ca.issue_serving_cert, names, [*ips, "127.0.0.1"], dt.datetime.now(dt.UTC)
+            self.webhook_serving = ServingCertificates(
+                ca, names, [*ips, "127.0.0.1"], dt.timedelta(seconds=o.serving_cert_ttl)
             )
-            context = await asyncio.to_thread(ssl_context_for, chain, key)
+            await self.webhook_serving.start()
+            context = await self.webhook_serving.ssl_context()
             labels = (
                 self.watcher.namespace_labels
                 if isinstance(self.watcher, KubeSource)
@@ -393,6 +396,9 @@ class ControlPlane:
                 logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
             self._grpc = None
         await self.xds.close()
+        for serving in (self.serving, self.webhook_serving):
+            if serving is not None:
+                await serving.close()
         if self._ca_service is not None:
             await self._ca_service.close()
             self._ca_service = None

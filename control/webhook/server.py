@@ -1,19 +1,16 @@
 """The injection webhook's HTTPS server (aiohttp): POST /inject with an AdmissionReview.
 
 A thin adapter around `review.review_response`. The API server only calls webhooks over TLS;
-the serving certificate comes from our own CA (`ssl_context_for`), and the CA-bundle patcher
-(control/webhook/cabundle.py) puts that CA's root into the MutatingWebhookConfiguration so the
-API server trusts it.
+the serving certificate comes from our own CA and is renewed at half its lifetime
+(control/ca/serving.py), and the CA-bundle patcher (control/webhook/cabundle.py) puts that CA's
+root into the MutatingWebhookConfiguration so the API server trusts it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import ssl
-import tempfile
-from pathlib import Path
 
 from aiohttp import web
 
@@ -26,22 +23,6 @@ logger = logging.getLogger(__name__)
 INJECT_PATH = "/inject"
 # Pods with many containers and big env blocks stay well below this.
 MAX_BODY = 4 << 20
-
-
-def ssl_context_for(chain_pem: list[str], key_pem: bytes) -> ssl.SSLContext:
-    """A server context for a PEM chain (leaf first) and key. `ssl` loads certificates only
-    from files, so they pass through a private temporary directory (0700, key 0600) that is
-    removed at once. Blocking: call through asyncio.to_thread."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory(prefix="pilotfish-webhook-") as tmp:
-        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
-        cert.write_text("".join(chain_pem))
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key_pem)
-        ctx.load_cert_chain(cert, key)
-    return ctx
 
 
 class WebhookServer:
