@@ -49,6 +49,9 @@ PLAINTEXT_MATCH_NAME: Final = "tlsMode-disabled"
 # What an Istio sidecar offers when it originates mTLS; inbound listeners recognise mesh mTLS
 # (as opposed to an app's own TLS) by these, as Istio's do.
 ISTIO_ALPN: Final = ("istio-peer-exchange", "istio")
+# ... and towards an HTTP/2 port, as Istio's: h2 too, which a gRPC server (proxyless) must
+# see negotiated (gRPC refuses a TLS connection without ALPN h2).
+ISTIO_ALPN_H2: Final = (*ISTIO_ALPN, "h2")
 MESH_ALPN_MATCH: Final = (
     "istio-peer-exchange",
     "istio",
@@ -103,16 +106,19 @@ def _common(sans: tuple[str, ...], alpn: tuple[str, ...]) -> CommonTlsContext:
     )
 
 
-def upstream_socket(server_name: str, sans: tuple[str, ...]) -> TransportSocket:
+def upstream_socket(
+    server_name: str, sans: tuple[str, ...], http2: bool = False
+) -> TransportSocket:
     """ISTIO_MUTUAL towards one service port: our certificate, the mesh root, and the peer's
     URI SAN must be one of `sans` (the SPIFFE IDs of the service's workloads; none = any
     certificate the root signed, which is what Istio does for a service without accounts)."""
-    context = UpstreamTlsContext(common_tls_context=_common(sans, ISTIO_ALPN), sni=server_name)
+    alpn = ISTIO_ALPN_H2 if http2 else ISTIO_ALPN
+    context = UpstreamTlsContext(common_tls_context=_common(sans, alpn), sni=server_name)
     return TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
 
 
 def auto_mtls_matches(
-    server_name: str, sans: tuple[str, ...]
+    server_name: str, sans: tuple[str, ...], http2: bool = False
 ) -> list[Cluster.TransportSocketMatch]:
     """Auto mTLS: endpoints labelled `tlsMode: istio` (they have a sidecar) get ISTIO_MUTUAL,
     every other endpoint of the same cluster plaintext."""
@@ -122,7 +128,7 @@ def auto_mtls_matches(
         Cluster.TransportSocketMatch(
             name=MTLS_MATCH_NAME,
             match=match,
-            transport_socket=upstream_socket(server_name, sans),
+            transport_socket=upstream_socket(server_name, sans, http2),
         ),
         Cluster.TransportSocketMatch(
             name=PLAINTEXT_MATCH_NAME,

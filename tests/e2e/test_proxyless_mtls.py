@@ -37,7 +37,8 @@ from tests.support.net import pod_ip
 
 PORT = 8080
 METHOD = "/test.Echo/Who"
-TARGET = "xds:///echo.default.svc.cluster.local:7070"
+ECHO_HOST = "echo.default.svc.cluster.local"
+TARGET = f"xds:///{ECHO_HOST}:7070"
 
 MESH = textwrap.dedent(
     f"""
@@ -351,3 +352,66 @@ async def test_rotation_rewrites_files_and_calls_keep_working(tmp_path: Path) ->
             presented = {int(str(c["serial"]), 16) for c in calls}
             assert len(presented & seen_files) >= 3
             assert key.stat().st_mode & 0o777 == 0o600
+
+
+async def test_envoy_sidecar_client_calls_a_strict_proxyless_server(tmp_path: Path) -> None:
+    """Auto mTLS from an Envoy sidecar to a proxyless server: the server's endpoint is mTLS
+    under STRICT, Envoy originates ISTIO_MUTUAL (offering h2 among its ALPN protocols, which
+    gRPC's TLS requires), and the server sees the sidecar's identity."""
+    server_ip, client_ip = pod_ip(), pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH)
+    (cfg / "peer.yaml").write_text(peer_authentication("STRICT"))
+    async with running_control_plane(cfg) as cp:
+        sidecar = AgentProcess(
+            f"127.0.0.1:{cp.xds_port}",
+            tmp_path / "envoy-caller",
+            client_ip,
+            "envoy-caller-1",
+            "app=envoy-caller",
+            "--service-account",
+            "envoy-caller",
+            "--dns-port",
+            "0",
+            token=agent_token(cp, service_account="envoy-caller"),
+        )
+        sidecar.start()
+        try:
+            async with (
+                agent(
+                    cp.xds_port,
+                    agent_token(cp, service_account="echo"),
+                    tmp_path / "server",
+                    server_ip,
+                    "echo-1",
+                    "app=echo",
+                    "--service-account",
+                    "echo",
+                ),
+                python(
+                    SERVER,
+                    tmp_path / "server" / "grpc-bootstrap.json",
+                    f"{server_ip}:{PORT}",
+                    METHOD,
+                ),
+            ):
+
+                async def call() -> dict[str, object] | None:
+                    # The app beside the sidecar: plaintext to its Envoy's outbound listener.
+                    options = [("grpc.default_authority", f"{ECHO_HOST}:7070")]
+                    async with grpc.aio.insecure_channel(
+                        f"{client_ip}:7070", options=options
+                    ) as channel:
+                        try:
+                            raw = await channel.unary_unary(METHOD)(b"", timeout=3)
+                        except grpc.aio.AioRpcError:
+                            return None
+                    answer: dict[str, object] = json.loads(raw)
+                    return answer
+
+                answer = await eventually(call, timeout=40, what="call through the sidecar")
+                assert "spiffe://cluster.local/ns/default/sa/envoy-caller" in answer["sans"]
+                assert answer["security"] == ["tls"]
+        finally:
+            assert sidecar.terminate() == 0, sidecar.log()[-3000:]
