@@ -423,3 +423,25 @@ def test_a_plaintext_endpoint_joining_mtls_ones_is_a_full_push() -> None:
     plain = old.next(vm, [server.as_workload()])
     assert plain.changed_since(old) is not None
     assert not endpoints_only(old, plain)
+
+
+# --- Envoy sidecars calling proxyless servers --------------------------------------------------
+
+
+def test_envoy_offers_h2_alpn_towards_http2_ports_only() -> None:
+    """A gRPC server refuses TLS without ALPN h2 negotiated; Istio's in-mesh ALPN for HTTP/2
+    clusters has it, the one for other ports does not."""
+    from control.generate import clusters
+
+    web = kube_service("web", "default", ServicePort("http", 80, Protocol.HTTP))
+    sidecar = envoy_sidecar("127.0.5.9", "caller")
+    ctx = ctx_of(config(MtlsMode.STRICT, extra=(web,)), sidecar, proxyless(SERVER_IP, "echo"))
+    out = decode_all(clusters.generate(ctx, sidecar), Cluster)
+
+    def alpn(name: str) -> list[str]:
+        match = next(m for m in out[name].transport_socket_matches if m.name == "tlsMode-istio")
+        context = unpack(match.transport_socket.typed_config, UpstreamTlsContext)
+        return list(context.common_tls_context.alpn_protocols)
+
+    assert alpn(ECHO_CLUSTER) == ["istio-peer-exchange", "istio", "h2"]
+    assert alpn("outbound|80||web.default.svc.cluster.local") == ["istio-peer-exchange", "istio"]
