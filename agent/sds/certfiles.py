@@ -2,13 +2,15 @@
 `file_watcher` certificate provider (gRFC A29) reads the chain, the key and the root from files
 that the agent keeps current, as Istio's agent does for proxyless pods (same file names).
 
-Every certificate the secret manager installs (the first, each rotation) is written again.
-Each file is replaced atomically (written beside it, then renamed over it), so a reader sees
-the old or the new file, never a partial one; the key is 0600 from its creation. gRPC reads
-the key and then the chain, so a refresh that falls between two renames can pair a new key
-with the old chain; the renames follow each other directly to keep that window to
-microseconds, and gRPC reads both again at its next refresh. Writing happens in a thread;
-rotations that pile up while a write is under way collapse into one write of the latest.
+Every certificate the secret manager installs (the first, each rotation) is written again,
+the three files switched at once, as Kubernetes switches a secret volume: each version goes
+into a directory of its own, `..data` is a symlink to the current one, and `cert-chain.pem`,
+`key.pem`, `root-cert.pem` are symlinks through `..data`. One rename of `..data` replaces all
+three together, so a reader never pairs a new key with an old chain (gRPC reads the key, then
+the chain, and compares modification times around that to catch a change in between; a change
+made by two renames could fall around its whole read). The key is 0600 from its creation.
+Writing happens in a thread; rotations that pile up while a write is under way collapse into
+one write of the latest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,35 +63,57 @@ def refresh_interval(cert_ttl: float) -> int:
     return max(1, min(300, int(cert_ttl / 10)))
 
 
+DATA_LINK: Final = "..data"
+
+
 def write_cert_files(paths: CertPaths, cert: WorkloadCert) -> None:
-    """Write chain, key and root, each atomically (blocking)."""
-    paths.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
-    staged = [
-        (_stage(paths.key, cert.key_pem, 0o600), paths.key),
-        (_stage(paths.chain, cert.chain_pem, 0o644), paths.chain),
-        (_stage(paths.root, cert.root_pem, 0o644), paths.root),
-    ]
-    # Everything is on disk before the first rename: the renames follow each other directly.
-    for tmp, final in staged:
-        os.replace(tmp, final)
+    """Write chain, key and root as a new version and switch to it atomically (blocking)."""
+    top = paths.directory
+    top.mkdir(mode=0o750, parents=True, exist_ok=True)
+    # Unique even when one certificate is written twice: the live version is never touched.
+    version = f"..{cert.serial_hex}-{time.time_ns()}"
+    staging = top / version
+    staging.mkdir(mode=0o750)
+    _write(staging / KEY_FILE, cert.key_pem, 0o600)
+    _write(staging / CERT_CHAIN_FILE, cert.chain_pem, 0o644)
+    _write(staging / ROOT_CERT_FILE, cert.root_pem, 0o644)
+    _fsync_dir(staging)
+    _link(top / DATA_LINK, version)
+    for name in (KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE):
+        link = top / name
+        if not link.is_symlink():
+            _link(link, f"{DATA_LINK}/{name}")
+    _fsync_dir(top)
+    for old in top.iterdir():
+        if old.name.startswith("..") and old.name not in (DATA_LINK, version):
+            # Readers that opened an old file keep reading it; new opens see the new version.
+            shutil.rmtree(old, ignore_errors=True)
 
 
-def _stage(path: Path, data: bytes, mode: int) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover of a crash; O_EXCL below must create the file afresh
+def _write(path: Path, data: bytes, mode: int) -> None:
     # The mode is set at creation, so the key is never readable by others, not even briefly.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _link(path: Path, target: str) -> None:
+    """Make `path` a symlink to `target`, replacing whatever is there in one rename."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return tmp
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CertFileWriter:

@@ -72,7 +72,7 @@ def issued(ca: TestCA) -> WorkloadCert:
     return workload_cert(chain, kc.key_pem, None)
 
 
-def test_files_are_written_atomically_with_a_private_key(tmp_path: Path) -> None:
+def test_files_are_switched_together_with_a_private_key(tmp_path: Path) -> None:
     paths = CertPaths(tmp_path / "certs")
     ca = TestCA()
     first = issued(ca)
@@ -81,14 +81,27 @@ def test_files_are_written_atomically_with_a_private_key(tmp_path: Path) -> None
     assert paths.key.read_bytes() == first.key_pem
     assert paths.root.read_bytes() == first.root_pem
     assert paths.key.stat().st_mode & 0o777 == 0o600
-    key_inode = paths.key.stat().st_ino
+    # The names go through `..data`, one symlink whose rename switches all three files.
+    for p in (paths.chain, paths.key, paths.root):
+        assert os.readlink(p) == f"..data/{p.name}"
+    first_version = os.readlink(paths.directory / "..data")
     second = issued(ca)
     write_cert_files(paths, second)
-    # Replaced (a new inode: renamed over), never rewritten in place; no staging left over.
-    assert paths.key.stat().st_ino != key_inode
+    assert os.readlink(paths.directory / "..data") != first_version
     assert paths.key.read_bytes() == second.key_pem
+    assert paths.chain.read_bytes() == second.chain_pem
     assert paths.key.stat().st_mode & 0o777 == 0o600
-    assert sorted(os.listdir(paths.directory)) == ["cert-chain.pem", "key.pem", "root-cert.pem"]
+    # The old version is gone; nothing staged is left over.
+    names = sorted(os.listdir(paths.directory))
+    assert names == sorted(
+        [
+            "..data",
+            os.readlink(paths.directory / "..data"),
+            "cert-chain.pem",
+            "key.pem",
+            "root-cert.pem",
+        ]
+    )
     # The files belong together: the chain's leaf is for the key.
     leaf = x509.load_pem_x509_certificate(paths.chain.read_bytes())
     key = serialization.load_pem_private_key(paths.key.read_bytes(), None)
@@ -96,14 +109,17 @@ def test_files_are_written_atomically_with_a_private_key(tmp_path: Path) -> None
     assert leaf.public_key().public_bytes(der, fmt) == key.public_key().public_bytes(der, fmt)
 
 
-def test_a_stale_staging_file_does_not_block_writing(tmp_path: Path) -> None:
+def test_regular_files_from_before_become_links(tmp_path: Path) -> None:
+    # A directory holding plain files (written by hand, or by an older agent) is taken over.
     paths = CertPaths(tmp_path / "certs")
     paths.directory.mkdir()
-    (paths.directory / ".key.pem.tmp").write_bytes(b"left by a crash")
+    paths.key.write_bytes(b"old")
     cert = issued(TestCA())
     write_cert_files(paths, cert)
+    assert paths.key.is_symlink() and paths.key.read_bytes() == cert.key_pem
+    # The same certificate written again (a restarted writer) leaves a consistent set.
+    write_cert_files(paths, cert)
     assert paths.key.read_bytes() == cert.key_pem
-    assert not (paths.directory / ".key.pem.tmp").exists()
 
 
 async def test_writer_follows_rotations(tmp_path: Path) -> None:
