@@ -26,6 +26,7 @@ from agent.envoy.process import EnvoySupervisor
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
 from agent.sds.caclient import CaClient
+from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
 from agent.sds.keys import KeyType
 from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
@@ -45,10 +46,17 @@ _UPDATE_STATS = "/stats?filter=" + quote(
 )
 
 
+# Istio's template for the listener a gRPC xDS server asks for (`%s`: its IP:port).
+SERVER_LISTENER_TEMPLATE = "xds.istio.io/grpc/lds/inbound/%s"
+
+
 def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
-    """The bootstrap for proxyless gRPC clients: xDS through the agent's socket."""
+    """The bootstrap for proxyless gRPC clients and servers: xDS through the agent's socket,
+    the workload certificate files as certificate provider `default` (what the control plane
+    names in TLS contexts, as Istio's does), and the listener name servers ask for."""
     meta = cfg.node_metadata()
     meta["GENERATOR"] = "grpc"
+    paths = CertPaths(cfg.grpc_cert_dir.resolve())
     return {
         "xds_servers": [
             {
@@ -58,6 +66,18 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
             }
         ],
         "node": {"id": cfg.node_id, "metadata": meta, "locality": {}},
+        "certificate_providers": {
+            "default": {
+                "plugin_name": "file_watcher",
+                "config": {
+                    "certificate_file": str(paths.chain),
+                    "private_key_file": str(paths.key),
+                    "ca_certificate_file": str(paths.root),
+                    "refresh_interval": f"{refresh_interval(cfg.workload_cert_ttl)}s",
+                },
+            }
+        },
+        "server_listener_resource_name_template": SERVER_LISTENER_TEMPLATE,
     }
 
 
@@ -112,6 +132,10 @@ class Agent:
         self.sds = SdsServer(
             cfg.sds_socket, self.secrets, owner=self.run_as[0] if self.run_as else None
         )
+        # Proxyless apps read the certificate from files (gRPC has no SDS).
+        self.cert_files: CertFileWriter | None = None
+        if cfg.proxy_only:
+            self.cert_files = CertFileWriter(self.secrets, CertPaths(cfg.grpc_cert_dir))
         self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
         self.agent_stream = AgentStream(
             self.upstream,
@@ -165,6 +189,8 @@ class Agent:
             asyncio.create_task(self._mark_when(self.secrets.wait_ready(), "cert"))
         )
         await self.sds.start()
+        if self.cert_files is not None:
+            await self.cert_files.start()
         await self.downstream.start()
         if self.run_as is not None:
             # The socket is 0660: Envoy reaches it through the proxy group.
@@ -234,6 +260,8 @@ class Agent:
         await self.agent_stream.close()
         await self.downstream.close()
         await self.sds.close()
+        if self.cert_files is not None:
+            await self.cert_files.close()
         await self.secrets.close()
         await self.upstream.close()
 
@@ -285,7 +313,8 @@ class Agent:
     async def _why_not_ready(self) -> str | None:
         """DESIGN: the agent holds a workload certificate
         and, with Envoy, Envoy has accepted LDS and CDS; in proxy-only mode the upstream
-        channel is up. With DNS on, a name table must have arrived too."""
+        channel is up and the certificate files hold the current certificate. With DNS on, a
+        name table must have arrived too."""
         if self.upstream.state() is not grpc.ChannelConnectivity.READY:
             return await self.upstream.problem()
         if not self.secrets.ready:
@@ -293,6 +322,9 @@ class Agent:
             return f"no workload certificate yet: {why}"
         if self.names is not None and not self.names.received.is_set():
             return "no DNS name table from the control plane yet"
+        if self.cert_files is not None and not self.cert_files.current:
+            why = self.cert_files.last_error or "being written"
+            return f"gRPC certificate files in {self.cert_files.paths.directory}: {why}"
         if self.envoy is None:
             return None
         if not self.envoy.running:

@@ -83,6 +83,11 @@ class AgentConfig:
         return self.workdir / "SDS"
 
     @property
+    def grpc_cert_dir(self) -> Path:
+        """Proxy-only: the workload certificate as files, for gRPC's certificate provider."""
+        return self.workdir / "certs"
+
+    @property
     def uses_tls(self) -> bool:
         """TLS to the control plane when its port is 15012 or a root cert is given (DESIGN)."""
         return self.ca_root_cert is not None or any(
@@ -104,6 +109,9 @@ class AgentConfig:
         }
         if self.proxy_only:
             meta["GENERATOR"] = "grpc"
+            # The gRPC bootstrap names the certificate files as provider `default`: config
+            # may use it (agent and app streams must say the same, they are one workload).
+            meta["CERTIFICATE_PROVIDER"] = "default"
         meta.update(self.extra_metadata)
         return meta
 

@@ -200,13 +200,13 @@ def _base(name: str, kind: Cluster.DiscoveryType.ValueType | None, http2: bool) 
     return cluster
 
 
-def _apply_tls(cluster: Cluster, tls: UpstreamTls | None) -> None:
+def _apply_tls(cluster: Cluster, tls: UpstreamTls | None, http2: bool) -> None:
     if tls is None:
         return
     if tls.kind == "auto":
-        cluster.transport_socket_matches.extend(auto_mtls_matches(tls.sni, tls.sans))
+        cluster.transport_socket_matches.extend(auto_mtls_matches(tls.sni, tls.sans, http2))
     elif tls.kind == "istio":
-        cluster.transport_socket.CopyFrom(upstream_socket(tls.sni, tls.sans))
+        cluster.transport_socket.CopyFrom(upstream_socket(tls.sni, tls.sans, http2))
     elif tls.client is not None:
         cluster.transport_socket.CopyFrom(origination_socket(tls.client, tls.sni))
 
@@ -221,7 +221,7 @@ def build_eds(
     cluster = _base(name, Cluster.EDS, http2)
     cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     cluster.eds_cluster_config.service_name = name
-    _apply_tls(cluster, tls)
+    _apply_tls(cluster, tls, http2)
     apply_policy(cluster, policy, http, http2)
     return cluster
 
@@ -235,7 +235,7 @@ def build_dns(
     http: bool = False,
 ) -> Cluster:
     cluster = _base(name, None, http2)
-    _apply_tls(cluster, tls)
+    _apply_tls(cluster, tls, http2)
     apply_policy(cluster, policy, http, http2)
     # Envoy 1.40 deprecates the DNS settings on Cluster itself in favour of the DNS cluster
     # extension; with all_addresses_in_single_endpoint off it behaves as STRICT_DNS.

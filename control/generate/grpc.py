@@ -11,6 +11,22 @@ dial for a service port gets a listener: the FQDN, and for a Kubernetes service 
 `svc.ns` and (in the client's own namespace) `svc`, each with `:port`. Nothing is bound: an
 api_listener is configuration for the client's own channel, so there is no address.
 
+A gRPC xDS server (gRFC A36: `grpc.server(..., xds=True)`) asks for the listener named by
+the bootstrap's `server_listener_resource_name_template` with the address it listens on:
+`xds.istio.io/grpc/lds/inbound/10.0.0.5:8080` (Istio's template). It gets one for every
+inbound port of its workload (the target ports of the services selecting it) at each
+address it may listen on (its IPs, `0.0.0.0`, `[::]`): one filter chain holding an
+HttpConnectionManager with a non-forwarding route (the server's own handlers answer), mTLS
+or plaintext as PeerAuthentication says (see `proxyless_tls`).
+
+mTLS (gRFC A29) comes from the bootstrap's `default` certificate provider, which the agent
+points at the workload certificate files it writes; it is used only for proxies whose node
+metadata says their bootstrap has it (gRPC rejects a whole response naming a provider it
+lacks). A cluster is mTLS when every endpoint behind it accepts nothing else (auto mTLS
+within what gRPC can do: no per-endpoint `transport_socket_matches`, no Istio ALPN), or when
+a DestinationRule says ISTIO_MUTUAL; SIMPLE/MUTUAL origination with files cannot be said to
+gRPC and stays plaintext with a warning.
+
 The generators return every resource of the proxy's scope (Sidecar egress hosts); the ADS
 state machines pick what the client subscribed to (gRPC always names what it wants).
 
@@ -35,8 +51,10 @@ from envoy.config.endpoint.v3.endpoint_components_pb2 import (
 )
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.api_listener_pb2 import ApiListener
+from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_components_pb2 import (
+    NonForwardingAction,
     Route,
     RouteAction,
     RouteMatch,
@@ -64,15 +82,24 @@ from control.generate.common import (
     outbound_plan,
     pack,
     parse_locality,
+    service_inbound_ports,
     socket_address,
     warn_once,
 )
 from control.generate.context import GenContext
+from control.generate.tls import grpc_downstream_socket, grpc_upstream_socket
 from control.model.proxy import Proxy
-from control.model.types import Protocol, Service
+from control.model.traffic import TlsMode
+from control.model.types import TLS_MODE_LABEL, MtlsMode, Protocol, Service, proxyless_tls
 from control.xds.cache import Resource, ResourceSet
 
 ROUTER_FILTER: Final = "envoy.filters.http.router"
+HCM_FILTER: Final = "envoy.filters.network.http_connection_manager"
+# Istio's listener name template for gRPC xDS servers (its agent writes it into the
+# bootstrap as `server_listener_resource_name_template`; `%s` is the listening IP:port).
+SERVER_LISTENER_PREFIX: Final = "xds.istio.io/grpc/lds/inbound/"
+# Where a server may listen besides its pod IPs: every address (IPv4, IPv6).
+WILDCARD_HOSTS: Final = ("0.0.0.0", "::")
 # Cache variant of every resource made here; see the module docstring.
 VARIANT: Final = "grpc"
 
@@ -156,10 +183,14 @@ def _claim(clusters: tuple[OutboundCluster, ...], client_namespace: str) -> tupl
 
 def generate_listeners(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     found = targets(ctx, proxy)
-    return ctx.memo(
-        ("grpc-lds-set", id(found)),
-        lambda: ResourceSet([_listener(ctx, name) for name, _ in found]),
+    outbound = ctx.memo(
+        ("grpc-lds-outbound", id(found)),
+        lambda: tuple(_listener(ctx, name) for name, _ in found),
     )
+    inbound = server_listeners(ctx, proxy)
+    if not inbound:
+        return ctx.memo(("grpc-lds-set", id(found)), lambda: ResourceSet(list(outbound)))
+    return ResourceSet([*outbound, *inbound])
 
 
 def generate_routes(ctx: GenContext, proxy: Proxy) -> ResourceSet:
@@ -172,10 +203,16 @@ def generate_routes(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 
 def generate_clusters(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     found = grpc_clusters(ctx, proxy)
+    capable = proxy.cert_provider
+    # Keyed by the cluster object, not its name: scopes under different DestinationRules get
+    # different objects (and TLS settings) under one name.
     return ctx.memo(
-        ("grpc-cds-set", id(found)),
+        ("grpc-cds-set", id(found), capable),
         lambda: ResourceSet(
-            [ctx.memo(("grpc-cds", c.name), functools.partial(_cluster, ctx, c)) for c in found]
+            [
+                ctx.memo(("grpc-cds", id(c), capable), functools.partial(_cluster, ctx, c, capable))
+                for c in found
+            ]
         ),
     )
 
@@ -192,6 +229,71 @@ def generate_endpoints(ctx: GenContext, proxy: Proxy) -> ResourceSet:
             ]
         ),
     )
+
+
+# --- xDS servers -------------------------------------------------------------------------------
+
+
+def server_listener_name(host: str, port: int) -> str:
+    """The listener a gRPC xDS server listening on host:port asks for (IPv6 in brackets, as
+    gRPC joins host and port)."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return SERVER_LISTENER_PREFIX + address
+
+
+def server_ports(ctx: GenContext, proxy: Proxy) -> tuple[int, ...]:
+    """The ports the proxy's workload serves: target ports of the services selecting it."""
+    return ctx.memo(
+        ("grpc-server-ports", proxy.namespace, proxy.labels),
+        lambda: tuple(
+            p.number for p in service_inbound_ports(ctx.index.services_selecting(proxy), proxy.ip)
+        ),
+    )
+
+
+def server_listeners(ctx: GenContext, proxy: Proxy) -> tuple[Resource, ...]:
+    """A listener per inbound port and address the server may listen on. Without the
+    certificate provider a STRICT port cannot be served and gets no listener: the gRPC server
+    then never starts serving it (fail closed); other ports are plaintext."""
+    ports = server_ports(ctx, proxy)
+    if not ports:
+        return ()
+    peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
+    labelled = dict(proxy.labels).get(TLS_MODE_LABEL) == "istio"
+    hosts = (*proxy.ips, *WILDCARD_HOSTS)
+    out: list[Resource] = []
+    for port in ports:
+        mode = peer.mode_for(port)
+        tls = proxyless_tls(mode, labelled)
+        if tls and not proxy.cert_provider:
+            if mode is MtlsMode.STRICT:
+                warn_once(
+                    ("grpc-strict-without-provider", proxy.id, port),
+                    "proxy %s: inbound port %d is STRICT mTLS but the gRPC bootstrap has no "
+                    "`default` certificate provider (node metadata CERTIFICATE_PROVIDER); the "
+                    "port is not served",
+                    proxy.id,
+                    port,
+                )
+                continue
+            tls = False
+        for host in hosts:
+            name = server_listener_name(host, port)
+            key = (host, port, tls)
+            out.append(
+                ctx.memo(
+                    ("grpc-lds-in", name, tls),
+                    functools.partial(
+                        ctx.resource,
+                        LISTENER_TYPE,
+                        name,
+                        key,
+                        functools.partial(build_server_listener, name, *key),
+                        variant=VARIANT,
+                    ),
+                )
+            )
+    return tuple(out)
 
 
 def _listener(ctx: GenContext, name: str) -> Resource:
@@ -219,23 +321,82 @@ def _route(ctx: GenContext, name: str, cluster: str) -> Resource:
     )
 
 
-def _cluster(ctx: GenContext, cluster: OutboundCluster) -> Resource:
+def _cluster(ctx: GenContext, cluster: OutboundCluster, capable: bool) -> Resource:
+    tls = cluster_tls(cluster, capable)
+    # Clients with and without the certificate provider get different bytes under one name:
+    # a slot each (rule 8).
+    variant = (VARIANT, capable)
     if cluster.eds:
         return ctx.resource(
             CLUSTER_TYPE,
             cluster.name,
-            "eds",
-            functools.partial(build_eds_cluster, cluster.name),
-            variant=VARIANT,
+            ("eds", tls),
+            functools.partial(build_eds_cluster, cluster.name, tls),
+            variant=variant,
         )
     host, port = _dns_target(cluster)
     return ctx.resource(
         CLUSTER_TYPE,
         cluster.name,
-        ("dns", host, port),
-        functools.partial(build_dns_cluster, cluster.name, host, port),
-        variant=VARIANT,
+        ("dns", host, port, tls),
+        functools.partial(build_dns_cluster, cluster.name, host, port, tls),
+        variant=variant,
     )
+
+
+def cluster_tls(cluster: OutboundCluster, capable: bool) -> tuple[str, ...] | None:
+    """The SANs a proxyless client accepts when it calls `cluster` with mTLS, or None for
+    plaintext. `capable`: the client's bootstrap has the certificate provider.
+
+    A DestinationRule `tls` setting wins, as for sidecars: DISABLE is plaintext, ISTIO_MUTUAL
+    mTLS. SIMPLE and MUTUAL take certificates from files, which gRPC cannot be told (it only
+    knows its certificate providers), so they stay plaintext with a warning. Without a rule,
+    auto mTLS: a mesh-internal cluster whose endpoints all accept nothing but mTLS. gRPC uses
+    one transport socket per cluster, so a cluster that also has endpoints accepting
+    plaintext (a plain workload, a sidecar in PERMISSIVE, whose mTLS chain wants Istio's
+    ALPN) is plaintext, which every one of those accepts."""
+    tls = cluster.policy.tls if cluster.policy is not None else None
+    if tls is not None:
+        if tls.mode is TlsMode.DISABLE:
+            return None
+        if tls.mode is TlsMode.ISTIO_MUTUAL:
+            if capable:
+                return cluster.identities
+            warn_once(
+                ("grpc-istio-mutual-without-provider", cluster.name),
+                "cluster %s: ISTIO_MUTUAL for proxyless clients needs the `default` "
+                "certificate provider in their bootstrap (pilotfish-agent --proxy-only writes "
+                "it); plaintext for clients without it",
+                cluster.name,
+            )
+            return None
+        warn_once(
+            ("grpc-tls-origination", cluster.name),
+            "cluster %s: DestinationRule tls mode %s cannot be given to proxyless gRPC "
+            "clients (gRPC takes certificates from its certificate providers only, not from "
+            "files); plaintext for them",
+            cluster.name,
+            tls.mode.value,
+        )
+        return None
+    if not capable or cluster.service.mesh_external:
+        return None
+    if not cluster.eds and not cluster.endpoints:
+        return None  # the host itself is resolved: nothing in the mesh stands behind it
+    plaintext = sum(1 for e in cluster.endpoints if not e.tls_only)
+    if plaintext:
+        if plaintext < len(cluster.endpoints):
+            warn_once(
+                ("grpc-mixed-mtls", cluster.name),
+                "cluster %s: %d of %d endpoints accept plaintext and the rest only mTLS; "
+                "proxyless clients use one transport for a cluster and call all of them in "
+                "plaintext",
+                cluster.name,
+                plaintext,
+                len(cluster.endpoints),
+            )
+        return None
+    return cluster.identities
 
 
 def _dns_target(cluster: OutboundCluster) -> tuple[str, int]:
@@ -286,6 +447,41 @@ def build_listener(name: str) -> Listener:
     return Listener(name=name, api_listener=ApiListener(api_listener=pack(hcm)))
 
 
+def build_server_listener(name: str, host: str, port: int, mtls: bool) -> Listener:
+    """What gRPC's xDS server accepts (A36, A29): the address it listens on (it refuses a
+    listener for another), exactly one filter per chain (the HttpConnectionManager, with the
+    router last), a route whose action is non-forwarding (any other fails the calls), no
+    `use_original_dst`, and for mTLS a DownstreamTlsContext naming certificate providers.
+    Nothing goes into `filter_chain_match`: gRPC never matches a chain on SNI, ALPN or
+    transport protocol."""
+    hcm = HttpConnectionManager(
+        route_config=RouteConfiguration(
+            name="inbound",
+            virtual_hosts=[
+                VirtualHost(
+                    name="inbound",
+                    domains=["*"],
+                    routes=[
+                        Route(
+                            name="default",
+                            match=RouteMatch(prefix="/"),
+                            non_forwarding_action=NonForwardingAction(),
+                        )
+                    ],
+                )
+            ],
+        ),
+        http_filters=[HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router()))],
+    )
+    chain = FilterChain(
+        name="inbound-mtls" if mtls else "inbound-plaintext",
+        filters=[Filter(name=HCM_FILTER, typed_config=pack(hcm))],
+    )
+    if mtls:
+        chain.transport_socket.CopyFrom(grpc_downstream_socket())
+    return Listener(name=name, address=socket_address(host, port), filter_chains=[chain])
+
+
 def build_route(name: str, cluster: str) -> RouteConfiguration:
     # The route configuration belongs to one listener name, hence one service: a single
     # catch-all virtual host also matches when the channel overrides its authority.
@@ -307,16 +503,20 @@ def build_route(name: str, cluster: str) -> RouteConfiguration:
     )
 
 
-def build_eds_cluster(name: str) -> Cluster:
+def build_eds_cluster(name: str, tls: tuple[str, ...] | None = None) -> Cluster:
     cluster = Cluster(name=name, type=Cluster.EDS, lb_policy=Cluster.ROUND_ROBIN)
     cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     cluster.eds_cluster_config.service_name = name
+    if tls is not None:
+        cluster.transport_socket.CopyFrom(grpc_upstream_socket(tls))
     return cluster
 
 
-def build_dns_cluster(name: str, host: str, port: int) -> Cluster:
+def build_dns_cluster(
+    name: str, host: str, port: int, tls: tuple[str, ...] | None = None
+) -> Cluster:
     # gRPC's LOGICAL_DNS wants exactly one locality holding exactly one endpoint.
-    return Cluster(
+    cluster = Cluster(
         name=name,
         type=Cluster.LOGICAL_DNS,
         lb_policy=Cluster.ROUND_ROBIN,
@@ -331,6 +531,9 @@ def build_dns_cluster(name: str, host: str, port: int) -> Cluster:
             ],
         ),
     )
+    if tls is not None:
+        cluster.transport_socket.CopyFrom(grpc_upstream_socket(tls))
+    return cluster
 
 
 def build_assignment(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLoadAssignment:
@@ -348,7 +551,7 @@ def build_assignment(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLo
     groups: dict[str, list[LbEndpoint]] = {}
     weights: dict[str, int] = {}
     seen: set[tuple[str, int]] = set()
-    # Proxyless gRPC is plaintext for now: the mTLS flag (last) is not used here.
+    # The mTLS flag (last) is the cluster's business here (cluster_tls), not the endpoint's.
     for address, port, weight, locality, _ in sorted(endpoints):
         if not is_ip(address):
             warn_once(

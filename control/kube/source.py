@@ -48,6 +48,9 @@ OnChange = Callable[[MeshConfig], Awaitable[None] | None]
 SOURCE_FILE = "kubernetes"
 # Istio marks injected pods with this annotation; its value names the sidecar containers.
 SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"
+# Istio's annotation naming the injection templates; `grpc-agent` is its proxyless one.
+TEMPLATES_ANNOTATION = "inject.istio.io/templates"
+GRPC_AGENT_TEMPLATE = "grpc-agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,9 @@ def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
         ports=tuple(sorted(ports.items())),
         has_sidecar=labels.get(TLS_MODE_LABEL) == "istio"
         or SIDECAR_STATUS_ANNOTATION in annotations,
+        # Istio's proxyless injection template: an agent beside a gRPC app, no Envoy.
+        proxyless=GRPC_AGENT_TEMPLATE
+        in str(annotations.get(TEMPLATES_ANNOTATION, "")).replace(" ", "").split(","),
     )
 
 

@@ -39,6 +39,7 @@ from control.model.types import (
     ServicePort,
     SidecarScope,
     Workload,
+    proxyless_tls,
     selector_matches,
     spiffe_id,
     workload_selector_matches,
@@ -218,6 +219,7 @@ class MeshIndex:
             if ep_port is None:
                 ep_port = port.target_port if isinstance(port.target_port, int) else port.port
             sidecar = dict(spec.labels).get(TLS_MODE_LABEL) == "istio"
+            mtls, tls_only = self._tls(service.namespace, spec.labels, ep_port, sidecar, False)
             found.add(
                 Endpoint(
                     address=spec.address,
@@ -228,12 +230,14 @@ class MeshIndex:
                     has_sidecar=sidecar,
                     locality=spec.locality,
                     weight=spec.weight,
-                    mtls=sidecar and self._mtls_on(service.namespace, spec.labels, ep_port),
+                    mtls=mtls,
+                    tls_only=tls_only,
                 )
             )
         for wl in self.workloads_selected_by(service):
             sidecar = wl.has_sidecar or dict(wl.labels).get(TLS_MODE_LABEL) == "istio"
             wl_port = wl.port_for(port)
+            mtls, tls_only = self._tls(wl.namespace, wl.labels, wl_port, sidecar, wl.proxyless)
             found.add(
                 Endpoint(
                     address=wl.address,
@@ -244,7 +248,8 @@ class MeshIndex:
                     has_sidecar=sidecar,
                     locality=wl.locality,
                     weight=wl.weight,
-                    mtls=sidecar and self._mtls_on(wl.namespace, wl.labels, wl_port),
+                    mtls=mtls,
+                    tls_only=tls_only,
                 )
             )
         result = tuple(sorted(found, key=lambda e: (e.address, e.port)))
@@ -279,10 +284,20 @@ class MeshIndex:
             candidates = self._by_namespace.get(namespace, [])
         return [wl for wl in candidates if matches(selector, wl.labels)]
 
-    def _mtls_on(self, namespace: str, labels: Labels, port: int) -> bool:
-        # As Istio's EDS does: a sidecar whose own policy disables mTLS on the port is sent
-        # plaintext, or the client would talk TLS to a listener that only speaks plaintext.
-        return self.peer_policy(namespace, labels).mode_for(port) is not MtlsMode.DISABLE
+    def _tls(
+        self, namespace: str, labels: Labels, port: int, sidecar: bool, proxyless: bool
+    ) -> tuple[bool, bool]:
+        """(mtls, tls_only) of an endpoint (see Endpoint). As Istio's EDS does, a sidecar
+        whose own policy disables mTLS on the port is sent plaintext, or the client would
+        talk TLS to a listener that only speaks plaintext. A proxyless server speaks one of
+        the two per port (`proxyless_tls`), and its clients must use that one."""
+        if not sidecar and not proxyless:
+            return False, False
+        mode = self.peer_policy(namespace, labels).mode_for(port)
+        if proxyless:
+            tls = proxyless_tls(mode, dict(labels).get(TLS_MODE_LABEL) == "istio")
+            return tls, tls
+        return mode is not MtlsMode.DISABLE, mode is MtlsMode.STRICT
 
     def identities(self, service: Service, port: ServicePort) -> tuple[str, ...]:
         """SPIFFE IDs an mTLS client of this service port accepts: those of its mTLS
@@ -551,8 +566,9 @@ def endpoints_only(old: MeshIndex, new: MeshIndex) -> bool:
     """Whether going from `old` to `new` changes endpoint assignments (EDS) and nothing else,
     as Istio's incremental EDS push decides. Not so when the index was not derived (rules
     changed), when the identities behind a changed service change (its mTLS clusters' SANs),
-    or when a changed service is a DNS ServiceEntry that takes its endpoints from workloads
-    (DNS clusters carry their endpoints inline, in CDS). Costs the changed services only."""
+    when whether its endpoints all require mTLS changes (proxyless clients' clusters), or when
+    a changed service is a DNS ServiceEntry that takes its endpoints from workloads (DNS
+    clusters carry their endpoints inline, in CDS). Costs the changed services only."""
     changed = new.changed_since(old)
     if changed is None:
         return False
@@ -560,9 +576,22 @@ def endpoints_only(old: MeshIndex, new: MeshIndex) -> bool:
         service = new.service_by_host[host]
         if service.resolution is Resolution.DNS and service.workload_selector is not None:
             return False
-        if any(old.identities(service, p) != new.identities(service, p) for p in service.ports):
-            return False
+        for p in service.ports:
+            if old.identities(service, p) != new.identities(service, p):
+                return False
+            if _plaintext_labels(old.endpoints(service, p)) != _plaintext_labels(
+                new.endpoints(service, p)
+            ):
+                return False
     return True
+
+
+def _plaintext_labels(endpoints: tuple[Endpoint, ...]) -> frozenset[Labels]:
+    """What a proxyless client's choice of mTLS for a cluster depends on (CDS, not EDS: gRPC
+    has no per-endpoint transport sockets): whether some endpoint of the cluster accepts
+    plaintext. For a subset cluster that is whether such an endpoint has the subset's labels,
+    so equal sets of label sets here mean equal choices for every cluster of the port."""
+    return frozenset(e.labels for e in endpoints if not e.tls_only)
 
 
 def _difference(

@@ -5,9 +5,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from control.model.types import Labels, SourceRef, Workload, labels_of
+
+# The certificate provider instance proxyless config names, as Istio's agent names it in the
+# gRPC bootstrap; its certificate names are `default` (chain and key) and `ROOTCA`.
+CERTIFICATE_PROVIDER: Final = "default"
 
 
 class NodeError(ValueError):
@@ -35,6 +39,10 @@ class Proxy:
     # (auto mTLS out, PeerAuthentication in). Envoy waits for a referenced secret forever, so
     # sending such config to a proxy without SDS would hold its clusters and listeners back.
     sds: bool = False
+    # A proxyless client whose bootstrap has the `default` certificate provider (node metadata
+    # CERTIFICATE_PROVIDER, written by the agent in proxy-only mode): only then may its config
+    # name that provider (gRPC rejects a whole CDS or LDS response naming one it lacks).
+    cert_provider: bool = False
 
     @property
     def is_grpc(self) -> bool:
@@ -49,8 +57,10 @@ class Proxy:
             labels=self.labels,
             service_account=self.service_account,
             source=SourceRef("Proxy", self.namespace, self.pod_name),
-            # Peers reach it with mTLS only if its Envoy can terminate mTLS (holds the certs).
+            # Peers reach it with mTLS only if its Envoy can terminate mTLS (holds the certs),
+            # or its gRPC server can (the certificate provider).
             has_sidecar=self.sds and not self.is_grpc,
+            proxyless=self.is_grpc and self.cert_provider,
         )
 
 
@@ -104,4 +114,5 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         dns_domain=intern(domain),
         auto_register=_str(metadata, "AUTO_REGISTER").lower() != "false",
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
+        cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
     )

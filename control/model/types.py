@@ -149,6 +149,9 @@ class Workload:
     has_sidecar: bool = False
     locality: str = ""
     weight: int = 0
+    # A proxyless gRPC workload whose agent gives it certificates (the `default` certificate
+    # provider): its xDS server terminates mTLS where `proxyless_tls` says so.
+    proxyless: bool = False
 
     def port_for(self, port: ServicePort) -> int:
         """The port this workload serves `port` on (Kubernetes targetPort semantics)."""
@@ -181,6 +184,11 @@ class Endpoint:
     # Reached with Istio mutual TLS (auto mTLS): it has a sidecar and its PeerAuthentication
     # does not DISABLE mTLS on this port. EDS labels it `tlsMode: istio`.
     mtls: bool = False
+    # Accepts nothing but mTLS on this port: a sidecar under STRICT, or a proxyless server
+    # whose listener is mTLS only (`proxyless_tls`). A proxyless gRPC client, which can
+    # neither pick TLS per endpoint nor offer Istio's ALPN, uses mTLS towards a cluster
+    # exactly when every endpoint is like this.
+    tls_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +322,15 @@ class PeerPolicy:
 
     def mode_for(self, port: int) -> MtlsMode:
         return dict(self.port_modes).get(port, self.mode)
+
+
+def proxyless_tls(mode: MtlsMode, tls_mode_label: bool) -> bool:
+    """Whether a proxyless gRPC server's inbound port is mutual TLS (else plaintext). A gRPC
+    xDS server picks a filter chain without looking at the bytes (it drops chains that match
+    on `transport_protocol: tls`), so it cannot serve TLS and plaintext on one port: PERMISSIVE
+    is plaintext, as in Istio, unless the workload carries `security.istio.io/tlsMode: istio`,
+    which tells every client to use mTLS (Istio then treats PERMISSIVE as STRICT)."""
+    return mode is MtlsMode.STRICT or (mode is MtlsMode.PERMISSIVE and tls_mode_label)
 
 
 def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:

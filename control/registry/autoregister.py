@@ -89,6 +89,7 @@ class WorkloadRegistry:
                 "labels": dict(e.workload.labels),
                 "service_account": e.workload.service_account,
                 "has_sidecar": e.workload.has_sidecar,
+                "proxyless": e.workload.proxyless,
             }
             for key, e in sorted(self._by_key.items())
         ]
@@ -107,6 +108,7 @@ class WorkloadRegistry:
                     service_account=str(item["service_account"]),
                     source=SourceRef("Proxy", str(item["namespace"]), str(item["name"])),
                     has_sidecar=bool(item.get("has_sidecar", True)),
+                    proxyless=bool(item.get("proxyless", False)),
                 )
                 key = (wl.address, str(item["proxy"]))
             except (KeyError, TypeError, AttributeError, ValueError):

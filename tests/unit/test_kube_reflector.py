@@ -84,7 +84,14 @@ def test_pods_become_workloads_only_when_running_ready_and_addressed() -> None:
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert pod_workload(deleting) is None
     plain = pod_workload(pod("w", "10.0.0.5", {"app": "w"}))
-    assert plain is not None and not plain.has_sidecar
+    assert plain is not None and not plain.has_sidecar and not plain.proxyless
+
+
+def test_pods_injected_with_istios_proxyless_template_are_proxyless() -> None:
+    p = pod("g-1", "10.0.0.6", {"app": "g"})
+    p["metadata"]["annotations"] = {"inject.istio.io/templates": "sidecar, grpc-agent"}
+    wl = pod_workload(p)
+    assert wl is not None and wl.proxyless and not wl.has_sidecar
 
 
 def test_istio_resources_follow_the_supported_kinds() -> None:

@@ -1,0 +1,417 @@
+"""Proxyless mTLS end to end, with real grpcio on both sides: a client calling
+`xds:///echo...` with `grpc.xds_channel_credentials` and an xDS-enabled server
+(`grpc.server(..., xds=True)` with `grpc.xds_server_credentials`), each beside its own
+`pilotfish-agent --proxy-only`, configured only by the control plane and the bootstrap and
+certificate files their agents write.
+
+- STRICT: the server sees the client's SPIFFE ID in the peer's certificate (auth context), and
+  a plaintext client calling the server directly is refused;
+- PERMISSIVE (no tlsMode label): plaintext to the server works, and mesh clients use it too
+  (a gRPC server cannot serve TLS and plaintext on one port);
+- rotation: with 6-second certificates the files are rewritten again and again, and calls on
+  channels made afresh (a TLS handshake each) keep working with the new certificates.
+
+Client and server run in subprocesses: grpc reads GRPC_XDS_BOOTSTRAP once per process. The
+server is grpcio's synchronous server because `grpc.aio.server` has no `xds` option (its
+Cython core hard-codes xDS off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+from tests.support.agentproc import AgentProcess
+from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.net import pod_ip
+
+PORT = 8080
+METHOD = "/test.Echo/Who"
+ECHO_HOST = "echo.default.svc.cluster.local"
+TARGET = f"xds:///{ECHO_HOST}:7070"
+
+MESH = textwrap.dedent(
+    f"""
+    apiVersion: v1
+    kind: Service
+    metadata: {{name: echo, namespace: default}}
+    spec:
+      selector: {{app: echo}}
+      ports: [{{name: grpc, port: 7070, targetPort: {PORT}}}]
+    """
+)
+
+
+def peer_authentication(mode: str) -> str:
+    return textwrap.dedent(
+        f"""
+        apiVersion: security.istio.io/v1
+        kind: PeerAuthentication
+        metadata: {{name: default, namespace: default}}
+        spec: {{mtls: {{mode: {mode}}}}}
+        """
+    )
+
+
+# Answers METHOD with what it knows of the caller: the SANs and serial of the certificate
+# the peer presented (empty over plaintext). Prints "serving" once the xDS listener arrived.
+SERVER = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from concurrent import futures
+    import grpc
+    from cryptography import x509
+
+    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+
+    def who(request, context):
+        auth = context.auth_context()
+        pem = b"".join(auth.get("x509_pem_cert", []))
+        serial = format(x509.load_pem_x509_certificate(pem).serial_number, "x") if pem else ""
+        return json.dumps({
+            "sans": sorted(v.decode() for v in auth.get("x509_subject_alternative_name", [])),
+            "security": [v.decode() for v in auth.get("transport_security_type", [])],
+            "serial": serial,
+        }).encode()
+
+    def status(address, serving, error):
+        print(json.dumps({"status": serving, "address": address}), flush=True)
+
+    service, _, method = sys.argv[2][1:].partition("/")
+    handler = grpc.method_handlers_generic_handler(
+        service, {method: grpc.unary_unary_rpc_method_handler(who)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(4), handlers=(handler,), xds=True)
+    creds = grpc.xds_server_credentials(grpc.insecure_server_credentials())
+    server.add_secure_port(sys.argv[1], creds)
+    server.start()
+    print(json.dumps({"started": sys.argv[1]}), flush=True)
+    server.wait_for_termination()
+    """
+)
+
+# Calls TARGET in a loop. With "fresh", every call goes over a new channel with its own
+# subchannel (no sharing with earlier channels), so every call makes a new TLS handshake
+# with the certificates of that moment.
+CLIENT = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    import grpc
+    import grpc.experimental
+
+    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+    target, method, fresh = sys.argv[1], sys.argv[2], sys.argv[3] == "fresh"
+    creds = grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials())
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channel = grpc.secure_channel(target, creds, options=options)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if fresh:
+            channel.close()
+            channel = grpc.secure_channel(target, creds, options=options)
+        try:
+            line = json.loads(channel.unary_unary(method)(b"", timeout=3))
+        except grpc.RpcError as e:
+            line = {"error": e.code().name, "details": e.details()}
+        line["t"] = time.time()
+        print(json.dumps(line), flush=True)
+        time.sleep(0.05)
+    """
+)
+
+
+class Proc:
+    """A Python subprocess printing JSON lines, and the lines so far."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, object]] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.lines.append(json.loads(raw))
+
+    def calls(self) -> list[dict[str, object]]:
+        return [line for line in self.lines if "t" in line]
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.terminate()
+        await self.proc.wait()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+@contextlib.asynccontextmanager
+async def python(script: str, boot: Path, *args: str) -> AsyncIterator[Proc]:
+    env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(boot)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    p = Proc(proc)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@contextlib.asynccontextmanager
+async def agent(
+    cp_port: int, token: str, workdir: Path, ip: str, pod: str, labels: str, *extra: str
+) -> AsyncIterator[AgentProcess]:
+    proc = AgentProcess(
+        f"127.0.0.1:{cp_port}",
+        workdir,
+        ip,
+        pod,
+        labels,
+        "--proxy-only",
+        "--dns-port",
+        "0",
+        *extra,
+        token=token,
+    )
+    proc.start()
+    try:
+        boot = workdir / "grpc-bootstrap.json"
+        await eventually(lambda: (workdir / "certs" / "key.pem").exists(), timeout=20)
+        await eventually(boot.exists, timeout=5)
+        yield proc
+    finally:
+        assert proc.terminate() == 0, proc.log()[-3000:]
+
+
+async def settled(client: Proc, check: object, *, timeout: float, settle: int = 5) -> None:
+    """Until the client's last `settle` calls all satisfy `check`."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        recent = client.calls()[-settle:]
+        if len(recent) == settle and all(check(line) for line in recent):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"calls did not settle within {timeout}s: {client.calls()[-3:]}")
+
+
+async def plaintext_call(ip: str) -> str:
+    """A call straight to the server without TLS: the answer's security, or the error code."""
+    async with grpc.aio.insecure_channel(f"{ip}:{PORT}") as channel:
+        try:
+            answer = json.loads(await channel.unary_unary(METHOD)(b"", timeout=3))
+        except grpc.aio.AioRpcError as e:
+            return e.code().name
+    return "ok:" + ",".join(answer["security"])
+
+
+def serial_of(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+async def test_strict_permissive_and_plaintext(tmp_path: Path) -> None:
+    server_ip, client_ip = pod_ip(), pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH)
+    policy = cfg / "peer.yaml"
+    policy.write_text(peer_authentication("STRICT"))
+    async with running_control_plane(cfg) as cp:
+        async with (
+            agent(
+                cp.xds_port,
+                agent_token(cp, service_account="echo"),
+                tmp_path / "server",
+                server_ip,
+                "echo-1",
+                "app=echo",
+                "--service-account",
+                "echo",
+            ),
+            agent(
+                cp.xds_port,
+                agent_token(cp, service_account="caller"),
+                tmp_path / "client",
+                client_ip,
+                "caller-1",
+                "app=caller",
+                "--service-account",
+                "caller",
+            ),
+            python(
+                SERVER,
+                tmp_path / "server" / "grpc-bootstrap.json",
+                f"{server_ip}:{PORT}",
+                METHOD,
+            ),
+            python(
+                CLIENT, tmp_path / "client" / "grpc-bootstrap.json", TARGET, METHOD, "reuse"
+            ) as client,
+        ):
+            caller = "spiffe://cluster.local/ns/default/sa/caller"
+            await settled(client, lambda c: caller in c.get("sans", ()), timeout=30)
+            assert client.calls()[-1]["security"] == ["tls"]
+            # Plaintext straight to the server: refused under STRICT (no TLS handshake).
+            assert await plaintext_call(server_ip) == "UNAVAILABLE"
+
+            # PERMISSIVE: the server's port turns plaintext; so do mesh clients towards it.
+            policy.write_text(peer_authentication("PERMISSIVE"))
+            await settled(client, lambda c: c.get("security") == ["insecure"], timeout=30)
+            assert await eventually(
+                lambda: plaintext_call(server_ip), timeout=15, what="plaintext accepted"
+            ) in ("ok:insecure",)
+
+            # And back: STRICT again refuses plaintext, mesh calls are mTLS again.
+            policy.write_text(peer_authentication("STRICT"))
+            await settled(client, lambda c: caller in c.get("sans", ()), timeout=30)
+            assert await plaintext_call(server_ip) == "UNAVAILABLE"
+
+
+async def test_rotation_rewrites_files_and_calls_keep_working(tmp_path: Path) -> None:
+    server_ip, client_ip = pod_ip(), pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH)
+    (cfg / "peer.yaml").write_text(peer_authentication("STRICT"))
+    ttl = ("--workload-cert-ttl", "6")
+    async with running_control_plane(cfg) as cp:
+        async with (
+            agent(
+                cp.xds_port,
+                agent_token(cp, service_account="echo"),
+                tmp_path / "server",
+                server_ip,
+                "echo-1",
+                "app=echo",
+                "--service-account",
+                "echo",
+                *ttl,
+            ),
+            agent(
+                cp.xds_port,
+                agent_token(cp, service_account="caller"),
+                tmp_path / "client",
+                client_ip,
+                "caller-1",
+                "app=caller",
+                "--service-account",
+                "caller",
+                *ttl,
+            ),
+            python(
+                SERVER,
+                tmp_path / "server" / "grpc-bootstrap.json",
+                f"{server_ip}:{PORT}",
+                METHOD,
+            ),
+            python(
+                CLIENT, tmp_path / "client" / "grpc-bootstrap.json", TARGET, METHOD, "fresh"
+            ) as client,
+        ):
+            boot = json.loads((tmp_path / "client" / "grpc-bootstrap.json").read_text())
+            provider = boot["certificate_providers"]["default"]["config"]
+            assert provider["refresh_interval"] == "1s"
+            chain = Path(provider["certificate_file"])
+            key = Path(provider["private_key_file"])
+            assert key.stat().st_mode & 0o777 == 0o600
+            await settled(client, lambda c: "serial" in c and c["serial"], timeout=30)
+            start = len(client.calls())
+            seen_files: set[int] = set()
+            server_chain = tmp_path / "server" / "certs" / "cert-chain.pem"
+            seen_server: set[int] = set()
+            # Three certificate lifetimes: every certificate in use at the start has expired
+            # by the end, so the handshakes at the end used rotated ones.
+            deadline = time.monotonic() + 18
+            while time.monotonic() < deadline:
+                seen_files.add(serial_of(chain))
+                seen_server.add(serial_of(server_chain))
+                await asyncio.sleep(0.5)
+            calls = client.calls()[start:]
+            failed = [c for c in calls if "error" in c]
+            assert not failed, failed[:3]
+            assert len(seen_files) >= 3 and len(seen_server) >= 3
+            # The server saw the client present certificates the agent wrote during the run.
+            presented = {int(str(c["serial"]), 16) for c in calls}
+            assert len(presented & seen_files) >= 3
+            assert key.stat().st_mode & 0o777 == 0o600
+
+
+async def test_envoy_sidecar_client_calls_a_strict_proxyless_server(tmp_path: Path) -> None:
+    """Auto mTLS from an Envoy sidecar to a proxyless server: the server's endpoint is mTLS
+    under STRICT, Envoy originates ISTIO_MUTUAL (offering h2 among its ALPN protocols, which
+    gRPC's TLS requires), and the server sees the sidecar's identity."""
+    server_ip, client_ip = pod_ip(), pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH)
+    (cfg / "peer.yaml").write_text(peer_authentication("STRICT"))
+    async with running_control_plane(cfg) as cp:
+        sidecar = AgentProcess(
+            f"127.0.0.1:{cp.xds_port}",
+            tmp_path / "envoy-caller",
+            client_ip,
+            "envoy-caller-1",
+            "app=envoy-caller",
+            "--service-account",
+            "envoy-caller",
+            "--dns-port",
+            "0",
+            token=agent_token(cp, service_account="envoy-caller"),
+        )
+        sidecar.start()
+        try:
+            async with (
+                agent(
+                    cp.xds_port,
+                    agent_token(cp, service_account="echo"),
+                    tmp_path / "server",
+                    server_ip,
+                    "echo-1",
+                    "app=echo",
+                    "--service-account",
+                    "echo",
+                ),
+                python(
+                    SERVER,
+                    tmp_path / "server" / "grpc-bootstrap.json",
+                    f"{server_ip}:{PORT}",
+                    METHOD,
+                ),
+            ):
+
+                async def call() -> dict[str, object] | None:
+                    # The app beside the sidecar: plaintext to its Envoy's outbound listener.
+                    options = [("grpc.default_authority", f"{ECHO_HOST}:7070")]
+                    async with grpc.aio.insecure_channel(
+                        f"{client_ip}:7070", options=options
+                    ) as channel:
+                        try:
+                            raw = await channel.unary_unary(METHOD)(b"", timeout=3)
+                        except grpc.aio.AioRpcError:
+                            return None
+                    answer: dict[str, object] = json.loads(raw)
+                    return answer
+
+                answer = await eventually(call, timeout=40, what="call through the sidecar")
+                assert "spiffe://cluster.local/ns/default/sa/envoy-caller" in answer["sans"]
+                assert answer["security"] == ["tls"]
+        finally:
+            assert sidecar.terminate() == 0, sidecar.log()[-3000:]
