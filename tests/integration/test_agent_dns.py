@@ -365,6 +365,23 @@ FORBIDDEN = textwrap.dedent(
 )
 
 
+def refuse_forbidden_tables(agent: Agent) -> None:
+    """Plug a stricter NameTable handler into the agent's registry in place of the built-in
+    one: it rejects tables naming forbidden.partner.test and hands the rest on."""
+    builtin = agent.names
+    assert builtin is not None
+
+    def strict(resources: Sequence[Message]) -> None:
+        for table in resources:
+            assert isinstance(table, nds_pb2.NameTable)
+            if "forbidden.partner.test" in table.table:
+                raise ValueError("forbidden.partner.test is not allowed here")
+        builtin(resources)
+
+    agent.handlers.unregister(typeurls.NAME_TABLE)
+    agent.handlers.register(typeurls.NAME_TABLE, strict)
+
+
 async def test_rejected_name_table_is_a_nack_in_syncz(tmp_path: Path) -> None:
     """A stricter NameTable handler (plugged into the agent's registry in place of the built-in
     one) rejects tables naming a forbidden host: the control plane records the NACK, and the
@@ -375,18 +392,7 @@ async def test_rejected_name_table_is_a_nack_in_syncz(tmp_path: Path) -> None:
     (config / "mesh.yaml").write_text(MESH)
     async with running_control_plane(config) as cp:
         agent = Agent(agent_config(cp, tmp_path, ip, []))
-        builtin = agent.names
-        assert builtin is not None
-
-        def strict(resources: Sequence[Message]) -> None:
-            for table in resources:
-                assert isinstance(table, nds_pb2.NameTable)
-                if "forbidden.partner.test" in table.table:
-                    raise ValueError("forbidden.partner.test is not allowed here")
-            builtin(resources)
-
-        agent.handlers.unregister(typeurls.NAME_TABLE)
-        agent.handlers.register(typeurls.NAME_TABLE, strict)
+        refuse_forbidden_tables(agent)
         async with agent:
             await ready(agent)
             (config / "forbidden.yaml").write_text(FORBIDDEN)
@@ -419,18 +425,7 @@ async def test_not_ready_until_a_name_table_is_accepted(tmp_path: Path) -> None:
     (config / "forbidden.yaml").write_text(FORBIDDEN)
     async with running_control_plane(config) as cp:
         agent = Agent(agent_config(cp, tmp_path, ip, []))
-        builtin = agent.names
-        assert builtin is not None
-
-        def strict(resources: Sequence[Message]) -> None:
-            for table in resources:
-                assert isinstance(table, nds_pb2.NameTable)
-                if "forbidden.partner.test" in table.table:
-                    raise ValueError("forbidden.partner.test is not allowed here")
-            builtin(resources)
-
-        agent.handlers.unregister(typeurls.NAME_TABLE)
-        agent.handlers.register(typeurls.NAME_TABLE, strict)
+        refuse_forbidden_tables(agent)
         async with agent:
             await eventually(lambda: agent.secrets.ready, timeout=15, what="workload cert")
 
