@@ -76,6 +76,11 @@ class XdsOptions:
     # Most a connection's read buffer stays at after a burst of requests (see
     # grpc_stream_options).
     max_read_buffer: int = 16 << 10
+    # Freed memory goes back to the system (the server's `trim`) `trim_idle` seconds after
+    # the send queue drains, once this many response bytes were written since the last
+    # time: after a storm or a large push, not after every small one. 0: never.
+    trim_after_bytes: int = 64 << 20
+    trim_idle: float = 1.0
 
 
 def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
@@ -170,6 +175,7 @@ class XdsServer:
         on_disconnect: Callable[[Proxy], None] | None = None,
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        trim: Callable[[], object] | None = None,
     ) -> None:
         self._source = source
         self._authorize = authorize
@@ -192,6 +198,11 @@ class XdsServer:
         # Writes in progress: when they started and the task doing them (see _watch_writes).
         self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        # Giving freed memory back after bursts (see XdsOptions.trim_after_bytes).
+        self._trim = trim if options.trim_after_bytes > 0 else None
+        self._written = 0  # response bytes written since the last trim
+        self._trim_timer: asyncio.TimerHandle | None = None
+        self.trims = 0  # how many times it ran; tests wait on it
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -210,6 +221,9 @@ class XdsServer:
     async def close(self) -> None:
         """Stop the background tasks (the send watchdog and any send worker still running);
         call after the gRPC server has stopped, when no stream is left to serve."""
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
         tasks = [*self._worker_tasks, *([self._watchdog] if self._watchdog else [])]
         for task in tasks:
             task.cancel()
@@ -395,6 +409,33 @@ class XdsServer:
             # Always given back: a slot lost here is a stream that is never served (a new
             # worker starts only while fewer run than streams wait).
             self._workers -= 1
+            if self._workers == 0 and not self._push_queue:
+                self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """The send queue drained: if a burst's worth of responses went out since the last
+        trim, give the memory they used back a little later, when no new burst started."""
+        if (
+            self._trim is None
+            or self._written < self._options.trim_after_bytes
+            or self._trim_timer is not None
+        ):
+            return
+        loop = asyncio.get_running_loop()
+        self._trim_timer = loop.call_later(self._options.trim_idle, self._trim_if_idle)
+
+    def _trim_if_idle(self) -> None:
+        self._trim_timer = None
+        if self._workers or self._push_queue or self._trim is None:
+            return  # busy again: the next drain schedules it
+        self._written = 0
+        task = asyncio.get_running_loop().create_task(self._run_trim(self._trim))
+        self._worker_tasks.add(task)
+        task.add_done_callback(self._worker_tasks.discard)
+
+    async def _run_trim(self, trim: Callable[[], object]) -> None:
+        await asyncio.to_thread(trim)  # it walks every heap: not on the event loop
+        self.trims += 1
 
     async def _send(
         self,
@@ -425,6 +466,7 @@ class XdsServer:
                 return False
             finally:
                 self._writing.pop(conn, None)
+            self._written += len(data)
             pushes, sizes, last = self._type_metrics(type_url)
             pushes.inc()
             if data is not last[0]:
