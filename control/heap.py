@@ -1,11 +1,12 @@
-"""Giving freed heap memory back to the operating system after a burst of sends (glibc).
+"""Giving freed heap memory back to the operating system after a connection storm (glibc).
 
-A push or a connection storm has gRPC copy every response it writes (hundreds of kilobytes
-per stream for a large mesh) and read requests into buffers of their own; all of that is
-freed once written, but glibc returns only the top of a heap to the system, and what was
-freed between long-lived allocations (the streams' own) stays in the process. After a storm
-of 5,000 proxies that was 1-4 KB per stream of RSS holding nothing (issue 9). `malloc_trim`
-hands those free pages back; the server calls it once a burst is over (XdsServer).
+Answering thousands of new streams has gRPC copy every response it writes (hundreds of
+kilobytes per stream for a large mesh) while each stream's long-lived state is allocated
+around those copies; the copies are freed once written, but glibc returns only the top of a
+heap to the system, and what they leave between the streams' state stays in the process.
+After a storm of 5,000 proxies that was 1-4 KB per stream of RSS holding nothing (issue 9).
+`malloc_trim` hands those free pages back; the server calls it once a storm is over
+(XdsServer._schedule_trim).
 """
 
 from __future__ import annotations

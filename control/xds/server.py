@@ -77,9 +77,9 @@ class XdsOptions:
     # grpc_stream_options).
     max_read_buffer: int = 16 << 10
     # Freed memory goes back to the system (the server's `trim`) `trim_idle` seconds after
-    # the send queue drains, once this many response bytes were written since the last
-    # time: after a storm or a large push, not after every small one. 0: never.
-    trim_after_bytes: int = 64 << 20
+    # the send queue drains, once this many streams were opened since the last time: after
+    # a connection storm, not after pushes (see XdsServer._schedule_trim). 0: never.
+    trim_after_streams: int = 500
     trim_idle: float = 1.0
 
 
@@ -198,9 +198,9 @@ class XdsServer:
         # Writes in progress: when they started and the task doing them (see _watch_writes).
         self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
         self._watchdog: asyncio.Task[None] | None = None
-        # Giving freed memory back after bursts (see XdsOptions.trim_after_bytes).
-        self._trim = trim if options.trim_after_bytes > 0 else None
-        self._written = 0  # response bytes written since the last trim
+        # Giving freed memory back after storms (see XdsOptions.trim_after_streams).
+        self._trim = trim if options.trim_after_streams > 0 else None
+        self._opened = 0  # streams opened since the last trim
         self._trim_timer: asyncio.TimerHandle | None = None
         self.trims = 0  # how many times it ran; tests wait on it
 
@@ -295,6 +295,7 @@ class XdsServer:
             self._metrics.rate_limited.inc()
             await asyncio.sleep(wait)
         conn_id = f"{proxy.id}-{next(self._ids)}"
+        self._opened += 1
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
         conn = Connection(conn_id, proxy, delta, state, time.time())
         self.connections[conn_id] = conn
@@ -413,11 +414,19 @@ class XdsServer:
                 self._schedule_trim()
 
     def _schedule_trim(self) -> None:
-        """The send queue drained: if a burst's worth of responses went out since the last
-        trim, give the memory they used back a little later, when no new burst started."""
+        """The send queue drained: after a connection storm, give freed memory back a little
+        later, unless sending has started again by then.
+
+        Answering a new stream has gRPC copy each response (hundreds of kilobytes in a large
+        mesh) while the stream's own long-lived state is allocated around those copies;
+        glibc returns only the top of a heap, so what the copies leave between the streams'
+        state stays in the process, resident, after the storm (1-4 KB per stream at 5,000
+        proxies). After pushes to the streams already there it is not worth it: the next
+        push's copies reuse that room, and trimming it would only have the pages faulted in
+        again (and hold glibc's arena locks while gRPC threads wait)."""
         if (
             self._trim is None
-            or self._written < self._options.trim_after_bytes
+            or self._opened < self._options.trim_after_streams
             or self._trim_timer is not None
         ):
             return
@@ -428,7 +437,7 @@ class XdsServer:
         self._trim_timer = None
         if self._workers or self._push_queue or self._trim is None:
             return  # busy again: the next drain schedules it
-        self._written = 0
+        self._opened = 0
         task = asyncio.get_running_loop().create_task(self._run_trim(self._trim))
         self._worker_tasks.add(task)
         task.add_done_callback(self._worker_tasks.discard)
@@ -466,7 +475,6 @@ class XdsServer:
                 return False
             finally:
                 self._writing.pop(conn, None)
-            self._written += len(data)
             pushes, sizes, last = self._type_metrics(type_url)
             pushes.inc()
             if data is not last[0]:
