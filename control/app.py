@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from control import heap
 from control.ca.authn import (
     Authenticator,
     AuthError,
@@ -175,6 +176,7 @@ class ControlPlane:
             on_connect=self._on_proxy_connect,
             on_disconnect=self._on_proxy_disconnect,
             authorize=self._authorize_stream,
+            trim=heap.malloc_trim(),
         )
         self.push_loop = PushLoop(
             self._push, quiet=options.debounce_quiet, max_delay=options.debounce_max

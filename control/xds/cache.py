@@ -29,17 +29,23 @@ class Resource:
     version: str
     type_url: str
     any_bytes: bytes  # a serialized google.protobuf.Any
-    # delta_field(), encoded on first use and then shared by every delta stream.
-    _delta_field: bytes | None = field(default=None, compare=False, repr=False)
+    # delta_field(), kept from its second use on (False: never asked; True: asked once).
+    _delta_field: bytes | bool = field(default=False, compare=False, repr=False)
 
     def delta_field(self) -> bytes:
         """The resource as one element of DeltaDiscoveryResponse.resources (tag and length
-        included): a delta response is these joined, whatever stream it is for."""
+        included): a delta response is these joined, whatever stream it is for.
+
+        Kept once a second response needs it, so a resource many streams receive is encoded
+        twice and then shared; one made for a single proxy (its own listeners) is sent once
+        per version and would hold a second copy of its bytes for nothing, on every stream."""
         encoded = self._delta_field
-        if encoded is None:
-            encoded = wire.delta_resource_field(self.name, self.version, self.any_bytes)
-            object.__setattr__(self, "_delta_field", encoded)  # a cache, not state
-        return encoded
+        if isinstance(encoded, bytes):
+            return encoded
+        data = wire.delta_resource_field(self.name, self.version, self.any_bytes)
+        # A cache, not state: the dataclass is frozen for everything else.
+        object.__setattr__(self, "_delta_field", data if encoded else True)
+        return data
 
 
 def digest(data: bytes) -> str:

@@ -34,10 +34,6 @@ WILDCARD = "*"
 _MAX_OUTSTANDING = 32
 
 
-def _nonce_order(nonce: str) -> tuple[int, str]:
-    return (int(nonce), nonce) if nonce.isdigit() else (-1, nonce)
-
-
 @dataclass(frozen=True, slots=True)
 class DeltaResponse:
     type_url: str
@@ -75,7 +71,9 @@ class _TypeState:
     # Names we told the client do not exist (so we say it once, not on every push).
     # (Usually empty: the shared empty frozenset, replaced when it changes.)
     told_absent: frozenset[str] = frozenset()
-    outstanding: set[str] = field(default_factory=set)  # nonces sent, not yet (N)ACKed
+    # Nonces sent, not yet (N)ACKed, oldest first. Usually none or one: a tuple (the empty
+    # one is shared) costs a fraction of a set on each of thousands of streams.
+    outstanding: tuple[str, ...] = ()
     sent_nonce: str = ""
     sent_version: str = ""
     acked_nonce: str = ""
@@ -182,7 +180,10 @@ class DeltaStream:
         if nonce not in st.outstanding:
             # Stale or unknown nonce: only the subscription change above counts.
             return RequestOutcome(type_url, RequestKind.STALE, must_respond=bool(added))
-        st.outstanding.discard(nonce)
+        st.outstanding = tuple(n for n in st.outstanding if n != nonce)
+        # The client's copy of the nonce would be one more string per stream; ours is
+        # shared (see NonceSource.next).
+        nonce = sys.intern(nonce)
         if req.HasField("error_detail"):
             self.nacks += 1
             st.nack_message = req.error_detail.message or f"code {req.error_detail.code}"
@@ -272,13 +273,12 @@ class DeltaStream:
             return None
         self._version += 1
         nonce = self._nonces.next()
-        st.outstanding.add(nonce)
-        if len(st.outstanding) > _MAX_OUTSTANDING:
-            # A client that never ACKs must not grow this set without bound; the oldest
-            # nonces are the ones it can no longer usefully answer.
-            st.outstanding = set(sorted(st.outstanding, key=_nonce_order)[-_MAX_OUTSTANDING:])
+        # A client that never ACKs must not grow this without bound; the oldest nonces are
+        # the ones it can no longer usefully answer.
+        st.outstanding = (*st.outstanding, nonce)[-_MAX_OUTSTANDING:]
         st.sent_nonce = nonce
-        st.sent_version = str(self._version)
+        # Interned: streams count alike, so thousands hold the same few version strings.
+        st.sent_version = sys.intern(str(self._version))
         st.ever_sent = True
         return DeltaResponse(
             type_url,

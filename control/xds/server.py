@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import itertools
 import logging
@@ -72,6 +73,14 @@ class XdsOptions:
     # New streams gRPC holds until our handler takes them; beyond this many it refuses them
     # (see grpc_stream_options).
     max_pending_streams: int = 50_000
+    # Most a connection's read buffer stays at after a burst of requests (see
+    # grpc_stream_options).
+    max_read_buffer: int = 16 << 10
+    # Freed memory goes back to the system (the server's `trim`) `trim_idle` seconds after
+    # the send queue drains, once this many streams were opened since the last time: after
+    # a connection storm, not after pushes (see XdsServer._schedule_trim). 0: never.
+    trim_after_streams: int = 500
+    trim_idle: float = 1.0
 
 
 def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
@@ -83,12 +92,25 @@ def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
     loop is busy answering the streams it already has, the backlog passes 1,000 and proxies
     get errors instead of waiting their turn. Waiting calls cost a few hundred bytes in core;
     the expensive part of a new stream starts after our own admission (the token bucket,
-    rule 9), which paces them. So the backlog is bounded only against a flood."""
+    rule 9), which paces them. So the backlog is bounded only against a flood.
+
+    Each connection's socket reads into buffers gRPC allocates ahead, sized by how much the
+    last reads brought: a burst (a new Envoy's first requests, an EDS subscription naming a
+    thousand clusters; a SotW EDS ACK names them all again) grows that size, it shrinks by 1%
+    per read afterwards, and the unused part stays allocated between reads. Measured on 100
+    streams per connection, that was 10-30 KB per stream kept for nothing once the storm was
+    over (and with a connection per Envoy, as in a real mesh, it is per proxy). The clamp
+    bounds what is allocated ahead: a larger request is read in more reads of this size
+    (requests are small but for those bursts), and nothing changes on the wire."""
     return [
         ("grpc.max_concurrent_streams", 1 << 20),
         ("grpc.server.max_pending_requests", options.max_pending_streams),
         ("grpc.server.max_pending_requests_hard_limit", options.max_pending_streams),
+        ("grpc.experimental.tcp_max_read_buffer_size", options.max_read_buffer),
     ]
+
+
+_NO_TYPES: frozenset[str] = frozenset()
 
 
 class _StreamError(Exception):
@@ -109,9 +131,10 @@ class Connection:
     connected_at: float  # wall clock, for /debug/connections
     context: grpc.aio.ServicerContext | None = None
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
-    # Types that must be answered. Usually empty: the empty frozenset is one shared object,
-    # where an empty set per stream would cost 216 bytes on thousands of idle streams.
-    respond_types: frozenset[str] = frozenset()
+    # Types that must be answered. Usually empty: then the shared _NO_TYPES, where an empty
+    # set (or a new empty frozenset: CPython does not share those) per stream would cost 216
+    # bytes on thousands of idle streams.
+    respond_types: frozenset[str] = _NO_TYPES
     push_pending: bool = False
     push_types: frozenset[str] | None = None  # types the pending push covers; None = all
     # Start of the oldest push this stream has pending: a push coalesced into a later one
@@ -152,6 +175,7 @@ class XdsServer:
         on_disconnect: Callable[[Proxy], None] | None = None,
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        trim: Callable[[], object] | None = None,
     ) -> None:
         self._source = source
         self._authorize = authorize
@@ -174,15 +198,32 @@ class XdsServer:
         # Writes in progress: when they started and the task doing them (see _watch_writes).
         self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        # Giving freed memory back after storms (see XdsOptions.trim_after_streams).
+        self._trim = trim if options.trim_after_streams > 0 else None
+        self._opened = 0  # streams opened since the last trim
+        self._trim_timer: asyncio.TimerHandle | None = None
+        self.trims = 0  # how many times it ran; tests wait on it
 
     # --- wiring ----------------------------------------------------------------------------
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers((raw_ads_handler(self._sotw, self._delta),))
+        # Partials rather than methods that await _serve: one coroutine less held by every
+        # open stream.
+        server.add_generic_rpc_handlers(
+            (
+                raw_ads_handler(
+                    functools.partial(self._serve, delta=False),
+                    functools.partial(self._serve, delta=True),
+                ),
+            )
+        )
 
     async def close(self) -> None:
         """Stop the background tasks (the send watchdog and any send worker still running);
         call after the gRPC server has stopped, when no stream is left to serve."""
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
         tasks = [*self._worker_tasks, *([self._watchdog] if self._watchdog else [])]
         for task in tasks:
             task.cancel()
@@ -226,16 +267,6 @@ class XdsServer:
 
     # --- handlers --------------------------------------------------------------------------
 
-    async def _sotw(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> None:
-        await self._serve(requests, context, delta=False)
-
-    async def _delta(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> None:
-        await self._serve(requests, context, delta=True)
-
     async def _serve(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, delta: bool
     ) -> None:
@@ -264,6 +295,7 @@ class XdsServer:
             self._metrics.rate_limited.inc()
             await asyncio.sleep(wait)
         conn_id = f"{proxy.id}-{next(self._ids)}"
+        self._opened += 1
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
         conn = Connection(conn_id, proxy, delta, state, time.time())
         self.connections[conn_id] = conn
@@ -378,6 +410,41 @@ class XdsServer:
             # Always given back: a slot lost here is a stream that is never served (a new
             # worker starts only while fewer run than streams wait).
             self._workers -= 1
+            if self._workers == 0 and not self._push_queue:
+                self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """The send queue drained: after a connection storm, give freed memory back a little
+        later, unless sending has started again by then.
+
+        Answering a new stream has gRPC copy each response (hundreds of kilobytes in a large
+        mesh) while the stream's own long-lived state is allocated around those copies;
+        glibc returns only the top of a heap, so what the copies leave between the streams'
+        state stays in the process, resident, after the storm (1-4 KB per stream at 5,000
+        proxies). After pushes to the streams already there it is not worth it: the next
+        push's copies reuse that room, and trimming it would only have the pages faulted in
+        again (and hold glibc's arena locks while gRPC threads wait)."""
+        if (
+            self._trim is None
+            or self._opened < self._options.trim_after_streams
+            or self._trim_timer is not None
+        ):
+            return
+        loop = asyncio.get_running_loop()
+        self._trim_timer = loop.call_later(self._options.trim_idle, self._trim_if_idle)
+
+    def _trim_if_idle(self) -> None:
+        self._trim_timer = None
+        if self._workers or self._push_queue or self._trim is None:
+            return  # busy again: the next drain schedules it
+        self._opened = 0
+        task = asyncio.get_running_loop().create_task(self._run_trim(self._trim))
+        self._worker_tasks.add(task)
+        task.add_done_callback(self._worker_tasks.discard)
+
+    async def _run_trim(self, trim: Callable[[], object]) -> None:
+        await asyncio.to_thread(trim)  # it walks every heap: not on the event loop
+        self.trims += 1
 
     async def _send(
         self,
@@ -452,7 +519,7 @@ class XdsServer:
     def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
         """Decide what to send now; returns encoded responses in order."""
         forced = conn.respond_types
-        conn.respond_types = frozenset()
+        conn.respond_types = _NO_TYPES
         push = conn.push_pending
         push_types = conn.push_types
         conn.push_pending = False

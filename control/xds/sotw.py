@@ -153,7 +153,7 @@ class SotwStream:
         if req.HasField("error_detail"):
             self.nacks += 1
             st.nack_message = req.error_detail.message or f"code {req.error_detail.code}"
-            st.nacked_nonce = nonce
+            st.nacked_nonce = st.sent_nonce
             return RequestOutcome(
                 type_url,
                 RequestKind.NACK,
@@ -161,7 +161,7 @@ class SotwStream:
                 error_message=st.nack_message,
             )
         self.acks += 1
-        st.acked_nonce = nonce
+        st.acked_nonce = st.sent_nonce  # equal to the request's, and shared (see _emit)
         st.nack_message = ""
         st.nacked_nonce = ""
         return RequestOutcome(type_url, RequestKind.ACK, must_respond=bool(added))

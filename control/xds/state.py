@@ -4,6 +4,7 @@ push order (wire rule 6)."""
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -76,4 +77,6 @@ class NonceSource:
 
     def next(self) -> str:
         self._n += 1
-        return f"{self._prefix}{self._n}"
+        # Interned: streams count alike, so thousands of them hold the same few nonces; one
+        # copy of each instead of one per stream (interned strings go when unused).
+        return sys.intern(f"{self._prefix}{self._n}")

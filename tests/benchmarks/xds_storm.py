@@ -19,7 +19,7 @@ same way:
 SotW and delta, one after the other (--mode to pick one).
 
 Usage: python tests/benchmarks/xds_storm.py [--proxies 5000] [--services 1000] [--endpoints 5]
-       [--mode sotw|delta|both]
+       [--mode sotw|delta|both] [--per-channel 100]
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ async def storm(
         rss0 = stats.rss()
         cpu0 = stats.cpu()
         _reset_peak(stats.pid)
-        opts = LoadOptions(target, args.proxies, workers=args.workers, delta=delta)
+        opts = LoadOptions(
+            target, args.proxies, workers=args.workers, delta=delta, per_channel=args.per_channel
+        )
         async with LoadClients(opts) as load:
             status = await load.wait_converged(args.timeout)
             cpu1 = stats.cpu()
@@ -126,7 +128,8 @@ async def _run_mode(args: argparse.Namespace, delta: bool, tmp: Path) -> bool:
     name = f"storm {mode}"
     print(
         f"{name}: {args.proxies} proxies, {args.services} services x {args.endpoints} "
-        f"endpoints; admission {args.connection_rate:g}/s after {burst:g}"
+        f"endpoints, {args.per_channel} streams per connection; admission "
+        f"{args.connection_rate:g}/s after {burst:g}"
     )
     vs_bound = f"ratio ours/bound: {ours['converge'] / bound:.2f}" if bound else "no wait"
     print(
@@ -177,6 +180,12 @@ def main() -> None:
     ap.add_argument("--endpoints", type=int, default=5)
     ap.add_argument("--mode", choices=("sotw", "delta", "both"), default="both")
     ap.add_argument("--workers", type=int, default=0, help="load worker processes (0: by size)")
+    ap.add_argument(
+        "--per-channel",
+        type=int,
+        default=100,
+        help="streams sharing one connection (1: a connection per proxy, as real sidecars)",
+    )
     ap.add_argument("--connection-rate", type=float, default=200.0)
     ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args()

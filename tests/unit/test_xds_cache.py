@@ -50,6 +50,16 @@ def test_rule8_resource_bytes_are_a_real_any() -> None:
     assert d.resource.SerializeToString() == any_msg.SerializeToString()
 
 
+def test_rule8_delta_field_is_shared_from_its_second_use_only() -> None:
+    # A resource one stream receives (a proxy's own listener) must not keep a second copy of
+    # its bytes; one that many streams receive is encoded once more, then shared.
+    r = ResourceCache().get(CDS, "a", 1, Counting("a"))
+    first = r.delta_field()
+    second = r.delta_field()
+    assert first == second and first is not second
+    assert r.delta_field() is second and r.delta_field() is second
+
+
 def test_rule4_new_key_identical_bytes_same_object_and_version() -> None:
     cache = ResourceCache()
     r1 = cache.get(CDS, "a", ("svc-a", 1), Counting("a"))
