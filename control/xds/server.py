@@ -552,10 +552,11 @@ class XdsServer:
 
     def _encode(self, resp: Any) -> bytes:
         if isinstance(resp, SotwResponse):
-            if resp.nonce == resp.view.nonce:
-                return resp.view.framed(resp.type_url, self._control_plane)
+            body = resp.body
+            if resp.nonce == body.nonce:
+                return body.framed(resp.type_url, self._control_plane)
             return wire.discovery_response_block(
-                resp.view.version, resp.view.block, resp.type_url, resp.nonce, self._control_plane
+                body.version, body.block, resp.type_url, resp.nonce, self._control_plane
             )
         if resp.selection is not None:
             shared: bytes = resp.selection.framed(

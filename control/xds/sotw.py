@@ -39,9 +39,19 @@ WILDCARD = "*"
 
 @dataclass(frozen=True, slots=True)
 class SotwResponse:
+    """One response: `view` is what the client holds once it applies it; `part`, when set, is
+    the subset of `view` the response carries (an endpoint push that sends only the
+    assignments that changed, see SotwStream.push)."""
+
     type_url: str
     nonce: str
     view: View
+    part: View | None = None
+
+    @property
+    def body(self) -> View:
+        """The resources on the wire (with the version of the whole view)."""
+        return self.part if self.part is not None else self.view
 
     @property
     def version_info(self) -> str:
@@ -49,7 +59,7 @@ class SotwResponse:
 
     @property
     def resources(self) -> tuple[Resource, ...]:
-        return self.view.resources
+        return self.body.resources
 
 
 @dataclass(slots=True)
@@ -184,19 +194,41 @@ class SotwStream:
             return None
         return self._emit(st, view)
 
-    def _emit(self, st: _TypeState, view: View) -> SotwResponse:
-        # The view's own nonce lets every stream share one encoded response. Views are
-        # numbered in creation order, so a view newer than any this type has sent cannot have
-        # been sent before; an older one (sent again, or back to an earlier selection) gets a
-        # nonce and an encoding of its own, and nonces stay unique on the stream.
-        if view.seq > st.max_view_seq:
-            st.max_view_seq = view.seq
-            nonce = view.nonce
+    def _emit(self, st: _TypeState, view: View, part: View | None = None) -> SotwResponse:
+        # The nonce of the view on the wire lets every stream share one encoded response.
+        # Views are numbered in creation order, so a view newer than any this type has sent
+        # cannot have been sent before; an older one (sent again, or back to an earlier
+        # selection) gets a nonce and an encoding of its own, and nonces stay unique on the
+        # stream.
+        body = part if part is not None else view
+        if body.seq > st.max_view_seq:
+            st.max_view_seq = body.seq
+            nonce = body.nonce
         else:
-            nonce = f"{view.nonce}.{self._nonces.next()}"
+            nonce = f"{body.nonce}.{self._nonces.next()}"
         st.sent = view
         st.sent_nonce = nonce
-        return SotwResponse(st.type_url, nonce, view)
+        return SotwResponse(st.type_url, nonce, view, part)
+
+    def _respond_changed(
+        self, st: _TypeState, resources: Mapping[str, Resource]
+    ) -> SotwResponse | None:
+        """An endpoint push: only the assignments that changed since the last response.
+
+        SotW requires the complete set for listeners and clusters only; Envoy hands each
+        EDS cluster the assignments a response names and leaves the others alone, and gRPC's
+        xDS client deletes missing resources only for LDS and CDS (istiod sends these partial
+        EDS pushes too, envoyproxy/envoy#13009). With a thousand clusters, a moved endpoint
+        is then one assignment on the wire per proxy instead of a thousand. The whole set is
+        sent when the client stands NACKing (it may not hold what we last sent), when an
+        assignment disappeared (only the complete set says so) or when everything changed."""
+        view = st.view(resources)
+        sent = st.sent
+        if sent is not None and view.version == sent.version:
+            return None
+        if sent is None or st.status() is SyncStatus.ERROR:
+            return self._emit(st, view)
+        return self._emit(st, view, _changed_part(sent, view))
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[SotwResponse]:
         """Responses for a push of new resource sets, in make-before-break order.
@@ -213,8 +245,11 @@ class SotwStream:
             if st is None:
                 continue
             resources = sets[type_url]
-            if type_url == typeurls.ENDPOINT and refresh_eds:
-                resp = self.respond(type_url, resources, force=True)
+            if type_url == typeurls.ENDPOINT:
+                if refresh_eds:
+                    resp = self.respond(type_url, resources, force=True)
+                else:
+                    resp = self._respond_changed(st, resources)
                 if resp is not None:
                     out.append(resp)
                 continue
@@ -307,6 +342,33 @@ def _updated_names(old: View, new: View) -> frozenset[str]:
             _updated_memo.clear()
         _updated_memo[key] = found
     return found
+
+
+# The changed part of a view, per (sent view, new view): shared by every stream that moves
+# between the same two views, so it is worked out and encoded once per push. Bounded like
+# _updated_memo.
+_part_memo: dict[tuple[int, int], View | None] = {}
+
+
+def _changed_part(old: View, new: View) -> View | None:
+    """The resources of `new` that `old` lacks or holds at another version, as a view with
+    `new`'s version; None when the whole of `new` must be sent (a name was dropped, or
+    nothing would be saved)."""
+    key = (old.seq, new.seq)
+    if key in _part_memo:
+        return _part_memo[key]
+    before, after = old.by_name, new.by_name
+    part: View | None = None
+    if all(n in after for n in before):
+        changed = {
+            n: r for n, r in after.items() if (b := before.get(n)) is None or b.version != r.version
+        }
+        if changed and len(changed) < len(after):
+            part = View(changed, version=new.version)
+    if len(_part_memo) >= 256:
+        _part_memo.clear()
+    _part_memo[key] = part
+    return part
 
 
 def names_of(responses: Sequence[SotwResponse]) -> list[tuple[str, list[str]]]:

@@ -10,7 +10,7 @@ at once: the floor's memory then measures that, not what a stream costs). What o
 plane takes beyond this is its own cost.
 
 Commands on stdin, one per line: `push J` applies churn changes up to J and sends every
-stream one EDS update carrying them (SotW: all assignments; delta: the moved ones), printing
+stream one EDS update carrying the moved assignments (as our server does, SotW and delta), printing
 when the push started; `status` prints counters and CPU; `stop` ends. Usage (the benchmarks run it):
 
     python xds_floor.py --mesh DIR --services S
@@ -132,8 +132,8 @@ class Floor:
 
     def push(self, j: int, services: int) -> int:
         """Apply every change up to j (change i moves endpoint 0 of service (i-1) % services
-        to marker i, as xds_mesh does) and queue one EDS update for every stream: SotW, all
-        assignments; delta, the ones that moved."""
+        to marker i, as xds_mesh does) and queue one EDS update for every stream carrying the
+        assignments that moved (SotW allows a subset for EDS; our server sends that too)."""
         moved: dict[int, bytes] = {}
         while self.applied < j:
             self.applied += 1
@@ -149,9 +149,7 @@ class Floor:
             moved[k] = new
         if not moved:
             return 0
-        sotw = wire.discovery_response(
-            f"m{j}", [a for _, _, a in self._eds], typeurls.ENDPOINT, f"m{j}"
-        )
+        sotw = wire.discovery_response(f"m{j}", list(moved.values()), typeurls.ENDPOINT, f"m{j}")
         delta = wire.delta_discovery_response(
             f"m{j}",
             [wire.delta_resource(self._eds[k][0], self._eds[k][1], a) for k, a in moved.items()],

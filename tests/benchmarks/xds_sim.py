@@ -174,7 +174,8 @@ class Content:
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """One decoded response. SotW: `content` holds the whole state of the type. Delta:
+    """One decoded response. SotW: `content` holds what it carries (the whole state for CDS
+    and LDS; the assignments or routes that changed, or all of them, for EDS and RDS). Delta:
     `updated` holds the resources sent, `removed` the names taken away."""
 
     type_url: str
@@ -472,7 +473,12 @@ class SimulatedProxy:
         """Update what the proxy holds of this type; returns the names it now wants of the
         dependent type (EDS for CDS, RDS for LDS)."""
         if resp.content is not None:
-            sub.have = resp.content.names
+            if resp.type_url in (EDS, RDS):
+                # SotW sends listeners and clusters complete; an EDS or RDS response may
+                # carry only what changed, and Envoy keeps the ones it does not name.
+                sub.have = sub.have | resp.content.names
+            else:
+                sub.have = resp.content.names
             return resp.content.wants
         have = set(sub.have)
         for f in resp.updated:

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
+from protos import typeurls
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
@@ -158,3 +159,65 @@ async def _ok(call: object) -> str:
 async def _status(call: object, want: int) -> bool:
     status, _ = await call  # type: ignore[misc]
     return bool(status == want)
+
+
+async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_path: Path) -> None:
+    """An endpoint move over SotW sends Envoy only the assignment that changed (Envoy updates
+    the clusters a response names); every other cluster keeps routing to its endpoints."""
+    alpha_ip, beta_ip, moved_ip, client_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
+    apps = [
+        EchoApp(n, ip, 8080)
+        for n, ip in (("alpha", alpha_ip), ("beta", beta_ip), ("alpha-moved", moved_ip))
+    ]
+    for a in apps:
+        await a.start()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    mesh = cfg / "mesh.yaml"
+    mesh.write_text(mesh_yaml(alpha_ip, beta_ip))
+    alpha_cluster = "cluster.outbound|9080||alpha.default.svc.cluster.local"
+    beta_cluster = "cluster.outbound|9080||beta.default.svc.cluster.local"
+    async with running_control_plane(cfg) as cp:
+        boot = build_bootstrap(
+            BootstrapOptions(
+                ip=client_ip,
+                pod_name="client",
+                labels={"app": "client"},
+                xds_address=f"127.0.0.1:{cp.xds_port}",
+            )
+        )
+        envoy = EnvoyProcess(boot, tmp_path / "envoy")
+        envoy.start()
+        try:
+            for host in ("alpha", "beta"):
+                got = await eventually(
+                    lambda h=host: _ok(get_app(client_ip, h)), timeout=20, what=f"route {host}"
+                )
+                assert got == host
+            beta_updates = await envoy.stat(f"{beta_cluster}.update_attempt")
+            alpha_updates = await envoy.stat(f"{alpha_cluster}.update_attempt")
+            assert beta_updates is not None and alpha_updates is not None
+
+            mesh.write_text(mesh_yaml(alpha_ip, beta_ip).replace(f'"{alpha_ip}"', f'"{moved_ip}"'))
+            got = await eventually(
+                lambda: _app_is(get_app(client_ip, "alpha"), "alpha-moved"),
+                timeout=10,
+                what="alpha moved",
+            )
+            assert got == "alpha-moved"
+            assert (await get_app(client_ip, "beta"))[1] == "beta"
+            # The push named alpha's assignment only: beta's EDS watch was not even called.
+            assert (await envoy.stat(f"{alpha_cluster}.update_attempt") or 0) > alpha_updates
+            assert await envoy.stat(f"{beta_cluster}.update_attempt") == beta_updates
+            (row,) = cp.xds.syncz()
+            eds = row["types"][typeurls.ENDPOINT]
+            assert (eds["status"], eds["resources"]) == ("SYNCED", 2)
+        finally:
+            envoy.stop()
+    for a in apps:
+        await a.close()
+
+
+async def _app_is(call: object, want: str) -> str | None:
+    _, app = await call  # type: ignore[misc]
+    return app if app == want else None

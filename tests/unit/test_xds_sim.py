@@ -153,6 +153,22 @@ def test_sotw_new_cluster_unconverges_until_its_endpoints_arrive() -> None:
     assert p.converged and p.converged_at == 2  # first convergence is kept
 
 
+def test_sotw_eds_response_naming_only_what_changed_keeps_the_other_assignments() -> None:
+    """As Envoy does: a SotW EDS response updates the clusters it names and leaves the rest."""
+    decoder = Decoder()
+    p = _converged_sotw(decoder)
+    cds = sotw_response(CDS, [(CDS, eds_cluster("a")), (CDS, eds_cluster("c"))], "c2", "n3")
+    p.on_response(decoder.sotw(cds), 3.0)
+    p.on_response(decoder.sotw(sotw_response(EDS, [(EDS, cla("c", "10.0.0.3"))], "e2", "n4")), 4)
+    assert p.holds(EDS) == {"a", "c"} and p.converged
+    moved = sotw_response(EDS, [(EDS, cla("a", marker_address(7)))], "e3", "n5")
+    p.on_response(decoder.sotw(moved), 5.0)
+    assert p.holds(EDS) == {"a", "c"} and p.converged and p.markers == [(7, 5.0)]
+    # CDS is state of the world: a cluster it stops naming is gone.
+    p.on_response(decoder.sotw(sotw_response(CDS, [(CDS, eds_cluster("a"))], "c3", "n6")), 6)
+    assert p.holds(CDS) == {"a"}
+
+
 def test_sotw_markers_record_when_each_higher_change_was_acked() -> None:
     decoder = Decoder()
     p = _converged_sotw(decoder)

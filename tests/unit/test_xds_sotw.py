@@ -385,7 +385,9 @@ def test_rule5_name_that_does_not_exist_yet_is_sent_when_it_appears(b: Build) ->
     assert names(r1) == ["a"]
     assert s.push({EDS: rset(b.cla("a"))}) == []
     (r2,) = s.push({EDS: rset(b.cla("a"), b.cla("later"))})
-    assert names(r2) == ["a", "later"]
+    # An endpoint push carries what the client lacks; it then holds both.
+    assert names(r2) == ["later"]
+    assert sorted(r2.view.by_name) == ["a", "later"]
 
 
 def test_rule5_legacy_wildcard_ends_once_names_are_requested(b: Build) -> None:
@@ -732,3 +734,91 @@ def test_property_rules_2_3_4_random_interleavings(first: tuple, ops: list[tuple
             answer = s.respond(t, current[t], force=True)
             assert answer is not None
             sent(answer, forced=True)
+
+
+# --- endpoint pushes carry only the assignments that changed ------------------------------
+
+
+def _eds_stream(b: Build, name: str = "s", n: int = 3) -> tuple[SotwStream, SotwResponse]:
+    s = SotwStream(name)
+    subs = [f"c{i}" for i in range(n)]
+    return s, start(s, EDS, rset(*(b.cla(c) for c in subs)), subs=subs)
+
+
+def test_eds_push_carries_only_changed_assignments(b: Build) -> None:
+    s, r1 = _eds_stream(b)
+    moved = rset(b.cla("c0"), b.cla("c1", rev=2), b.cla("c2"))
+    (r2,) = s.push({EDS: moved})
+    assert names(r2) == ["c1"]
+    assert sorted(r2.view.by_name) == ["c0", "c1", "c2"]
+    # The version is the whole set's: what the client holds after applying it.
+    assert r2.version_info == moved.view(frozenset(["c0", "c1", "c2"])).version
+    assert r2.version_info != r1.version_info
+    decoded = DiscoveryResponse.FromString(r2.body.framed(EDS, None))
+    assert [ClusterLoadAssignment.FromString(a.value).cluster_name for a in decoded.resources] == [
+        "c1"
+    ]
+    assert decoded.nonce == r2.nonce and decoded.version_info == r2.version_info
+    assert s.receive(ack(r2, ["c0", "c1", "c2"])).kind is RequestKind.ACK
+    row = status_of(s, EDS)
+    assert row.status is SyncStatus.SYNCED and row.resource_count == 3
+    # Nothing changed again: nothing to send.
+    assert s.push({EDS: moved}) == []
+
+
+def test_eds_push_shares_the_changed_part_between_streams(b: Build) -> None:
+    (s1, _), (s2, _) = _eds_stream(b, "one"), _eds_stream(b, "two")
+    moved = rset(b.cla("c0", rev=3), b.cla("c1"), b.cla("c2"))
+    (a,) = s1.push({EDS: moved})
+    (c,) = s2.push({EDS: moved})
+    assert a.part is not None and a.part is c.part and a.nonce == c.nonce
+    assert a.body.framed(EDS, None) is c.body.framed(EDS, None)
+
+
+def test_eds_push_after_a_nack_sends_the_whole_set(b: Build) -> None:
+    """The client that rejected the last response may not hold it: send everything."""
+    s, _ = _eds_stream(b)
+    (r2,) = s.push({EDS: rset(b.cla("c0", rev=2), b.cla("c1"), b.cla("c2"))})
+    assert names(r2) == ["c0"]
+    s.receive(nack(r2, ["c0", "c1", "c2"]))
+    (r3,) = s.push({EDS: rset(b.cla("c0", rev=3), b.cla("c1"), b.cla("c2"))})
+    assert r3.part is None and names(r3) == ["c0", "c1", "c2"]
+
+
+def test_eds_push_that_drops_an_assignment_sends_the_whole_set(b: Build) -> None:
+    s, _ = _eds_stream(b)
+    (r2,) = s.push({EDS: rset(b.cla("c0", rev=2), b.cla("c1"))})
+    assert r2.part is None and names(r2) == ["c0", "c1"]
+
+
+def test_eds_push_where_everything_changed_is_the_shared_whole_view(b: Build) -> None:
+    s, _ = _eds_stream(b, n=2)
+    (r2,) = s.push({EDS: rset(b.cla("c0", rev=2), b.cla("c1", rev=2))})
+    assert r2.part is None and r2.nonce == r2.view.nonce
+
+
+def test_eds_partial_nonces_stay_unique_when_views_repeat(b: Build) -> None:
+    """Moving back and forth between two sets reuses shared parts; nonces never repeat."""
+    s, _ = _eds_stream(b)
+    sets = [
+        rset(b.cla("c0", rev=2), b.cla("c1"), b.cla("c2")),
+        rset(b.cla("c0"), b.cla("c1"), b.cla("c2")),
+    ]
+    nonces = []
+    for i in range(6):
+        (r,) = s.push({EDS: sets[i % 2]})
+        assert names(r) == ["c0"]
+        nonces.append(r.nonce)
+        assert s.receive(ack(r, ["c0", "c1", "c2"])).kind is RequestKind.ACK
+    assert len(set(nonces)) == len(nonces)
+
+
+def test_eds_push_with_an_updated_cluster_resends_every_subscribed_assignment(b: Build) -> None:
+    """Envoy warms an updated EDS cluster until its assignment arrives: the complete set."""
+    s = SotwStream()
+    start(s, CDS, rset(b.cluster("c0"), b.cluster("c1")))
+    start(s, EDS, rset(b.cla("c0"), b.cla("c1")), subs=["c0", "c1"])
+    out = s.push(
+        {CDS: rset(b.cluster("c0", rev=2), b.cluster("c1")), EDS: rset(b.cla("c0"), b.cla("c1"))}
+    )
+    assert [(r.type_url, names(r)) for r in out] == [(CDS, ["c0", "c1"]), (EDS, ["c0", "c1"])]
