@@ -67,6 +67,41 @@ def mesh_yaml(alpha_ip: str, beta_ip: str, *, with_gamma: bool = False, gamma_ip
     return textwrap.dedent("".join(docs))
 
 
+async def started_apps(*apps: tuple[str, str]) -> list[EchoApp]:
+    """Echo apps (name, pod IP) on port 8080, started."""
+    started = [EchoApp(name, ip, 8080) for name, ip in apps]
+    for a in started:
+        await a.start()
+    return started
+
+
+def mesh_file(tmp_path: Path, text: str) -> Path:
+    """The mesh YAML in a config directory of its own (what the control plane watches)."""
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    mesh = cfg / "mesh.yaml"
+    mesh.write_text(text)
+    return mesh
+
+
+def client_envoy(
+    xds_port: int, client_ip: str, workdir: Path, *, delta: bool = False
+) -> EnvoyProcess:
+    """A started Envoy for the client pod, on ADS to the control plane's plaintext port."""
+    boot = build_bootstrap(
+        BootstrapOptions(
+            ip=client_ip,
+            pod_name="client",
+            labels={"app": "client"},
+            xds_address=f"127.0.0.1:{xds_port}",
+            delta=delta,
+        )
+    )
+    envoy = EnvoyProcess(boot, workdir)
+    envoy.start()
+    return envoy
+
+
 async def get_app(client_ip: str, host: str) -> tuple[int, str]:
     """One request through the client's outbound listener; returns (status, app name)."""
     try:
@@ -85,28 +120,10 @@ async def get_app(client_ip: str, host: str) -> tuple[int, str]:
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
 async def test_envoy_routes_by_host_and_follows_config(tmp_path: Path, delta: bool) -> None:
     alpha_ip, beta_ip, gamma_ip, client_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
-    apps = [
-        EchoApp(n, ip, 8080)
-        for n, ip in (("alpha", alpha_ip), ("beta", beta_ip), ("gamma", gamma_ip))
-    ]
-    for a in apps:
-        await a.start()
-    cfg = tmp_path / "config"
-    cfg.mkdir()
-    mesh = cfg / "mesh.yaml"
-    mesh.write_text(mesh_yaml(alpha_ip, beta_ip))
-    async with running_control_plane(cfg) as cp:
-        boot = build_bootstrap(
-            BootstrapOptions(
-                ip=client_ip,
-                pod_name="client",
-                labels={"app": "client"},
-                xds_address=f"127.0.0.1:{cp.xds_port}",
-                delta=delta,
-            )
-        )
-        envoy = EnvoyProcess(boot, tmp_path / "envoy")
-        envoy.start()
+    apps = await started_apps(("alpha", alpha_ip), ("beta", beta_ip), ("gamma", gamma_ip))
+    mesh = mesh_file(tmp_path, mesh_yaml(alpha_ip, beta_ip))
+    async with running_control_plane(mesh.parent) as cp:
+        envoy = client_envoy(cp.xds_port, client_ip, tmp_path / "envoy", delta=delta)
         try:
             # Every name a client may use reaches the right backend.
             for host, want in (
@@ -165,29 +182,12 @@ async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_p
     """An endpoint move over SotW sends Envoy only the assignment that changed (Envoy updates
     the clusters a response names); every other cluster keeps routing to its endpoints."""
     alpha_ip, beta_ip, moved_ip, client_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
-    apps = [
-        EchoApp(n, ip, 8080)
-        for n, ip in (("alpha", alpha_ip), ("beta", beta_ip), ("alpha-moved", moved_ip))
-    ]
-    for a in apps:
-        await a.start()
-    cfg = tmp_path / "config"
-    cfg.mkdir()
-    mesh = cfg / "mesh.yaml"
-    mesh.write_text(mesh_yaml(alpha_ip, beta_ip))
+    apps = await started_apps(("alpha", alpha_ip), ("beta", beta_ip), ("alpha-moved", moved_ip))
+    mesh = mesh_file(tmp_path, mesh_yaml(alpha_ip, beta_ip))
     alpha_cluster = "cluster.outbound|9080||alpha.default.svc.cluster.local"
     beta_cluster = "cluster.outbound|9080||beta.default.svc.cluster.local"
-    async with running_control_plane(cfg) as cp:
-        boot = build_bootstrap(
-            BootstrapOptions(
-                ip=client_ip,
-                pod_name="client",
-                labels={"app": "client"},
-                xds_address=f"127.0.0.1:{cp.xds_port}",
-            )
-        )
-        envoy = EnvoyProcess(boot, tmp_path / "envoy")
-        envoy.start()
+    async with running_control_plane(mesh.parent) as cp:
+        envoy = client_envoy(cp.xds_port, client_ip, tmp_path / "envoy")
         try:
             for host in ("alpha", "beta"):
                 got = await eventually(
