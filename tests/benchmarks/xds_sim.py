@@ -226,11 +226,11 @@ def facts_of(type_url: str, value: bytes) -> Facts:
 
 class Decoder:
     """Decodes responses for every simulated proxy of a process, sharing the work: the full
-    message is parsed only for a (type, version) not seen before (SotW) or for resource bytes
+    message is parsed only for a (type, version, nonce) not seen before (SotW) or for resource bytes
     not seen before (delta, and the resources of a new SotW version)."""
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._contents: dict[tuple[str, str], Content] = {}
+        self._contents: dict[tuple[str, str, str], Content] = {}
         self._facts: dict[tuple[str, bytes], Facts] = {}
         self._max = max_entries
         self.full_decodes = 0  # responses parsed in full (for the curious)
@@ -247,7 +247,10 @@ class Decoder:
     def sotw(self, raw: bytes) -> Response:
         lite = _LiteResponse.FromString(raw)
         type_url, version = lite.type_url, lite.version_info
-        content = self._contents.get((type_url, version))
+        # The nonce belongs in the key: an EDS response that carries only what changed has the
+        # version of the whole set, which a proxy that subscribes afresh receives in full.
+        key = (type_url, version, lite.nonce)
+        content = self._contents.get(key)
         if content is None:
             self.full_decodes += 1
             full = DiscoveryResponse.FromString(raw)
@@ -260,7 +263,7 @@ class Decoder:
             )
             if len(self._contents) >= self._max:
                 self._contents.clear()
-            self._contents[(type_url, version)] = content
+            self._contents[key] = content
         return Response(type_url, version, lite.nonce, content=content)
 
     def delta(self, raw: bytes) -> Response:

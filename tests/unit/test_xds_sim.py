@@ -169,6 +169,18 @@ def test_sotw_eds_response_naming_only_what_changed_keeps_the_other_assignments(
     assert p.holds(CDS) == {"a"}
 
 
+def test_decoder_tells_a_partial_eds_response_from_the_full_one_of_the_same_version() -> None:
+    """Our server gives a partial EDS push the whole set's version; a proxy that subscribes
+    afresh gets the whole set under that version, with another nonce."""
+    decoder = Decoder()
+    partial = sotw_response(EDS, [(EDS, cla("a", "10.0.0.9"))], "e2", "v7")
+    full = sotw_response(
+        EDS, [(EDS, cla("a", "10.0.0.9")), (EDS, cla("b", "10.0.0.2"))], "e2", "v6"
+    )
+    assert decoder.sotw(partial).content.names == {"a"}  # type: ignore[union-attr]
+    assert decoder.sotw(full).content.names == {"a", "b"}  # type: ignore[union-attr]
+
+
 def test_sotw_markers_record_when_each_higher_change_was_acked() -> None:
     decoder = Decoder()
     p = _converged_sotw(decoder)
@@ -181,11 +193,13 @@ def test_sotw_markers_record_when_each_higher_change_was_acked() -> None:
 def test_decoder_parses_a_sotw_version_once_for_every_proxy() -> None:
     decoder = Decoder()
     body = [(EDS, cla("a", "10.0.0.1")), (EDS, cla("b", "10.0.0.2"))]
-    one = decoder.sotw(sotw_response(EDS, body, "e1", "n1"))
-    two = decoder.sotw(sotw_response(EDS, body, "e1", "n2"))
-    assert (one.nonce, two.nonce) == ("n1", "n2")
+    shared = sotw_response(EDS, body, "e1", "n1")  # our server shares bytes and nonce
+    one, two = decoder.sotw(shared), decoder.sotw(shared)
     assert one.content is two.content and decoder.full_decodes == 1
     assert one.content is not None and one.content.names == frozenset({"a", "b"})
+    # Another nonce may carry other resources under the same version: decoded again.
+    three = decoder.sotw(sotw_response(EDS, body, "e1", "n2"))
+    assert three.nonce == "n2" and decoder.full_decodes == 2
 
 
 # --- delta ---------------------------------------------------------------------------------
