@@ -58,6 +58,7 @@ from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.api_listener_pb2 import ApiListener
 from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.rbac.v3.rbac_pb2 import RBAC
 from envoy.config.route.v3.route_components_pb2 import (
     NonForwardingAction,
     Route,
@@ -113,6 +114,8 @@ HCM_FILTER: Final = "envoy.filters.network.http_connection_manager"
 SERVER_LISTENER_PREFIX: Final = "xds.istio.io/grpc/lds/inbound/"
 # Where a server may listen besides its pod IPs: every address (IPv4, IPv6).
 WILDCARD_HOSTS: Final = ("0.0.0.0", "::")
+# Suffixes of the RBAC filter names (DENY, ALLOW), see build_server_listener.
+_RBAC_ACTIONS: Final = {RBAC.DENY: "deny", RBAC.ALLOW: "allow"}
 # Cache variant of every resource made here; see the module docstring.
 VARIANT: Final = "grpc"
 
@@ -492,8 +495,12 @@ def build_server_listener(
             ],
         ),
         http_filters=[
-            # gRPC runs them in order; the router, terminal, must come last.
-            *(HttpFilter(name=n, typed_config=pack(cfg)) for n, cfg in rbac_http_filters(policies)),
+            # gRPC runs them in order; the router, terminal, must come last. Unlike Envoy,
+            # gRPC refuses a listener whose HTTP filters share a name: one per action.
+            *(
+                HttpFilter(name=f"{n}.{_RBAC_ACTIONS[cfg.rules.action]}", typed_config=pack(cfg))
+                for n, cfg in rbac_http_filters(policies)
+            ),
             HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router())),
         ],
     )
