@@ -17,7 +17,12 @@ the bootstrap's `server_listener_resource_name_template` with the address it lis
 inbound port of its workload (the target ports of the services selecting it) at each
 address it may listen on (its IPs, `0.0.0.0`, `[::]`): one filter chain holding an
 HttpConnectionManager with a non-forwarding route (the server's own handlers answer), mTLS
-or plaintext as PeerAuthentication says (see `proxyless_tls`).
+or plaintext as PeerAuthentication says (see `proxyless_tls`), and the workload's
+AuthorizationPolicies as RBAC HTTP filters before the router (gRFC A41), built by the same
+code as the sidecars' (`control/generate/rbac.py`): DENY, then ALLOW. Every matcher that code
+emits is one gRPC evaluates: principals (the peer certificate's URI SAN, so nothing matches a
+plaintext caller), `url_path` (the gRPC method, `/pkg.Service/Method`), `destination_port`,
+headers (`:method` is always POST for gRPC), and and/or/not combinations.
 
 mTLS (gRFC A29) comes from the bootstrap's `default` certificate provider, which the agent
 points at the workload certificate files it writes; it is used only for proxies whose node
@@ -53,6 +58,7 @@ from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.api_listener_pb2 import ApiListener
 from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.rbac.v3.rbac_pb2 import RBAC
 from envoy.config.route.v3.route_components_pb2 import (
     NonForwardingAction,
     Route,
@@ -87,10 +93,18 @@ from control.generate.common import (
     warn_once,
 )
 from control.generate.context import GenContext
+from control.generate.rbac import http_filters as rbac_http_filters
 from control.generate.tls import grpc_downstream_socket, grpc_upstream_socket
 from control.model.proxy import Proxy
 from control.model.traffic import TlsMode
-from control.model.types import TLS_MODE_LABEL, MtlsMode, Protocol, Service, proxyless_tls
+from control.model.types import (
+    TLS_MODE_LABEL,
+    AuthorizationPolicy,
+    MtlsMode,
+    Protocol,
+    Service,
+    proxyless_tls,
+)
 from control.xds.cache import Resource, ResourceSet
 
 ROUTER_FILTER: Final = "envoy.filters.http.router"
@@ -100,6 +114,8 @@ HCM_FILTER: Final = "envoy.filters.network.http_connection_manager"
 SERVER_LISTENER_PREFIX: Final = "xds.istio.io/grpc/lds/inbound/"
 # Where a server may listen besides its pod IPs: every address (IPv4, IPv6).
 WILDCARD_HOSTS: Final = ("0.0.0.0", "::")
+# Suffixes of the RBAC filter names (DENY, ALLOW), see build_server_listener.
+_RBAC_ACTIONS: Final = {RBAC.DENY: "deny", RBAC.ALLOW: "allow"}
 # Cache variant of every resource made here; see the module docstring.
 VARIANT: Final = "grpc"
 
@@ -259,6 +275,7 @@ def server_listeners(ctx: GenContext, proxy: Proxy) -> tuple[Resource, ...]:
     if not ports:
         return ()
     peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
+    policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
     labelled = dict(proxy.labels).get(TLS_MODE_LABEL) == "istio"
     hosts = (*proxy.ips, *WILDCARD_HOSTS)
     out: list[Resource] = []
@@ -279,10 +296,10 @@ def server_listeners(ctx: GenContext, proxy: Proxy) -> tuple[Resource, ...]:
             tls = False
         for host in hosts:
             name = server_listener_name(host, port)
-            key = (host, port, tls)
+            key = (host, port, tls, policies)
             out.append(
                 ctx.memo(
-                    ("grpc-lds-in", name, tls),
+                    ("grpc-lds-in", name, tls, policies),
                     functools.partial(
                         ctx.resource,
                         LISTENER_TYPE,
@@ -447,7 +464,13 @@ def build_listener(name: str) -> Listener:
     return Listener(name=name, api_listener=ApiListener(api_listener=pack(hcm)))
 
 
-def build_server_listener(name: str, host: str, port: int, mtls: bool) -> Listener:
+def build_server_listener(
+    name: str,
+    host: str,
+    port: int,
+    mtls: bool,
+    policies: tuple[AuthorizationPolicy, ...] = (),
+) -> Listener:
     """What gRPC's xDS server accepts (A36, A29): the address it listens on (it refuses a
     listener for another), exactly one filter per chain (the HttpConnectionManager, with the
     router last), a route whose action is non-forwarding (any other fails the calls), no
@@ -471,7 +494,15 @@ def build_server_listener(name: str, host: str, port: int, mtls: bool) -> Listen
                 )
             ],
         ),
-        http_filters=[HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router()))],
+        http_filters=[
+            # gRPC runs them in order; the router, terminal, must come last. Unlike Envoy,
+            # gRPC refuses a listener whose HTTP filters share a name: one per action.
+            *(
+                HttpFilter(name=f"{n}.{_RBAC_ACTIONS[cfg.rules.action]}", typed_config=pack(cfg))
+                for n, cfg in rbac_http_filters(policies)
+            ),
+            HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router())),
+        ],
     )
     chain = FilterChain(
         name="inbound-mtls" if mtls else "inbound-plaintext",

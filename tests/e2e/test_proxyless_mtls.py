@@ -19,13 +19,8 @@ Cython core hard-codes xDS off).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import sys
-import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -34,183 +29,19 @@ from cryptography import x509
 from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.net import pod_ip
-
-PORT = 8080
-METHOD = "/test.Echo/Who"
-ECHO_HOST = "echo.default.svc.cluster.local"
-TARGET = f"xds:///{ECHO_HOST}:7070"
-
-MESH = textwrap.dedent(
-    f"""
-    apiVersion: v1
-    kind: Service
-    metadata: {{name: echo, namespace: default}}
-    spec:
-      selector: {{app: echo}}
-      ports: [{{name: grpc, port: 7070, targetPort: {PORT}}}]
-    """
+from tests.support.proxyless import (
+    CLIENT,
+    ECHO_HOST,
+    MESH,
+    METHOD,
+    PORT,
+    SERVER,
+    TARGET,
+    agent,
+    peer_authentication,
+    python,
+    settled,
 )
-
-
-def peer_authentication(mode: str) -> str:
-    return textwrap.dedent(
-        f"""
-        apiVersion: security.istio.io/v1
-        kind: PeerAuthentication
-        metadata: {{name: default, namespace: default}}
-        spec: {{mtls: {{mode: {mode}}}}}
-        """
-    )
-
-
-# Answers METHOD with what it knows of the caller: the SANs and serial of the certificate
-# the peer presented (empty over plaintext). Prints "serving" once the xDS listener arrived.
-SERVER = textwrap.dedent(
-    """
-    import json, os, sys, threading
-    from concurrent import futures
-    import grpc
-    from cryptography import x509
-
-    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
-
-    def who(request, context):
-        auth = context.auth_context()
-        pem = b"".join(auth.get("x509_pem_cert", []))
-        serial = format(x509.load_pem_x509_certificate(pem).serial_number, "x") if pem else ""
-        return json.dumps({
-            "sans": sorted(v.decode() for v in auth.get("x509_subject_alternative_name", [])),
-            "security": [v.decode() for v in auth.get("transport_security_type", [])],
-            "serial": serial,
-        }).encode()
-
-    def status(address, serving, error):
-        print(json.dumps({"status": serving, "address": address}), flush=True)
-
-    service, _, method = sys.argv[2][1:].partition("/")
-    handler = grpc.method_handlers_generic_handler(
-        service, {method: grpc.unary_unary_rpc_method_handler(who)}
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(4), handlers=(handler,), xds=True)
-    creds = grpc.xds_server_credentials(grpc.insecure_server_credentials())
-    server.add_secure_port(sys.argv[1], creds)
-    server.start()
-    print(json.dumps({"started": sys.argv[1]}), flush=True)
-    server.wait_for_termination()
-    """
-)
-
-# Calls TARGET in a loop. With "fresh", every call goes over a new channel with its own
-# subchannel (no sharing with earlier channels), so every call makes a new TLS handshake
-# with the certificates of that moment.
-CLIENT = textwrap.dedent(
-    """
-    import json, os, sys, threading, time
-    import grpc
-    import grpc.experimental
-
-    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
-    target, method, fresh = sys.argv[1], sys.argv[2], sys.argv[3] == "fresh"
-    creds = grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials())
-    options = [("grpc.use_local_subchannel_pool", 1)]
-    channel = grpc.secure_channel(target, creds, options=options)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if fresh:
-            channel.close()
-            channel = grpc.secure_channel(target, creds, options=options)
-        try:
-            line = json.loads(channel.unary_unary(method)(b"", timeout=3))
-        except grpc.RpcError as e:
-            line = {"error": e.code().name, "details": e.details()}
-        line["t"] = time.time()
-        print(json.dumps(line), flush=True)
-        time.sleep(0.05)
-    """
-)
-
-
-class Proc:
-    """A Python subprocess printing JSON lines, and the lines so far."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, object]] = []
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.lines.append(json.loads(raw))
-
-    def calls(self) -> list[dict[str, object]]:
-        return [line for line in self.lines if "t" in line]
-
-    async def close(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-        await self.proc.wait()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-
-@contextlib.asynccontextmanager
-async def python(script: str, boot: Path, *args: str) -> AsyncIterator[Proc]:
-    env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(boot)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        script,
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    p = Proc(proc)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@contextlib.asynccontextmanager
-async def agent(
-    cp_port: int, token: str, workdir: Path, ip: str, pod: str, labels: str, *extra: str
-) -> AsyncIterator[AgentProcess]:
-    proc = AgentProcess(
-        f"127.0.0.1:{cp_port}",
-        workdir,
-        ip,
-        pod,
-        labels,
-        "--proxy-only",
-        "--dns-port",
-        "0",
-        *extra,
-        token=token,
-    )
-    proc.start()
-    try:
-        boot = workdir / "grpc-bootstrap.json"
-        await eventually(lambda: (workdir / "certs" / "key.pem").exists(), timeout=20)
-        await eventually(boot.exists, timeout=5)
-        yield proc
-    finally:
-        assert proc.terminate() == 0, proc.log()[-3000:]
-
-
-async def settled(client: Proc, check: object, *, timeout: float, settle: int = 5) -> None:
-    """Until the client's last `settle` calls all satisfy `check`."""
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recent = client.calls()[-settle:]
-        if len(recent) == settle and all(check(line) for line in recent):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"calls did not settle within {timeout}s: {client.calls()[-3:]}")
 
 
 async def plaintext_call(ip: str) -> str:

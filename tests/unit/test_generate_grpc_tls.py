@@ -4,11 +4,14 @@ the listeners gRPC xDS servers ask for, and the fields gRPC would reject (gRFC A
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.config.rbac.v3.rbac_pb2 import RBAC, Permission, Principal
+from envoy.extensions.filters.http.rbac.v3.rbac_pb2 import RBAC as HttpRBAC
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
 )
@@ -25,6 +28,11 @@ from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.traffic import ClientTls, DestinationRule, TlsMode, TrafficPolicy
 from control.model.types import (
+    AuthorizationPolicy,
+    AuthzAction,
+    AuthzOperation,
+    AuthzRule,
+    AuthzSource,
     MeshConfig,
     MtlsMode,
     PeerAuthentication,
@@ -445,3 +453,145 @@ def test_envoy_offers_h2_alpn_towards_http2_ports_only() -> None:
 
     assert alpn(ECHO_CLUSTER) == ["istio-peer-exchange", "istio", "h2"]
     assert alpn("outbound|80||web.default.svc.cluster.local") == ["istio-peer-exchange", "istio"]
+
+
+# --- AuthorizationPolicy on gRPC xDS servers (gRFC A41) ----------------------------------------
+
+
+def authz(
+    name: str, action: AuthzAction, *rules: AuthzRule, app: str | None = "echo"
+) -> AuthorizationPolicy:
+    return AuthorizationPolicy(
+        "default",
+        name,
+        SourceRef("AuthorizationPolicy", "default", name),
+        selector=labels_of({"app": app}) if app else None,
+        action=action,
+        rules=rules,
+    )
+
+
+def server_rbac(policies: tuple[AuthorizationPolicy, ...]) -> list[HttpRBAC]:
+    """The RBAC filters of the echo server's listener at its pod IP, checking their place."""
+    server = proxyless(SERVER_IP, "echo")
+    cfg = replace(config(MtlsMode.STRICT), authorization_policies=policies)
+    listener = server_listeners(ctx_of(cfg, server), server)[
+        f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
+    ]
+    [chain] = listener.filter_chains
+    hcm = unpack(chain.filters[0].typed_config, HttpConnectionManager)
+    names = [f.name for f in hcm.http_filters]
+    assert names[-1] == "envoy.filters.http.router"
+    # gRPC refuses a listener with two filters of one name.
+    assert len(set(names)) == len(names)
+    assert all(n.startswith("envoy.filters.http.rbac.") for n in names[:-1])
+    return [unpack(f.typed_config, HttpRBAC) for f in hcm.http_filters[:-1]]
+
+
+CALLER = AuthzSource(principals=("cluster.local/ns/default/sa/caller",))
+SECRET = AuthzOperation(paths=("/test.Echo/Secret",))
+
+
+def test_server_listener_carries_deny_then_allow_rbac() -> None:
+    filters = server_rbac(
+        (
+            authz("allow-caller", AuthzAction.ALLOW, AuthzRule(sources=(CALLER,))),
+            authz("no-secret", AuthzAction.DENY, AuthzRule(operations=(SECRET,))),
+        )
+    )
+    assert [f.rules.action for f in filters] == [RBAC.DENY, RBAC.ALLOW]
+    [deny] = filters[0].rules.policies.values()
+    assert deny.permissions[0].url_path.path.exact == "/test.Echo/Secret"
+    [allow] = filters[1].rules.policies.values()
+    principal = allow.principals[0].authenticated.principal_name
+    assert principal.exact == "spiffe://cluster.local/ns/default/sa/caller"
+
+
+def test_server_without_policies_or_selected_by_none_has_only_the_router() -> None:
+    assert server_rbac(()) == []
+    other = authz("other", AuthzAction.ALLOW, AuthzRule(sources=(CALLER,)), app="other")
+    assert server_rbac((other,)) == []
+
+
+def test_allow_policy_without_rules_denies_everything() -> None:
+    [allow] = server_rbac((authz("nothing", AuthzAction.ALLOW),))
+    assert allow.rules.action == RBAC.ALLOW and not allow.rules.policies
+
+
+def test_policy_change_rebuilds_the_server_listener() -> None:
+    server = proxyless(SERVER_IP, "echo")
+    cache = ResourceCache()
+    name = f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
+    versions = []
+    for policies in ((), (authz("a", AuthzAction.ALLOW, AuthzRule(sources=(CALLER,))),), ()):
+        cfg = replace(config(MtlsMode.STRICT), authorization_policies=policies)
+        ctx = GenContext(index(cfg, server), cache)
+        versions.append(grpc.generate_listeners(ctx, server)[name].version)
+    assert versions[0] != versions[1] and versions[0] == versions[2]
+
+
+# What gRPC's RBAC filter evaluates (gRFC A41); anything else makes it reject the listener.
+GRPC_PERMISSIONS = {
+    "and_rules", "or_rules", "any", "header", "url_path", "destination_ip",
+    "destination_port", "not_rule",
+}  # fmt: skip
+GRPC_PRINCIPALS = {
+    "and_ids", "or_ids", "any", "authenticated", "source_ip", "direct_remote_ip",
+    "remote_ip", "header", "url_path", "not_id",
+}  # fmt: skip
+
+
+def _kinds(msg: Permission | Principal, out: set[str]) -> set[str]:
+    field = msg.WhichOneof("rule" if isinstance(msg, Permission) else "identifier")
+    assert field is not None
+    out.add(field)
+    value = getattr(msg, field)
+    if field in ("and_rules", "or_rules"):
+        for r in value.rules:
+            _kinds(r, out)
+    elif field in ("and_ids", "or_ids"):
+        for i in value.ids:
+            _kinds(i, out)
+    elif field in ("not_rule", "not_id"):
+        _kinds(value, out)
+    return out
+
+
+def test_every_matcher_is_one_grpc_evaluates() -> None:
+    every_field = AuthzRule(
+        sources=(
+            AuthzSource(
+                principals=("cluster.local/ns/default/sa/caller", "*/sa/x", "*"),
+                not_principals=("cluster.local/ns/default/sa/bad",),
+                namespaces=("default", "ops-*"),
+                not_namespaces=("*-test",),
+            ),
+        ),
+        operations=(
+            AuthzOperation(
+                paths=("/test.Echo/*", "*/Who"),
+                not_paths=("/test.Echo/Secret",),
+                methods=("POST",),
+                not_methods=("GET",),
+                ports=(8080,),
+                not_ports=(9090,),
+            ),
+        ),
+    )
+    filters = server_rbac(
+        (
+            authz("allow", AuthzAction.ALLOW, every_field),
+            authz("deny", AuthzAction.DENY, every_field),
+        )
+    )
+    permissions: set[str] = set()
+    principals: set[str] = set()
+    for f in filters:
+        for policy in f.rules.policies.values():
+            for perm in policy.permissions:
+                _kinds(perm, permissions)
+            for principal in policy.principals:
+                _kinds(principal, principals)
+    assert permissions <= GRPC_PERMISSIONS and principals <= GRPC_PRINCIPALS
+    assert {"url_path", "destination_port", "not_rule"} <= permissions
+    assert {"authenticated", "not_id"} <= principals
