@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tests.support.controlplane import agent_token, running_control_plane
+from tests.support.controlplane import running_control_plane
 from tests.support.net import pod_ip
 from tests.support.proxyless import (
     CLIENT,
@@ -22,7 +22,7 @@ from tests.support.proxyless import (
     PORT,
     SERVER,
     TARGET,
-    agent,
+    echo_and_caller,
     peer_authentication,
     python,
     settled,
@@ -81,26 +81,7 @@ async def test_allow_and_deny_policies_on_a_proxyless_server(tmp_path: Path) -> 
     client_boot = tmp_path / "client" / "grpc-bootstrap.json"
     async with running_control_plane(cfg) as cp:
         async with (
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="echo"),
-                tmp_path / "server",
-                server_ip,
-                "echo-1",
-                "app=echo",
-                "--service-account",
-                "echo",
-            ),
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="caller"),
-                tmp_path / "client",
-                client_ip,
-                "caller-1",
-                "app=caller",
-                "--service-account",
-                "caller",
-            ),
+            echo_and_caller(cp, tmp_path, server_ip, client_ip),
             python(
                 SERVER,
                 tmp_path / "server" / "grpc-bootstrap.json",

@@ -38,6 +38,7 @@ from tests.support.proxyless import (
     SERVER,
     TARGET,
     agent,
+    echo_and_caller,
     peer_authentication,
     python,
     settled,
@@ -67,26 +68,7 @@ async def test_strict_permissive_and_plaintext(tmp_path: Path) -> None:
     policy.write_text(peer_authentication("STRICT"))
     async with running_control_plane(cfg) as cp:
         async with (
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="echo"),
-                tmp_path / "server",
-                server_ip,
-                "echo-1",
-                "app=echo",
-                "--service-account",
-                "echo",
-            ),
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="caller"),
-                tmp_path / "client",
-                client_ip,
-                "caller-1",
-                "app=caller",
-                "--service-account",
-                "caller",
-            ),
+            echo_and_caller(cp, tmp_path, server_ip, client_ip),
             python(
                 SERVER,
                 tmp_path / "server" / "grpc-bootstrap.json",
@@ -125,28 +107,7 @@ async def test_rotation_rewrites_files_and_calls_keep_working(tmp_path: Path) ->
     ttl = ("--workload-cert-ttl", "6")
     async with running_control_plane(cfg) as cp:
         async with (
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="echo"),
-                tmp_path / "server",
-                server_ip,
-                "echo-1",
-                "app=echo",
-                "--service-account",
-                "echo",
-                *ttl,
-            ),
-            agent(
-                cp.xds_port,
-                agent_token(cp, service_account="caller"),
-                tmp_path / "client",
-                client_ip,
-                "caller-1",
-                "app=caller",
-                "--service-account",
-                "caller",
-                *ttl,
-            ),
+            echo_and_caller(cp, tmp_path, server_ip, client_ip, *ttl),
             python(
                 SERVER,
                 tmp_path / "server" / "grpc-bootstrap.json",

@@ -18,9 +18,10 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from tests.support.agentproc import AgentProcess
-from tests.support.controlplane import eventually
+from tests.support.controlplane import agent_token, eventually
 
 PORT = 8080
 METHOD = "/test.Echo/Who"
@@ -200,3 +201,36 @@ async def settled(client: Proc, check: object, *, timeout: float, settle: int = 
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"calls did not settle within {timeout}s: {client.calls()[-3:]}")
+
+
+@contextlib.asynccontextmanager
+async def echo_and_caller(
+    cp: Any, tmp_path: Path, server_ip: str, client_ip: str, *extra: str
+) -> AsyncIterator[None]:
+    """The agents of the echo server (service account `echo`, workdir tmp_path/server) and of
+    its caller (`caller`, tmp_path/client), both proxy-only, each with its own token."""
+    async with (
+        agent(
+            cp.xds_port,
+            agent_token(cp, service_account="echo"),
+            tmp_path / "server",
+            server_ip,
+            "echo-1",
+            "app=echo",
+            "--service-account",
+            "echo",
+            *extra,
+        ),
+        agent(
+            cp.xds_port,
+            agent_token(cp, service_account="caller"),
+            tmp_path / "client",
+            client_ip,
+            "caller-1",
+            "app=caller",
+            "--service-account",
+            "caller",
+            *extra,
+        ),
+    ):
+        yield
