@@ -69,8 +69,8 @@ _LINEAGE = 8
 
 class View:
     """An immutable selection of resources (what one SotW response holds), with its version,
-    and the whole encoded response built once and shared by every stream that gets the same
-    selection.
+    and the whole encoded response, shared by every stream that gets the same selection (see
+    `framed`).
 
     Sharing the response bytes means sharing the nonce too: `nonce` is unique to this view in
     the process, so it still names exactly one response on any stream (a stream that is sent
@@ -80,7 +80,6 @@ class View:
 
     __slots__ = (
         "__weakref__",
-        "_block",
         "_framed",
         "_framed_for",
         "by_name",
@@ -96,33 +95,33 @@ class View:
         self.version: str = version if version is not None else view_version(by_name)
         self.seq: int = next(_view_ids)  # increasing: later views have larger numbers
         self.nonce: str = f"v{self.seq}"
-        self._block: bytes | None = None
         self._framed: bytes | None = None
         self._framed_for: tuple[str, bytes | None] | None = None
 
     @property
     def block(self) -> bytes:
         """The encoded `resources` field (for responses that carry a nonce of their own)."""
-        if self._block is not None:
-            return self._block
-        block = wire.resources_block(r.any_bytes for r in self.resources)
-        if self._framed is None:
-            self._block = block  # about to be framed; afterwards only the frame is kept
-        return block
+        return wire.resources_block(r.any_bytes for r in self.resources)
 
     def framed(self, type_url: str, control_plane: bytes | None) -> bytes:
-        """The complete DiscoveryResponse with this view's own nonce. Kept for the first
-        (type, control plane) it is asked for, which in a server is the only one; a view shared
-        more widely (the empty set's) is framed afresh for the others."""
+        """The complete DiscoveryResponse with this view's own nonce.
+
+        Kept from the second time it is asked for on, for the (type, control plane) it was
+        first asked for (in a server the only one): a view that many streams get is encoded
+        twice and then shared, while one made for a single proxy (its own listeners) is sent
+        once and would otherwise hold a second copy of its resources' bytes for as long as
+        the stream lasts. A view shared more widely (the empty set's) is framed afresh for
+        the other types."""
         key = (type_url, control_plane)
         if self._framed is not None and self._framed_for == key:
             return self._framed
         data = wire.discovery_response_block(
             self.version, self.block, type_url, self.nonce, control_plane
         )
-        if self._framed is None:
-            self._framed, self._framed_for = data, key
-            self._block = None  # the frame contains it; do not keep the bytes twice
+        if self._framed_for is None:
+            self._framed_for = key
+        elif self._framed is None and self._framed_for == key:
+            self._framed = data
         return data
 
     def __len__(self) -> int:

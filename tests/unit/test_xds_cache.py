@@ -151,7 +151,8 @@ def test_rule8_equal_selections_share_one_view_and_its_encoded_response() -> Non
     held = a.view(None)
     assert b.view(None) is held
     assert b.view(frozenset({"a", "b"})) is held  # the same selection by name
-    assert held.framed(CDS, None) is b.view(None).framed(CDS, None)
+    assert held.framed(CDS, None) == b.view(None).framed(CDS, None)
+    assert held.framed(CDS, None) is b.view(None).framed(CDS, None)  # kept from the second on
     assert a.view(frozenset({"a"})) is not held
     assert a.view(frozenset({"a"})).version != held.version
 

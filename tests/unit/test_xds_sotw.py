@@ -549,18 +549,30 @@ def test_nonces_unique_per_stream(b: Build) -> None:
 def test_streams_share_one_encoded_response_per_view(b: Build) -> None:
     """Rule 8: streams that are sent the same selection share its nonce and its bytes."""
     resources = rset(b.cluster("a"), b.cluster("b"))
-    first, second = SotwStream("one"), SotwStream("two")
     answers = []
-    for s in (first, second):
+    for name in ("one", "two", "three"):
+        s = SotwStream(name)
         s.receive(req(CDS, []))
         r = s.respond(CDS, resources, force=True)
         assert r is not None
         answers.append(r)
-    assert answers[0].nonce == answers[1].nonce
+    assert answers[0].nonce == answers[1].nonce == answers[2].nonce
     frames = [r.view.framed(CDS, None) for r in answers]
-    assert frames[0] is frames[1]
+    # Encoded again for the second stream and kept from then on (View.framed).
+    assert frames[0] == frames[1] and frames[1] is frames[2]
     decoded = DiscoveryResponse.FromString(frames[0])
     assert decoded.nonce == answers[0].nonce and len(decoded.resources) == 2
+
+
+def test_a_view_sent_once_keeps_no_copy_of_its_response(b: Build) -> None:
+    """A proxy's own listeners make a view only its stream gets: the bytes written for it
+    are not kept beside the resources' own (the first framing is not the one kept)."""
+    view = rset(b.cluster("a")).view(None)
+    once = view.framed(CDS, None)
+    again = view.framed(CDS, None)
+    assert once == again and once is not again
+    assert view.framed(CDS, None) is again
+    assert view.framed(CDS, b"cp") is not view.framed(CDS, b"cp")  # other keys: never kept
 
 
 def test_same_view_twice_on_one_stream_gets_a_new_nonce(b: Build) -> None:
@@ -772,7 +784,8 @@ def test_eds_push_shares_the_changed_part_between_streams(b: Build) -> None:
     (a,) = s1.push({EDS: moved})
     (c,) = s2.push({EDS: moved})
     assert a.part is not None and a.part is c.part and a.nonce == c.nonce
-    assert a.body.framed(EDS, None) is c.body.framed(EDS, None)
+    assert a.body.framed(EDS, None) == c.body.framed(EDS, None)
+    assert a.body.framed(EDS, None) is c.body.framed(EDS, None)  # kept from the second on
 
 
 def test_eds_push_after_a_nack_sends_the_whole_set(b: Build) -> None:
