@@ -53,9 +53,19 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     assert cp.stats is not None
     stats = cp.stats
     half = args.proxies // 2
-    sotw = LoadClients(LoadOptions(cp.target, args.proxies - half, workers=1))
+    # Workers exit on their own after `timeout`; theirs must outlast the soak, its warm-up
+    # and the final convergence (an hour-long soak outlived the default hour).
+    timeout = args.seconds + 600
+    sotw = LoadClients(LoadOptions(cp.target, args.proxies - half, workers=1, timeout=timeout))
     delta = LoadClients(
-        LoadOptions(cp.target, half, workers=1, delta=True, first_index=args.proxies - half)
+        LoadOptions(
+            cp.target,
+            half,
+            workers=1,
+            delta=True,
+            first_index=args.proxies - half,
+            timeout=timeout,
+        )
     )
     samples: list[tuple[float, int, int]] = []  # (seconds since start, rss, fds)
     try:
