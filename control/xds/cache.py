@@ -120,7 +120,7 @@ class View:
         )
         if self._framed_for is None:
             self._framed_for = key
-        elif self._framed is None and self._framed_for == key:
+        elif self._framed_for == key:  # the second time: from now on shared
             self._framed = data
         return data
 
