@@ -38,6 +38,7 @@ from control.ca.authority import (
     in_memory_authority,
 )
 from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
+from control.ca.identity import Identity
 from control.ca.service import CertificateService
 from control.ca.serving import ServingCertificates
 from control.config.watcher import ConfigWatcher
@@ -58,7 +59,7 @@ from control.webhook.server import WebhookServer
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
-from control.xds.server import XdsOptions, XdsServer, grpc_stream_options
+from control.xds.server import StreamRefused, XdsOptions, XdsServer, grpc_stream_options
 from protos.typeurls import ENDPOINT
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,10 @@ class ControlPlane:
         self.options = options
         self.metrics = metrics or Metrics()
         self.cache = ResourceCache()
-        self.registry = WorkloadRegistry(grace=options.workload_grace)
+        self.registry = WorkloadRegistry(
+            grace=options.workload_grace,
+            on_refused=lambda reason: self.metrics.registrations_refused.labels(reason).inc(),
+        )
         self.watcher: ConfigWatcher | KubeSource
         if options.kubernetes:
             self.watcher = KubeSource(
@@ -363,9 +367,11 @@ class ControlPlane:
 
     async def _authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
-    ) -> tuple[grpc.StatusCode, str] | None:
+    ) -> Identity | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
-        identity. The plaintext port serves anyone (local use and tests, as DESIGN says)."""
+        identity, which is returned (auto-registration is bound to it). The plaintext port
+        serves anyone (local use and tests, as DESIGN says) but vouches for no one: None, even
+        when a token is sent (over plaintext it can be read and replayed)."""
         if not is_secure(context):
             return None
         assert self._call_auth is not None
@@ -374,8 +380,8 @@ class ControlPlane:
             check_claim(identity, proxy.namespace, proxy.service_account)
         except AuthError as e:
             self.metrics.xds_auth_failures.labels(e.denial.value).inc()
-            return STATUS[e.denial], e.message
-        return None
+            raise StreamRefused(STATUS[e.denial], e.message) from None
+        return identity
 
     async def close(self, grace: float = 1.0) -> None:
         self.ready = False
@@ -441,8 +447,12 @@ class ControlPlane:
         self._index_version += 1
         # Derived from the previous index when only workloads changed (MeshIndex.next), and
         # then generated incrementally over the previous push (GenContext).
+        config = self.watcher.current
+        # Registered workloads follow their groups: decided again on every config change.
+        if self.registry.set_groups(config.workload_groups):
+            self._save_wake.set()
         index = self._ctx.index.next(
-            self.watcher.current,
+            config,
             self.registry.workloads(),
             trust_domain=self.options.trust_domain,
             version=self._index_version,
@@ -499,15 +509,15 @@ class ControlPlane:
         del config
         self.push_loop.notify("config")
 
-    def _on_proxy_connect(self, proxy: Proxy) -> None:
+    def _on_proxy_connect(self, proxy: Proxy, identity: Identity | None) -> None:
         if self.options.kubernetes:
             return  # pods come from the API server
-        if self.registry.connect(proxy):
+        if self.registry.connect(proxy, identity):
             self.push_loop.notify("registry")
             self._save_wake.set()
 
-    def _on_proxy_disconnect(self, proxy: Proxy) -> None:
-        self.registry.disconnect(proxy, time.monotonic())
+    def _on_proxy_disconnect(self, proxy: Proxy, identity: Identity | None) -> None:
+        self.registry.disconnect(proxy, identity, time.monotonic())
         self._expiry_wake.set()
 
     async def _expire_workloads(self) -> None:

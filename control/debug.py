@@ -109,6 +109,8 @@ class DebugServer:
                 "objects": objects,
                 "errors": errors,
                 "warnings": warnings,
+                # Workloads auto-registered through WorkloadGroups, as WorkloadEntries.
+                "registered": self._cp.registry.workload_entries(),
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
                 "source": self._cp.watcher.status(),

@@ -30,6 +30,7 @@ from envoy.service.status.v3 import csds_pb2
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from control.ca.identity import Identity
 from control.metrics import Metrics
 from control.model.proxy import NodeError, Proxy, proxy_from_node
 from control.xds.cache import Resource, ResourceSet, digest
@@ -43,12 +44,25 @@ from protos.ads import raw_ads_handler
 logger = logging.getLogger(__name__)
 
 
-# Decides whether a stream may go on once its node is known: None to allow, or the status
-# and message to end it with (the TLS port authenticates the caller and checks that the node
-# claims the caller's own identity).
-_Refusal = tuple[grpc.StatusCode, str] | None
-# May be async (Kubernetes mode asks the API server about tokens).
-StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
+class StreamRefused(Exception):
+    """Raised by a StreamAuthorizer to end a stream with this status and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Decides whether a stream may go on once its node is known, and who the caller is: returns
+# the authenticated identity (None: the stream is unauthenticated, on the plaintext port) or
+# raises StreamRefused (the TLS port authenticates the caller and checks that the node claims
+# the caller's own identity). May be async (Kubernetes mode asks the API server about tokens).
+StreamAuthorizer = Callable[
+    [grpc.aio.ServicerContext, Proxy], Identity | Awaitable[Identity | None] | None
+]
+# on_connect / on_disconnect: a stream of the proxy opened / closed, with what the authorizer
+# said about its caller.
+StreamHook = Callable[[Proxy, Identity | None], None]
 
 
 class ResourceSource(Protocol):
@@ -130,6 +144,8 @@ class Connection:
     state: SotwStream | DeltaStream
     connected_at: float  # wall clock, for /debug/connections
     context: grpc.aio.ServicerContext | None = None
+    # Who the caller authenticated as (None: an unauthenticated stream, the plaintext port).
+    identity: Identity | None = None
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
     # Types that must be answered. Usually empty: then the shared _NO_TYPES, where an empty
     # set (or a new empty frozenset: CPython does not share those) per stream would cost 216
@@ -171,8 +187,8 @@ class XdsServer:
         metrics: Metrics,
         options: XdsOptions = XdsOptions(),
         *,
-        on_connect: Callable[[Proxy], None] | None = None,
-        on_disconnect: Callable[[Proxy], None] | None = None,
+        on_connect: StreamHook | None = None,
+        on_disconnect: StreamHook | None = None,
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
@@ -282,13 +298,17 @@ class XdsServer:
         except _StreamError as e:
             await context.abort(e.code, e.message)
             return
+        identity: Identity | None = None
         if self._authorize is not None:
-            verdict = self._authorize(context, proxy)
-            refused = await verdict if inspect.isawaitable(verdict) else verdict
-            del verdict  # the finished coroutine would otherwise live as long as the stream
-            if refused is not None:
-                logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
-                await context.abort(*refused)
+            try:
+                verdict = self._authorize(context, proxy)
+                identity = await verdict if inspect.isawaitable(verdict) else verdict
+                del verdict  # the finished coroutine would otherwise live as long as the stream
+            except StreamRefused as refused:
+                logger.info(
+                    "stream from %s (%s) refused: %s", context.peer(), proxy.id, refused.message
+                )
+                await context.abort(refused.code, refused.message)
                 return
         wait = self._admission.take(self._clock())
         if wait > 0:
@@ -297,11 +317,11 @@ class XdsServer:
         conn_id = f"{proxy.id}-{next(self._ids)}"
         self._opened += 1
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
-        conn = Connection(conn_id, proxy, delta, state, time.time())
+        conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
-            self._on_connect(proxy)
+            self._on_connect(proxy, identity)
         conn.context = context
         if logger.isEnabledFor(logging.INFO):
             logger.info(
@@ -343,7 +363,7 @@ class XdsServer:
             self.connections.pop(conn_id, None)
             self._metrics.xds_clients.labels("delta" if delta else "sotw").dec()
             if self._on_disconnect is not None:
-                self._on_disconnect(proxy)
+                self._on_disconnect(proxy, identity)
             logger.info("stream %s closed", conn_id)
         if conn.error is not None:
             if not _timed_out(conn):
