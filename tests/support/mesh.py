@@ -85,6 +85,44 @@ def root_file(cp: ControlPlane, directory: Path) -> Path:
     return path
 
 
+def tls_agent(
+    target: str,
+    root: Path,
+    token: str,
+    workdir: Path,
+    ip: str,
+    pod: str,
+    labels: str = "",
+    *extra: str,
+    group: str = "",
+    service_account: str | None = None,
+    namespace: str = "default",
+    env: dict[str, str] | None = None,
+    wrap: Sequence[str] = (),
+    log_path: Path | None = None,
+) -> AgentProcess:
+    """An agent (not started) on the TLS port `target`, verifying it by `root`, presenting
+    `token` (of `namespace`/`service_account`; default: the group's name, else `default`);
+    `group`: the WorkloadGroup it registers in ("" = a client only)."""
+    account = service_account or group or "default"
+    args = ["--namespace", namespace, "--service-account", account, "--ca-root-cert", str(root)]
+    if group:
+        args += ["--workload-group", group]
+    return AgentProcess(
+        target,
+        workdir,
+        ip,
+        pod,
+        labels,
+        *args,
+        *extra,
+        token=token,
+        env=env,
+        wrap=wrap,
+        log_path=log_path,
+    )
+
+
 def mesh_agent(
     cp: ControlPlane,
     tmp_path: Path,
@@ -101,30 +139,21 @@ def mesh_agent(
     log_path: Path | None = None,
     workdir: Path | None = None,
 ) -> AgentProcess:
-    """An agent (not started) on the control plane's TLS port, with a token of
-    `namespace`/`service_account` (default: the group's name, else `default`) and the root
-    to verify the control plane by; `group`: the WorkloadGroup it registers in ("" = a
-    client only)."""
+    """`tls_agent` on a running in-process control plane's TLS port (reached at `host`),
+    with a token it issues; the workdir is `tmp_path/<pod>` unless given."""
     account = service_account or group or "default"
-    args = [
-        "--namespace",
-        namespace,
-        "--service-account",
-        account,
-        "--ca-root-cert",
-        str(root_file(cp, tmp_path)),
-    ]
-    if group:
-        args += ["--workload-group", group]
-    return AgentProcess(
+    return tls_agent(
         f"{host}:{cp.secure_xds_port}",
+        root_file(cp, tmp_path),
+        agent_token(cp, namespace, account),
         workdir or tmp_path / pod,
         ip,
         pod,
         labels,
-        *args,
         *extra,
-        token=agent_token(cp, namespace, account),
+        group=group,
+        service_account=account,
+        namespace=namespace,
         env=env,
         wrap=wrap,
         log_path=log_path,
