@@ -273,7 +273,11 @@ class XdsServer:
         if not conn.queued:
             conn.queued = True
             self._push_queue.append(conn)
-        if self._workers < self._options.max_concurrent_pushes and self._workers < len(
+        # Workers blocked in a write (a client that does not read) cannot take the queue:
+        # counting them as available left a new stream unanswered until a stuck write timed
+        # out, whenever nothing else (a push to every stream) happened to queue more work.
+        available = self._workers - len(self._writing)
+        if self._workers < self._options.max_concurrent_pushes and available < len(
             self._push_queue
         ):
             self._workers += 1
