@@ -10,6 +10,7 @@ report of the change that added them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
@@ -26,7 +28,7 @@ from control.app import ControlPlane
 from control.ca.identity import Identity
 from protos import ca_pb2, ca_pb2_grpc, typeurls
 from tests.support.adsclient import AdsStream, node_id
-from tests.support.controlplane import running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import workload_group_yaml
 from tests.support.pki import ec_key, make_csr
 
@@ -249,8 +251,14 @@ async def test_group_member_with_matching_token_registers_with_the_groups_labels
             (wl,) = cp.registry.workloads()
             assert dict(wl.labels) == {"app": "alpha", "version": "v7"}
             assert wl.service_account == "alpha"
-            (entry,) = cp.registry.workload_entries()
+            url = f"http://127.0.0.1:{cp.http_port}/debug/configz"
+            async with aiohttp.ClientSession() as session, session.get(url) as r:
+                (entry,) = (await r.json())["registered"]
+            assert entry["kind"] == "WorkloadEntry"
+            assert entry["metadata"]["name"] == f"alpha-{ATTACKER_IP}"
             assert entry["metadata"]["annotations"]["istio.io/autoRegistrationGroup"] == "alpha"
+            assert entry["spec"]["labels"] == {"app": "alpha", "version": "v7"}
+            assert entry["status"]["identity"] == "default/alpha"
         finally:
             await stream.close()
     # Removed a grace period after its stream closed.
@@ -271,3 +279,57 @@ async def test_plaintext_port_issues_no_certificates(cp: ControlPlane) -> None:
                 metadata=[("authorization", f"Bearer {token(cp, 'default', 'alpha')}")],
             )
     assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_deleting_the_group_removes_its_workloads(cp: ControlPlane, tmp_path: Path) -> None:
+    """Registration follows the config: the group deleted, its members are no endpoints,
+    though their streams stay open."""
+    node = attacker_node(service_account="alpha")
+    async with tls_channel(cp) as channel:
+        stream = await open_stream(
+            channel, node, "alpha-1", "default", token(cp, "default", "alpha")
+        )
+        try:
+            assert (await alpha_view(cp))[0] == [ATTACKER_IP]
+            (tmp_path / "cfg" / "mesh.yaml").write_text(MESH)
+            await eventually(lambda: not cp.registry.workloads(), what="workload removed")
+            addresses, sans = await alpha_view(cp)
+            assert addresses == [] and ALPHA_SAN not in sans
+        finally:
+            await stream.close()
+
+
+async def test_a_forged_workloads_file_registers_nothing(tmp_path: Path) -> None:
+    """workloads.json in the state dir is decided again on restore: an entry in the format
+    before groups (what a proxy claimed) and one whose identity is not the group's are
+    dropped."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH + workload_group_yaml("alpha"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    forged = [
+        {
+            "proxy": node_id(ATTACKER_IP, "evil"),
+            "name": "evil",
+            "namespace": "default",
+            "address": ATTACKER_IP,
+            "labels": {"app": "alpha"},
+            "service_account": "mallory",
+            "has_sidecar": True,
+        },
+        {
+            "proxy": node_id("127.0.9.10", "evil2"),
+            "address": "127.0.9.10",
+            "pod": "evil2",
+            "namespace": "default",
+            "labels": {"app": "alpha"},
+            "group": "alpha",
+            "identity": {"namespace": "default", "serviceAccount": "mallory"},
+            "sds": True,
+        },
+    ]
+    (state / "workloads.json").write_text(json.dumps(forged))
+    async with running_control_plane(cfg, state_dir=state) as cp:
+        addresses, sans = await alpha_view(cp)
+        assert addresses == [] and MALLORY not in sans
