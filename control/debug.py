@@ -76,6 +76,8 @@ class ConfigView(Protocol):
 
 
 class PushRecordView(Protocol):
+    """One push as JSON (control/pipeline.py's PushRecord); pure, read-only."""
+
     def as_json(self) -> dict[str, object]: ...
 
 

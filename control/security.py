@@ -49,19 +49,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SecurityOptions:
+    """The security part of control.app.ControlPlaneOptions (the fields mean the same; the
+    TLS addresses are its secure_xds_address and mtls_xds_address, "" = not served)."""
+
     trust_domain: str = "cluster.local"
-    # Empty: nothing is persisted: the CA root and the token key live in memory for the life
-    # of the process (tests).
-    state_dir: str = ""
-    ca_cert: str = ""  # plugged-in CA: signing certificate (root or intermediate) ...
-    ca_key: str = ""  # ... its key ...
-    ca_chain: str = ""  # ... and the certificates above it, root last
+    state_dir: str = ""  # "" = the CA root and the token key live in memory
+    ca_cert: str = ""
+    ca_key: str = ""
+    ca_chain: str = ""
     max_workload_cert_ttl: float = 24 * 3600.0
-    # Lifetime of our own TLS certificates, seconds; each is issued again at half of it.
     serving_cert_ttl: float = SERVING_VALIDITY.total_seconds()
-    # The TLS gRPC ports ("" = not served): token or client certificate, and client
-    # certificate required (a separate listener: grpcio can only either not ask for a
-    # client certificate or require one, and an agent has none before its first CSR).
     secure_address: str = ""
     mtls_address: str = ""
     replica_id: str = "pilotfish"  # one more name in our serving certificates

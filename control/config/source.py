@@ -8,16 +8,17 @@ handed over, and which side facts (namespace labels, an API client) a source may
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from control.config.delivery import ChangeHandler
 from control.config.errors import ConfigError
 from control.model.types import MeshConfig
 
 if TYPE_CHECKING:
     from control.kube.client import KubeClient
 
-ChangeHandler = Callable[[MeshConfig], Awaitable[None] | None]
+__all__ = ["ChangeHandler", "ConfigSource"]
 
 
 class ConfigSource(Protocol):

@@ -20,6 +20,9 @@ _CLIENT_CONFIG = "type.googleapis.com/envoy.service.status.v3.ClientConfig"
 
 
 class Subscriptions(Protocol):
+    """A stream's state machine, as far as the views read it: the types it subscribed to
+    (read-only)."""
+
     @property
     def subscribed_types(self) -> list[str]: ...
 
