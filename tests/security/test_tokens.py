@@ -87,9 +87,8 @@ async def test_hs256_signed_with_the_public_key_is_unauthenticated(cp: ControlPl
     """Key confusion: HMAC keyed with the verifier's own public key (PEM, as a naive library
     that takes "the key" for any algorithm would use it)."""
     assert cp.tokens is not None
-    public_pem = (
-        cp.tokens.key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    public_pem = cp.tokens.key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     forged = _jwt(
         {"alg": "HS256", "typ": "JWT"},
