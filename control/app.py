@@ -38,10 +38,12 @@ from control.ca.authority import (
     in_memory_authority,
 )
 from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
+from control.ca.identity import Identity
 from control.ca.service import CertificateService
 from control.ca.serving import ServingCertificates
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
+from control.debugaccess import DebugAllow, debug_middleware, debug_policy
 from control.generate import generators_for
 from control.generate.context import GenContext, next_context
 from control.kube.client import kube_config
@@ -145,6 +147,11 @@ class ControlPlaneOptions:
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
+    # --debug-allow: who may read /debug/* off loopback and all of syncz over TLS xDS (None:
+    # the control plane's own namespace); whether /debug/* needs that (None: judged by
+    # http_address, loopback is open; tests force it).
+    debug_allow: DebugAllow | None = None
+    debug_requires_auth: bool | None = None
     xds: XdsOptions = field(default_factory=XdsOptions)
 
 
@@ -157,6 +164,7 @@ class ControlPlane:
         self.cache = ResourceCache()
         self.registry = WorkloadRegistry(grace=options.workload_grace)
         self.watcher: ConfigWatcher | KubeSource
+        access = debug_policy(options)  # who may read the debug views
         if options.kubernetes:
             self.watcher = KubeSource(
                 kube_config(options.kubeconfig), self._on_config, domain=options.trust_domain
@@ -177,11 +185,12 @@ class ControlPlane:
             on_disconnect=self._on_proxy_disconnect,
             authorize=self._authorize_stream,
             trim=heap.malloc_trim(),
+            syncz_filter=access.visible_syncz,
         )
         self.push_loop = PushLoop(
             self._push, quiet=options.debounce_quiet, max_delay=options.debounce_max
         )
-        self.debug = DebugServer(self)
+        self.debug = DebugServer(self, debug_middleware(access, lambda: self._call_auth))
         self.pushes = 0
         self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
         self._index_version = 0
@@ -363,9 +372,10 @@ class ControlPlane:
 
     async def _authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
-    ) -> tuple[grpc.StatusCode, str] | None:
+    ) -> tuple[grpc.StatusCode, str] | Identity | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
-        identity. The plaintext port serves anyone (local use and tests, as DESIGN says)."""
+        identity, which is returned (syncz over xDS shows it what --debug-allow lets it see).
+        The plaintext port serves anyone (local use and tests, as DESIGN says)."""
         if not is_secure(context):
             return None
         assert self._call_auth is not None
@@ -375,7 +385,7 @@ class ControlPlane:
         except AuthError as e:
             self.metrics.xds_auth_failures.labels(e.denial.value).inc()
             return STATUS[e.denial], e.message
-        return None
+        return identity
 
     async def close(self, grace: float = 1.0) -> None:
         self.ready = False

@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 # Imported for their side effect: the Any payloads in config_dump decode through the default
 # descriptor pool, which must know every type we generate (including nested typed_config).
@@ -46,12 +47,14 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 class DebugServer:
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, access: Middleware | None = None) -> None:
         self._cp = cp
+        # Who may read /debug/* (control/debugaccess.py); None: everyone.
+        self._access = access
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str) -> int:
-        app = web.Application()
+        app = web.Application(middlewares=[self._access] if self._access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)

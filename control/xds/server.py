@@ -30,6 +30,7 @@ from envoy.service.status.v3 import csds_pb2
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from control.ca.identity import Identity
 from control.metrics import Metrics
 from control.model.proxy import NodeError, Proxy, proxy_from_node
 from control.xds.cache import Resource, ResourceSet, digest
@@ -45,10 +46,12 @@ logger = logging.getLogger(__name__)
 
 # Decides whether a stream may go on once its node is known: None to allow, or the status
 # and message to end it with (the TLS port authenticates the caller and checks that the node
-# claims the caller's own identity).
-_Refusal = tuple[grpc.StatusCode, str] | None
+# claims the caller's own identity), or the caller's Identity to allow it as that caller.
+_Refusal = tuple[grpc.StatusCode, str] | Identity | None
 # May be async (Kubernetes mode asks the API server about tokens).
 StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
+# The syncz entries a caller of syncz over xDS may see (None: an unauthenticated caller).
+SynczFilter = Callable[[list[dict[str, Any]], Identity | None], list[dict[str, Any]]]
 
 
 class ResourceSource(Protocol):
@@ -130,6 +133,8 @@ class Connection:
     state: SotwStream | DeltaStream
     connected_at: float  # wall clock, for /debug/connections
     context: grpc.aio.ServicerContext | None = None
+    # Who the caller authenticated as (None: an unauthenticated stream, the plaintext port).
+    identity: Identity | None = None
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
     # Types that must be answered. Usually empty: then the shared _NO_TYPES, where an empty
     # set (or a new empty frozenset: CPython does not share those) per stream would cost 216
@@ -176,8 +181,10 @@ class XdsServer:
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
+        syncz_filter: SynczFilter | None = None,
     ) -> None:
         self._source = source
+        self._syncz_filter = syncz_filter
         self._authorize = authorize
         self._metrics = metrics
         self._options = options
@@ -282,10 +289,13 @@ class XdsServer:
         except _StreamError as e:
             await context.abort(e.code, e.message)
             return
+        identity: Identity | None = None
         if self._authorize is not None:
             verdict = self._authorize(context, proxy)
             refused = await verdict if inspect.isawaitable(verdict) else verdict
             del verdict  # the finished coroutine would otherwise live as long as the stream
+            if isinstance(refused, Identity):
+                identity, refused = refused, None
             if refused is not None:
                 logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
                 await context.abort(*refused)
@@ -297,7 +307,7 @@ class XdsServer:
         conn_id = f"{proxy.id}-{next(self._ids)}"
         self._opened += 1
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
-        conn = Connection(conn_id, proxy, delta, state, time.time())
+        conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
@@ -533,7 +543,7 @@ class XdsServer:
         wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
-            sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources()
+            sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources(conn.identity)
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()
         if push:
@@ -581,6 +591,7 @@ class XdsServer:
             out.append(
                 {
                     "proxy": conn.proxy.id,
+                    "namespace": conn.proxy.namespace,
                     "stream": conn.id,
                     "istiod": self._options.control_plane_id,
                     "protocol": "delta" if conn.delta else "sotw",
@@ -600,11 +611,15 @@ class XdsServer:
             )
         return out
 
-    def syncz_resources(self) -> ResourceSet:
-        """syncz as xDS resources (envoy.service.status.v3.ClientConfig, as Istio serves it)."""
+    def syncz_resources(self, caller: Identity | None = None) -> ResourceSet:
+        """syncz as xDS resources (envoy.service.status.v3.ClientConfig, as Istio serves it),
+        the entries `caller` may see (`syncz_filter`, control/debugaccess.py)."""
         type_url = "type.googleapis.com/envoy.service.status.v3.ClientConfig"
         out: list[Resource] = []
-        for entry in self.syncz():
+        entries = self.syncz()
+        if self._syncz_filter is not None:
+            entries = self._syncz_filter(entries, caller)
+        for entry in entries:
             cc = csds_pb2.ClientConfig()
             cc.node.id = entry["proxy"]
             cc.node.metadata.update(
