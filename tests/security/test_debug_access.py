@@ -506,3 +506,26 @@ async def test_real_non_loopback_address_in_a_network_namespace(
             proc.kill()
             await asyncio.to_thread(proc.wait, 5)
         log.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("istio-system", "'istio-system' is not NS/SA or NS/*"),
+        ("ops/admin,Bad/x", "'Bad/x': namespace 'Bad' is not a DNS-1123 label"),
+        ("", "names no identity"),
+    ],
+)
+async def test_malformed_debug_allow_is_a_one_line_error(value: str, message: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "control", "--debug-allow", value),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith(f"pilotfish-control: error: argument --debug-allow: {message}")
+    assert "Traceback" not in err.decode()
