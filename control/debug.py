@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 # Imported for their side effect: the Any payloads in config_dump decode through the default
 # descriptor pool, which must know every type we generate (including nested typed_config).
@@ -107,6 +108,7 @@ class DebugServer:
         config: ConfigView,
         pushes: PushesView,
         resources: ResourcesFor,
+        access: Middleware | None = None,
     ) -> None:
         self._ready_now = ready
         self._render_metrics = metrics
@@ -114,10 +116,12 @@ class DebugServer:
         self._config = config
         self._pushes = pushes
         self._resources = resources
+        # Who may read /debug/* (control/debugaccess.py); None: everyone.
+        self._access = access
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str) -> int:
-        app = web.Application()
+        app = web.Application(middlewares=[self._access] if self._access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)

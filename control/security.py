@@ -37,6 +37,7 @@ from control.ca.authority import (
     in_memory_authority,
 )
 from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
+from control.ca.identity import Identity
 from control.ca.service import CertificateService
 from control.ca.serving import ServingCertificates
 from control.kube.client import KubeClient
@@ -81,6 +82,12 @@ class SecurityStack:
         self.serving: ServingCertificates | None = None  # the TLS gRPC ports'
         self.webhook_serving: ServingCertificates | None = None
         self._call_auth: CallAuthenticator | None = None
+
+    @property
+    def call_auth(self) -> CallAuthenticator | None:
+        """The authenticator of the gRPC ports (set by start()); the debug views check HTTP
+        bearer tokens with it too."""
+        return self._call_auth
 
     async def start(self) -> None:
         ca, tokens = await asyncio.to_thread(self._load)
@@ -168,9 +175,10 @@ class SecurityStack:
 
     async def authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
-    ) -> tuple[grpc.StatusCode, str] | None:
+    ) -> tuple[grpc.StatusCode, str] | Identity | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
-        identity. The plaintext port serves anyone (local use and tests, as DESIGN says)."""
+        identity, which is returned (syncz over xDS shows it what --debug-allow lets it see).
+        The plaintext port serves anyone (local use and tests, as DESIGN says)."""
         if not is_secure(context):
             return None
         assert self._call_auth is not None
@@ -180,7 +188,7 @@ class SecurityStack:
         except AuthError as e:
             self._metrics.xds_auth_failures.labels(e.denial.value).inc()
             return STATUS[e.denial], e.message
-        return None
+        return identity
 
     # --- the webhook -----------------------------------------------------------------------
 

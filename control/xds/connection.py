@@ -16,6 +16,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, Disc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from control.ca.identity import Identity
 from control.model.proxy import NodeError, Proxy, proxy_from_node
 from control.xds.delta import DeltaStream
 from control.xds.sotw import SotwResponse, SotwStream
@@ -44,6 +45,8 @@ class Connection:
     state: SotwStream | DeltaStream
     connected_at: float  # wall clock, for /debug/connections
     context: grpc.aio.ServicerContext | None = None
+    # Who the caller authenticated as (None: an unauthenticated stream, the plaintext port).
+    identity: Identity | None = None
     handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
     # Types that must be answered. Usually empty: then the shared NO_TYPES, where an empty
     # set (or a new empty frozenset: CPython does not share those) per stream would cost 216

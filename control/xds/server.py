@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import grpc
 from envoy.config.core.v3.base_pb2 import ControlPlane
 
+from control.ca.identity import Identity
 from control.metrics import Metrics
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
@@ -47,7 +48,7 @@ from control.xds.push import TokenBucket
 from control.xds.sotw import SotwStream
 from control.xds.state import RequestKind, RequestOutcome
 from control.xds.trim import HeapTrimmer
-from control.xds.views import syncz_resources
+from control.xds.views import SynczFilter, syncz_resources
 from control.xds.written import WrittenResponses
 from protos import typeurls
 from protos.ads import raw_ads_handler
@@ -57,10 +58,10 @@ logger = logging.getLogger(__name__)
 
 # Decides whether a stream may go on once its node is known: None to allow, or the status
 # and message to end it with (the TLS port authenticates the caller and checks that the node
-# claims the caller's own identity). Contract: called once per stream, before admission and
-# before `on_connect`; it may be async (Kubernetes mode asks the API server about tokens) and
-# must not call back into the server.
-_Refusal = tuple[grpc.StatusCode, str] | None
+# claims the caller's own identity), or the caller's Identity to allow it as that caller.
+# Contract: called once per stream, before admission and before `on_connect`; it may be async
+# (Kubernetes mode asks the API server about tokens) and must not call back into the server.
+_Refusal = tuple[grpc.StatusCode, str] | Identity | None
 StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
 # `on_connect(proxy)` / `on_disconnect(proxy)`: a stream of that proxy was admitted / ended.
 # Contract: called on the event loop, once each per admitted stream, in that order; they
@@ -100,8 +101,10 @@ class XdsServer:
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
+        syncz_filter: SynczFilter | None = None,
     ) -> None:
         self._source = source
+        self._syncz_filter = syncz_filter
         self._authorize = authorize
         self._metrics = metrics
         self._options = options
@@ -211,10 +214,13 @@ class XdsServer:
         except StreamError as e:
             await context.abort(e.code, e.message)
             return
+        identity: Identity | None = None
         if self._authorize is not None:
             verdict = self._authorize(context, proxy)
             refused = await verdict if inspect.isawaitable(verdict) else verdict
             del verdict  # the finished coroutine would otherwise live as long as the stream
+            if isinstance(refused, Identity):
+                identity, refused = refused, None
             if refused is not None:
                 logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
                 await context.abort(*refused)
@@ -226,7 +232,7 @@ class XdsServer:
         conn_id = f"{proxy.id}-{next(self._ids)}"
         self._trimmer.stream_opened()
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
-        conn = Connection(conn_id, proxy, delta, state, time.time())
+        conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
@@ -411,7 +417,10 @@ class XdsServer:
         if typeurls.DEBUG_SYNCZ in forced:
             # Computed on request from the streams themselves, never pushed.
             sets[typeurls.DEBUG_SYNCZ] = syncz_resources(
-                self.connections.values(), self._options.control_plane_id
+                self.connections.values(),
+                self._options.control_plane_id,
+                conn.identity,
+                self._syncz_filter,
             )
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()
