@@ -20,6 +20,7 @@ from control.model.types import (
     Service,
     ServicePort,
     Workload,
+    WorkloadEndpointSpec,
     proxyless_tls,
     selector_matches,
     spiffe_id,
@@ -129,42 +130,35 @@ class EndpointIndex:
             if ep_port is None:
                 ep_port = port.target_port if isinstance(port.target_port, int) else port.port
             sidecar = dict(spec.labels).get(TLS_MODE_LABEL) == "istio"
-            mtls, tls_only = self._tls(service.namespace, spec.labels, ep_port, sidecar, False)
-            found.add(
-                Endpoint(
-                    address=spec.address,
-                    port=ep_port,
-                    labels=spec.labels,
-                    service_account=spec.service_account,
-                    namespace=service.namespace,
-                    has_sidecar=sidecar,
-                    locality=spec.locality,
-                    weight=spec.weight,
-                    mtls=mtls,
-                    tls_only=tls_only,
-                )
-            )
+            found.add(self._endpoint(spec, service.namespace, ep_port, sidecar, False))
         for wl in self.workloads_selected_by(service):
             sidecar = wl.has_sidecar or dict(wl.labels).get(TLS_MODE_LABEL) == "istio"
-            wl_port = wl.port_for(port)
-            mtls, tls_only = self._tls(wl.namespace, wl.labels, wl_port, sidecar, wl.proxyless)
-            found.add(
-                Endpoint(
-                    address=wl.address,
-                    port=wl_port,
-                    labels=wl.labels,
-                    service_account=wl.service_account,
-                    namespace=wl.namespace,
-                    has_sidecar=sidecar,
-                    locality=wl.locality,
-                    weight=wl.weight,
-                    mtls=mtls,
-                    tls_only=tls_only,
-                )
-            )
+            found.add(self._endpoint(wl, wl.namespace, wl.port_for(port), sidecar, wl.proxyless))
         result = tuple(sorted(found, key=lambda e: (e.address, e.port)))
         self._endpoints[key] = result
         return result
+
+    def _endpoint(
+        self,
+        source: WorkloadEndpointSpec | Workload,
+        namespace: str,
+        port: int,
+        sidecar: bool,
+        proxyless: bool,
+    ) -> Endpoint:
+        mtls, tls_only = self._tls(namespace, source.labels, port, sidecar, proxyless)
+        return Endpoint(
+            address=source.address,
+            port=port,
+            labels=source.labels,
+            service_account=source.service_account,
+            namespace=namespace,
+            has_sidecar=sidecar,
+            locality=source.locality,
+            weight=source.weight,
+            mtls=mtls,
+            tls_only=tls_only,
+        )
 
     def workloads_selected_by(self, service: Service) -> list[Workload]:
         """Workloads in the service's namespace that its selector (Kubernetes Service) or
