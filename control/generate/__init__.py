@@ -11,9 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from control.generate import clusters, endpoints, grpc, names, routes, virtual
-from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate import (
+    clusters,
+    endpoints,
+    grpc_listeners,
+    listeners_redirect,
+    names,
+    route_tables,
+)
 from control.generate.context import GenContext
+from control.generate.plans import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
 from protos.typeurls import NAME_TABLE
@@ -24,16 +31,16 @@ GENERATORS: Final[dict[str, Generator]] = {
     CLUSTER_TYPE: clusters.generate,
     ENDPOINT_TYPE: endpoints.generate,
     # Mode NONE's bound listeners, or REDIRECT's virtualOutbound/virtualInbound.
-    LISTENER_TYPE: virtual.generate_listeners,
-    ROUTE_TYPE: routes.generate,
+    LISTENER_TYPE: listeners_redirect.generate_listeners,
+    ROUTE_TYPE: route_tables.generate,
     NAME_TABLE: names.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
-    CLUSTER_TYPE: grpc.generate_clusters,
-    ENDPOINT_TYPE: grpc.generate_endpoints,
-    LISTENER_TYPE: grpc.generate_listeners,
-    ROUTE_TYPE: grpc.generate_routes,
+    CLUSTER_TYPE: grpc_listeners.generate_clusters,
+    ENDPOINT_TYPE: grpc_listeners.generate_endpoints,
+    LISTENER_TYPE: grpc_listeners.generate_listeners,
+    ROUTE_TYPE: grpc_listeners.generate_routes,
     # The agent of a proxyless pod serves DNS too; its table is the same as a sidecar's.
     NAME_TABLE: names.generate,
 }

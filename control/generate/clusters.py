@@ -32,7 +32,15 @@ from envoy.extensions.clusters.dns.v3.dns_cluster_pb2 import DnsCluster
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 from google.protobuf.duration_pb2 import Duration
 
-from control.generate.common import (
+from control.generate.context import GenContext
+from control.generate.destination_policy import (
+    HTTP_OPTIONS_KEY,
+    ClusterPolicy,
+    apply_policy,
+    origination_socket,
+)
+from control.generate.mesh_tls import auto_mtls_matches, sni, upstream_socket
+from control.generate.plans import (
     BLACKHOLE_CLUSTER,
     CLUSTER_TYPE,
     CONNECT_TIMEOUT_SECONDS,
@@ -51,14 +59,6 @@ from control.generate.common import (
     variant_resource,
     warn_once,
 )
-from control.generate.context import GenContext
-from control.generate.policy import (
-    HTTP_OPTIONS_KEY,
-    ClusterPolicy,
-    apply_policy,
-    origination_socket,
-)
-from control.generate.tls import auto_mtls_matches, sni, upstream_socket
 from control.model.proxy import Proxy
 from control.model.traffic import ClientTls, TlsMode
 from control.xds.cache import Resource, ResourceSet

@@ -13,7 +13,8 @@ from collections.abc import Hashable
 
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 
-from control.generate.common import (
+from control.generate.context import GenContext
+from control.generate.plans import (
     ENDPOINT_TYPE,
     EndpointKey,
     OutboundCluster,
@@ -22,7 +23,6 @@ from control.generate.common import (
     locality_endpoints,
     outbound_plan,
 )
-from control.generate.context import GenContext
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet
 

@@ -43,7 +43,11 @@ from envoy.type.v3.hash_policy_pb2 import HashPolicy
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
-from control.generate.common import (
+from control.generate.authz_rbac import http_filters as http_rbac_filters
+from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.context import GenContext
+from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.plans import (
     LISTENER_TYPE,
     InboundPort,
     OutboundCluster,
@@ -62,11 +66,7 @@ from control.generate.common import (
     variant_resource,
     warn_once,
 )
-from control.generate.context import GenContext
-from control.generate.httproute import FAULT_FILTER
-from control.generate.rbac import http_filters as http_rbac_filters
-from control.generate.rbac import network_filters as network_rbac_filters
-from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.route_translation import FAULT_FILTER
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import TrafficPolicy

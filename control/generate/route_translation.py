@@ -37,8 +37,8 @@ from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
-from control.generate.common import pack
-from control.generate.policy import hash_policies
+from control.generate.destination_policy import hash_policies
+from control.generate.plans import pack
 from control.model.traffic import (
     NO_HEADERS,
     ConsistentHash,

@@ -19,7 +19,7 @@ address it may listen on (its IPs, `0.0.0.0`, `[::]`): one filter chain holding 
 HttpConnectionManager with a non-forwarding route (the server's own handlers answer), mTLS
 or plaintext as PeerAuthentication says (see `proxyless_tls`), and the workload's
 AuthorizationPolicies as RBAC HTTP filters before the router (gRFC A41), built by the same
-code as the sidecars' (`control/generate/rbac.py`): DENY, then ALLOW. Every matcher that code
+code as the sidecars' (`control/generate/authz_rbac.py`): DENY, then ALLOW. Every matcher that code
 emits is one gRPC evaluates: principals (the peer certificate's URI SAN, so nothing matches a
 plaintext caller), `url_path` (the gRPC method, `/pkg.Service/Method`), `destination_port`,
 headers (`:method` is always POST for gRPC), and and/or/not combinations.
@@ -75,7 +75,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 )
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.generate.common import (
+from control.generate.authz_rbac import http_filters as rbac_http_filters
+from control.generate.context import GenContext
+from control.generate.mesh_tls import grpc_downstream_socket, grpc_upstream_socket
+from control.generate.plans import (
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
     LISTENER_TYPE,
@@ -92,9 +95,6 @@ from control.generate.common import (
     socket_address,
     warn_once,
 )
-from control.generate.context import GenContext
-from control.generate.rbac import http_filters as rbac_http_filters
-from control.generate.tls import grpc_downstream_socket, grpc_upstream_socket
 from control.model.proxy import Proxy
 from control.model.traffic import TlsMode
 from control.model.types import (
@@ -194,7 +194,7 @@ def _claim(clusters: tuple[OutboundCluster, ...], client_namespace: str) -> tupl
 # --- generators ------------------------------------------------------------------------------
 
 # The set memo keys use id() of tuples that the push memo holds, which therefore stay alive
-# (and their ids unique) for the whole push, as in common.outbound_plan.
+# (and their ids unique) for the whole push, as in plans.outbound_plan.
 
 
 def generate_listeners(ctx: GenContext, proxy: Proxy) -> ResourceSet:
