@@ -20,7 +20,7 @@ from control.generate import (
     route_tables,
 )
 from control.generate.context import GenContext
-from control.generate.plans import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
 from protos.typeurls import NAME_TABLE

@@ -31,7 +31,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value, UInt64Value
 
 from control.generate.mesh_tls import TLS_SOCKET
-from control.generate.plans import pack
+from control.generate.wire import pack
 from control.model.traffic import (
     ClientTls,
     ConnectionPool,

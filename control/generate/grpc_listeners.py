@@ -75,26 +75,15 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 )
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from control.generate.addresses import is_ip, socket_address
 from control.generate.authz_rbac import http_filters as rbac_http_filters
 from control.generate.context import GenContext
+from control.generate.load_assignment import EndpointKey, endpoint_keys, parse_locality
 from control.generate.mesh_tls import grpc_downstream_socket, grpc_upstream_socket
-from control.generate.plans import (
-    CLUSTER_TYPE,
-    ENDPOINT_TYPE,
-    LISTENER_TYPE,
-    ROUTE_TYPE,
-    EndpointKey,
-    OutboundCluster,
-    ads_config_source,
-    endpoint_keys,
-    is_ip,
-    outbound_plan,
-    pack,
-    parse_locality,
-    service_inbound_ports,
-    socket_address,
-    warn_once,
-)
+from control.generate.plans import OutboundCluster, outbound_plan, service_inbound_ports
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
 from control.model.traffic import TlsMode
 from control.model.types import (

@@ -43,30 +43,26 @@ from envoy.type.v3.hash_policy_pb2 import HashPolicy
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
+from control.generate.addresses import socket_address
 from control.generate.authz_rbac import http_filters as http_rbac_filters
 from control.generate.authz_rbac import network_filters as network_rbac_filters
-from control.generate.context import GenContext
+from control.generate.context import GenContext, variant_resource
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import (
-    LISTENER_TYPE,
     InboundPort,
     OutboundCluster,
     OutboundPort,
-    ads_config_source,
     destination_cluster,
     destination_port,
     egress_bind,
-    inbound_cluster_name,
     inbound_ports,
-    listener_name,
     outbound_plan,
-    pack,
     sidecar_of,
-    socket_address,
-    variant_resource,
-    warn_once,
 )
+from control.generate.resource_names import LISTENER_TYPE, inbound_cluster_name, listener_name
 from control.generate.route_translation import FAULT_FILTER
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import TrafficPolicy

@@ -45,23 +45,14 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate import listeners_explicit
+from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
 from control.generate.context import GenContext
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
-from control.generate.plans import (
-    BLACKHOLE_CLUSTER,
-    LISTENER_TYPE,
-    PASSTHROUGH_CLUSTER,
-    WILDCARD_BIND,
-    OutboundPort,
-    ads_config_source,
-    inbound_ports,
-    is_ip,
-    outbound_plan,
-    pack,
-    socket_address,
-    warn_once,
-)
+from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
+from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet

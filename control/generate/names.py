@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from control.generate.addresses import is_ip
 from control.generate.context import GenContext
-from control.generate.plans import is_ip
 from control.model.proxy import Proxy
 from control.model.types import Service
 from control.xds.cache import Resource, ResourceSet

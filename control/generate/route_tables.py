@@ -15,22 +15,21 @@ from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate import listeners_redirect
-from control.generate.context import GenContext
+from control.generate.context import GenContext, variant_resource
 from control.generate.plans import (
-    ROUTE_TYPE,
     OutboundPort,
     destination_cluster,
     destination_port,
     outbound_plan,
-    variant_resource,
-    warn_once,
 )
+from control.generate.resource_names import ROUTE_TYPE
 from control.generate.route_translation import (
     DEFAULT_ROUTE,
     RouteSpec,
     WeightedCluster,
     build_route,
 )
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import ConsistentHash, Destination, HttpRoute, VirtualService

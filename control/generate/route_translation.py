@@ -38,7 +38,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
 from control.generate.destination_policy import hash_policies
-from control.generate.plans import pack
+from control.generate.wire import pack
 from control.model.traffic import (
     NO_HEADERS,
     ConsistentHash,

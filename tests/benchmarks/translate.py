@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from control.generate import GENERATORS
 from control.generate.context import GenContext, next_context
-from control.generate.plans import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.traffic import (

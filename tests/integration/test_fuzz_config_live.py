@@ -38,7 +38,7 @@ from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.generate import GENERATORS
 from control.generate.context import GenContext
-from control.generate.plans import CLUSTER_TYPE
+from control.generate.resource_names import CLUSTER_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import proxy_from_node
 from control.model.types import MeshConfig

@@ -25,7 +25,8 @@ from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpPro
 from control.generate import GENERATORS, authz_rbac
 from control.generate.context import GenContext
 from control.generate.mesh_tls import SDS_CLUSTER
-from control.generate.plans import CLUSTER_TYPE, LISTENER_TYPE, pack
+from control.generate.resource_names import CLUSTER_TYPE, LISTENER_TYPE
+from control.generate.wire import pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (

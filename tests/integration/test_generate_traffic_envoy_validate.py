@@ -11,7 +11,7 @@ import pytest
 
 from control.generate import GENERATORS
 from control.generate.context import GenContext
-from control.generate.plans import CLUSTER_TYPE, ROUTE_TYPE
+from control.generate.resource_names import CLUSTER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import proxy_from_node
 from control.xds.cache import ResourceCache

@@ -19,7 +19,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 
 from control.generate import GENERATORS, GRPC_GENERATORS, generators_for, grpc_listeners, names
 from control.generate.context import GenContext
-from control.generate.plans import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, warn_once
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.warn import warn_once
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
     MeshConfig,

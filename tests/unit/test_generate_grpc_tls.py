@@ -23,7 +23,7 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import (
 
 from control.generate import grpc_listeners
 from control.generate.context import GenContext
-from control.generate.plans import warn_once
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.traffic import ClientTls, DestinationRule, TlsMode, TrafficPolicy

@@ -32,16 +32,10 @@ from control.generate import (
     names,
     route_tables,
 )
+from control.generate.addresses import Upstream, parse_default_endpoint
 from control.generate.context import GenContext
-from control.generate.plans import (
-    CLUSTER_TYPE,
-    ENDPOINT_TYPE,
-    LISTENER_TYPE,
-    ROUTE_TYPE,
-    Upstream,
-    parse_default_endpoint,
-    warn_once,
-)
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
