@@ -14,6 +14,7 @@ from typing import Final
 from control.generate import (
     clusters,
     endpoints,
+    grpc_clusters,
     grpc_listeners,
     listeners_redirect,
     names,
@@ -37,8 +38,8 @@ GENERATORS: Final[dict[str, Generator]] = {
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
-    CLUSTER_TYPE: grpc_listeners.generate_clusters,
-    ENDPOINT_TYPE: grpc_listeners.generate_endpoints,
+    CLUSTER_TYPE: grpc_clusters.generate_clusters,
+    ENDPOINT_TYPE: grpc_clusters.generate_endpoints,
     LISTENER_TYPE: grpc_listeners.generate_listeners,
     ROUTE_TYPE: grpc_listeners.generate_routes,
     # The agent of a proxyless pod serves DNS too; its table is the same as a sidecar's.

@@ -41,7 +41,7 @@ from control.model.types import (
     SidecarScope,
 )
 
-# --- outbound plan --------------------------------------------------------------------------------
+# --- outbound plan ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -264,7 +264,7 @@ def destination_cluster(index: MeshIndex, dest: Destination, listener_port: int)
     return outbound_cluster_name(port, dest.host)
 
 
-# --- inbound plan ---------------------------------------------------------------------------------
+# --- inbound plan ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

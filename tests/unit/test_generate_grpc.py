@@ -17,7 +17,15 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpConnectionManager,
 )
 
-from control.generate import GENERATORS, GRPC_GENERATORS, generators_for, grpc_listeners, names
+from control.generate import (
+    GENERATORS,
+    GRPC_GENERATORS,
+    generators_for,
+    grpc_clusters,
+    grpc_listeners,
+    grpc_targets,
+    names,
+)
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.warn import warn_once
@@ -171,7 +179,7 @@ def test_each_listener_has_its_route_to_the_service_cluster() -> None:
     proxy = grpc_client()
     routes = decode_all(grpc_listeners.generate_routes(ctx, proxy), RouteConfiguration)
     assert set(routes) == set(grpc_listeners.generate_listeners(ctx, proxy))
-    clusters = set(grpc_listeners.generate_clusters(ctx, proxy))
+    clusters = set(grpc_clusters.generate_clusters(ctx, proxy))
     for name, rc in routes.items():
         [vhost] = rc.virtual_hosts
         assert list(vhost.domains) == ["*"]
@@ -221,7 +229,7 @@ def test_a_name_two_services_answer_to_goes_to_the_one_it_names(
 
 def test_clusters_are_eds_over_ads_round_robin() -> None:
     ctx = context(grpc_mesh())
-    got = decode_all(grpc_listeners.generate_clusters(ctx, grpc_client("other")), Cluster)
+    got = decode_all(grpc_clusters.generate_clusters(ctx, grpc_client("other")), Cluster)
     reviews = got["outbound|9080||reviews.default.svc.cluster.local"]
     assert reviews.type == Cluster.EDS
     assert reviews.eds_cluster_config.eds_config.HasField("ads")
@@ -233,7 +241,7 @@ def test_clusters_are_eds_over_ads_round_robin() -> None:
 
 def test_dns_service_entries_become_logical_dns(caplog: pytest.LogCaptureFixture) -> None:
     ctx = context(grpc_mesh())
-    got = decode_all(grpc_listeners.generate_clusters(ctx, grpc_client("other")), Cluster)
+    got = decode_all(grpc_clusters.generate_clusters(ctx, grpc_client("other")), Cluster)
 
     def target(name: str) -> str:
         cluster = got[name]
@@ -247,7 +255,7 @@ def test_dns_service_entries_become_logical_dns(caplog: pytest.LogCaptureFixture
     assert target("outbound|443||search.example.com") == "search.example.com:443"
     assert target("outbound|80||mirrors.example.com") == "a.mirrors.example.com:8080"
     assert "1 other endpoint(s) left out" in caplog.text
-    assert "outbound|80||mirrors.example.com" not in grpc_listeners.generate_endpoints(
+    assert "outbound|80||mirrors.example.com" not in grpc_clusters.generate_endpoints(
         ctx, grpc_client("other")
     )
 
@@ -260,10 +268,10 @@ def test_every_eds_cluster_has_a_load_assignment() -> None:
     proxy = grpc_client("other")
     eds = {
         name
-        for name, c in decode_all(grpc_listeners.generate_clusters(ctx, proxy), Cluster).items()
+        for name, c in decode_all(grpc_clusters.generate_clusters(ctx, proxy), Cluster).items()
         if c.type == Cluster.EDS
     }
-    assert set(grpc_listeners.generate_endpoints(ctx, proxy)) == eds
+    assert set(grpc_clusters.generate_endpoints(ctx, proxy)) == eds
 
 
 def test_load_assignments_have_weighted_localities(caplog: pytest.LogCaptureFixture) -> None:
@@ -280,7 +288,7 @@ def test_load_assignments_have_weighted_localities(caplog: pytest.LogCaptureFixt
         ),
     )
     ctx = context(config)
-    got = decode_all(grpc_listeners.generate_endpoints(ctx, grpc_client()), ClusterLoadAssignment)
+    got = decode_all(grpc_clusters.generate_endpoints(ctx, grpc_client()), ClusterLoadAssignment)
     reviews = got["outbound|9080||reviews.default.svc.cluster.local"]
     groups = {}
     for group in reviews.endpoints:
@@ -337,8 +345,8 @@ def test_sidecar_egress_scopes_a_grpc_client() -> None:
 
 def test_grpc_proxies_get_the_grpc_table() -> None:
     assert GRPC_GENERATORS == {
-        CLUSTER_TYPE: grpc_listeners.generate_clusters,
-        ENDPOINT_TYPE: grpc_listeners.generate_endpoints,
+        CLUSTER_TYPE: grpc_clusters.generate_clusters,
+        ENDPOINT_TYPE: grpc_clusters.generate_endpoints,
         LISTENER_TYPE: grpc_listeners.generate_listeners,
         ROUTE_TYPE: grpc_listeners.generate_routes,
         NAME_TABLE: names.generate,  # the agent's DNS table is the same for every proxy kind
@@ -388,7 +396,7 @@ def test_grpc_clients_share_serialized_resources_and_coexist_with_envoys() -> No
     push(grpc_mesh(reviews_2_address="127.0.2.9"))
     reviews = "outbound|9080||reviews.default.svc.cluster.local"
     assert cache.built == Counter(
-        {(ENDPOINT_TYPE, reviews, None): 1, (ENDPOINT_TYPE, reviews, grpc_listeners.VARIANT): 1}
+        {(ENDPOINT_TYPE, reviews, None): 1, (ENDPOINT_TYPE, reviews, grpc_targets.VARIANT): 1}
     )
 
 

@@ -21,7 +21,7 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import (
     UpstreamTlsContext,
 )
 
-from control.generate import grpc_listeners
+from control.generate import grpc_clusters, grpc_listeners
 from control.generate.context import GenContext
 from control.generate.warn import warn_once
 from control.model.index import MeshIndex, endpoints_only
@@ -125,7 +125,7 @@ def ctx_of(cfg: MeshConfig, *proxies: Proxy) -> GenContext:
 
 
 def echo_cluster(ctx: GenContext, client: Proxy) -> Cluster:
-    return decode_all(grpc_listeners.generate_clusters(ctx, client), Cluster)[ECHO_CLUSTER]
+    return decode_all(grpc_clusters.generate_clusters(ctx, client), Cluster)[ECHO_CLUSTER]
 
 
 def upstream(cluster: Cluster) -> UpstreamTlsContext | None:
@@ -313,7 +313,7 @@ def test_mesh_external_is_plaintext() -> None:
         mesh_external=True,
     )
     clusters = decode_all(
-        grpc_listeners.generate_clusters(
+        grpc_clusters.generate_clusters(
             ctx_of(config(MtlsMode.STRICT, extra=(external,)), client), client
         ),
         Cluster,
@@ -329,11 +329,11 @@ def test_tls_and_plain_clients_get_separate_cache_slots() -> None:
     cache = ResourceCache()
     for _ in range(2):
         ctx = GenContext(index(cfg, capable, plain, server), cache)
-        a = grpc_listeners.generate_clusters(ctx, capable)[ECHO_CLUSTER]
-        b = grpc_listeners.generate_clusters(ctx, plain)[ECHO_CLUSTER]
+        a = grpc_clusters.generate_clusters(ctx, capable)[ECHO_CLUSTER]
+        b = grpc_clusters.generate_clusters(ctx, plain)[ECHO_CLUSTER]
         assert a.any_bytes != b.any_bytes
     again = GenContext(index(cfg, capable, plain, server), cache)
-    assert grpc_listeners.generate_clusters(again, capable)[ECHO_CLUSTER] is a
+    assert grpc_clusters.generate_clusters(again, capable)[ECHO_CLUSTER] is a
 
 
 # --- listeners of a proxyless server -----------------------------------------------------------
