@@ -13,18 +13,14 @@ import functools
 from typing import Final
 
 from envoy.config.listener.v3.api_listener_pb2 import ApiListener
-from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
+from envoy.config.listener.v3.listener_components_pb2 import FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.rbac.v3.rbac_pb2 import RBAC
 from envoy.config.route.v3.route_components_pb2 import (
     NonForwardingAction,
-    Route,
     RouteAction,
-    RouteMatch,
-    VirtualHost,
 )
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
-from envoy.extensions.filters.http.router.v3.router_pb2 import Router
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
     HttpFilter,
@@ -34,6 +30,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 from control.generate.addresses import socket_address
 from control.generate.authz_rbac import http_filters as rbac_http_filters
 from control.generate.context import GenContext
+from control.generate.filters import catch_all_routes, hcm_filter, router_filter
 from control.generate.grpc_targets import (
     VARIANT,
     targets,
@@ -52,8 +49,6 @@ from control.model.types import (
 )
 from control.xds.cache import Resource, ResourceSet
 
-ROUTER_FILTER: Final = "envoy.filters.http.router"
-HCM_FILTER: Final = "envoy.filters.network.http_connection_manager"
 # Istio's listener name template for gRPC xDS servers (its agent writes it into the
 # bootstrap as `server_listener_resource_name_template`; `%s` is the listening IP:port).
 SERVER_LISTENER_PREFIX: Final = "xds.istio.io/grpc/lds/inbound/"
@@ -184,7 +179,7 @@ def build_listener(name: str) -> Listener:
     hcm = HttpConnectionManager(
         rds=Rds(config_source=ads_config_source(), route_config_name=name),
         # gRPC runs the filters in order and requires the router, a terminal filter, last.
-        http_filters=[HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router()))],
+        http_filters=[router_filter()],
     )
     return Listener(name=name, api_listener=ApiListener(api_listener=pack(hcm)))
 
@@ -203,22 +198,7 @@ def build_server_listener(
     Nothing goes into `filter_chain_match`: gRPC never matches a chain on SNI, ALPN or
     transport protocol."""
     hcm = HttpConnectionManager(
-        route_config=RouteConfiguration(
-            name="inbound",
-            virtual_hosts=[
-                VirtualHost(
-                    name="inbound",
-                    domains=["*"],
-                    routes=[
-                        Route(
-                            name="default",
-                            match=RouteMatch(prefix="/"),
-                            non_forwarding_action=NonForwardingAction(),
-                        )
-                    ],
-                )
-            ],
-        ),
+        route_config=catch_all_routes("inbound", "inbound", NonForwardingAction()),
         http_filters=[
             # gRPC runs them in order; the router, terminal, must come last. Unlike Envoy,
             # gRPC refuses a listener whose HTTP filters share a name: one per action.
@@ -226,12 +206,12 @@ def build_server_listener(
                 HttpFilter(name=f"{n}.{_RBAC_ACTIONS[cfg.rules.action]}", typed_config=pack(cfg))
                 for n, cfg in rbac_http_filters(policies)
             ),
-            HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router())),
+            router_filter(),
         ],
     )
     chain = FilterChain(
         name="inbound-mtls" if mtls else "inbound-plaintext",
-        filters=[Filter(name=HCM_FILTER, typed_config=pack(hcm))],
+        filters=[hcm_filter(hcm)],
     )
     if mtls:
         chain.transport_socket.CopyFrom(grpc_downstream_socket())
@@ -241,19 +221,4 @@ def build_server_listener(
 def build_route(name: str, cluster: str) -> RouteConfiguration:
     # The route configuration belongs to one listener name, hence one service: a single
     # catch-all virtual host also matches when the channel overrides its authority.
-    return RouteConfiguration(
-        name=name,
-        virtual_hosts=[
-            VirtualHost(
-                name=name,
-                domains=["*"],
-                routes=[
-                    Route(
-                        name="default",
-                        match=RouteMatch(prefix="/"),
-                        route=RouteAction(cluster=cluster),
-                    )
-                ],
-            )
-        ],
-    )
+    return catch_all_routes(name, name, RouteAction(cluster=cluster))

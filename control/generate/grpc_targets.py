@@ -53,12 +53,12 @@ from __future__ import annotations
 from typing import Final
 
 from control.generate.context import GenContext
+from control.generate.names import search_names
 from control.generate.plans import OutboundCluster, outbound_plan
 from control.generate.warn import warn_once
 from control.model.proxy import Proxy
 from control.model.types import (
     Protocol,
-    Service,
 )
 
 # Cache variant of every resource made here; see the module docstring.
@@ -77,19 +77,6 @@ def serves(cluster: OutboundCluster) -> bool:
     return (protocol.is_http or protocol is Protocol.UNKNOWN) and not (
         cluster.service.hostname.startswith("*")
     )
-
-
-def dial_names(service: Service, client_namespace: str) -> list[str]:
-    """Hosts a client may put in `xds:///HOST:PORT` for `service`: its FQDN and, for a
-    Kubernetes service, the DNS search-path forms (bare `svc` only in its own namespace)."""
-    names = [service.hostname]
-    if service.registry == "Kubernetes":
-        svc = f"{service.name}.{service.namespace}.svc"
-        if service.hostname.startswith(svc + "."):
-            names += [svc, f"{service.name}.{service.namespace}"]
-            if service.namespace == client_namespace:
-                names.append(service.name)
-    return names
 
 
 def grpc_clusters(ctx: GenContext, proxy: Proxy) -> tuple[OutboundCluster, ...]:
@@ -119,7 +106,7 @@ def _claim(clusters: tuple[OutboundCluster, ...], client_namespace: str) -> tupl
         owner[f"{cluster.service.hostname}:{cluster.port.port}"] = cluster
     for cluster in sorted(clusters, key=lambda c: (c.service.hostname, c.port.port)):
         port = cluster.port.port
-        for host in dial_names(cluster.service, client_namespace)[1:]:
+        for host in search_names(cluster.service, client_namespace)[1:]:
             name = f"{host}:{port}"
             first = owner.setdefault(name, cluster)
             if first is not cluster:

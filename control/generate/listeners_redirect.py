@@ -44,10 +44,17 @@ from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from control.config.formats import is_ip
 from control.generate import listeners_explicit
-from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
+from control.generate.addresses import WILDCARD_BIND, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
 from control.generate.context import GenContext
+from control.generate.filters import (
+    TLS_INSPECTOR_FILTER,
+    hcm_filter,
+    sidecar_hcm,
+    tcp_proxy,
+)
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
@@ -169,9 +176,7 @@ def _original_dst() -> ListenerFilter:
 
 
 def _tls_inspector() -> ListenerFilter:
-    return ListenerFilter(
-        name=listeners_explicit.TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector())
-    )
+    return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
 def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Listener:
@@ -190,13 +195,13 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
             match.server_names.extend(server_names)
             match.transport_protocol = "tls"
         if kind == "http":
-            hcm = listeners_explicit._hcm(f"outbound_{WILDCARD_BIND}_{number}")
+            hcm = sidecar_hcm(f"outbound_{WILDCARD_BIND}_{number}")
             hcm.rds.config_source.CopyFrom(ads_config_source())
             hcm.rds.route_config_name = str(number)
-            filters = [Filter(name=listeners_explicit.HCM_FILTER, typed_config=pack(hcm))]
+            filters = [hcm_filter(hcm)]
             name = f"{WILDCARD_BIND}_{number}"
         else:
-            filters = [listeners_explicit._tcp_proxy(cluster)]
+            filters = [tcp_proxy(cluster)]
             name = f"{cluster}|{','.join(prefixes)}"
         listener.filter_chains.append(
             FilterChain(name=name, filter_chain_match=match, filters=filters)
@@ -204,9 +209,7 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
     if any(server_names for _, _, _, server_names, _ in chains):
         listener.listener_filters.append(_tls_inspector())
     unknown = PASSTHROUGH_CLUSTER if policy == ALLOW_ANY else BLACKHOLE_CLUSTER
-    listener.default_filter_chain.CopyFrom(
-        FilterChain(name=unknown, filters=[listeners_explicit._tcp_proxy(unknown)])
-    )
+    listener.default_filter_chain.CopyFrom(FilterChain(name=unknown, filters=[tcp_proxy(unknown)]))
     return listener
 
 
@@ -286,7 +289,7 @@ def _passthrough_chains(
         Filter(name=n, typed_config=pack(cfg))
         for n, cfg in network_rbac_filters(policies, "inbound_passthrough")
     ]
-    filters = [*rbac, listeners_explicit._tcp_proxy(PASSTHROUGH_CLUSTER)]
+    filters = [*rbac, tcp_proxy(PASSTHROUGH_CLUSTER)]
     out: list[FilterChain] = []
     if mode in (MtlsMode.STRICT, MtlsMode.PERMISSIVE):
         chain = FilterChain(

@@ -16,6 +16,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate import listeners_redirect
 from control.generate.context import GenContext, variant_resource
+from control.generate.names import search_names
 from control.generate.plans import (
     OutboundPort,
     destination_cluster,
@@ -172,13 +173,7 @@ def domains_for(service: Service, port: int, client_namespace: str) -> list[str]
     """Every Host a client may send for `service`: its FQDN; for a Kubernetes service also the
     search-path forms `name.ns.svc`, `name.ns` and (same namespace only) `name`; the VIPs; each
     bare and with `:port`."""
-    names = [service.hostname]
-    if service.registry == "Kubernetes":
-        svc = f"{service.name}.{service.namespace}.svc"
-        if service.hostname.startswith(svc + "."):
-            names += [svc, f"{service.name}.{service.namespace}"]
-            if service.namespace == client_namespace:
-                names.append(service.name)
+    names = search_names(service, client_namespace)
     # A ServiceEntry address may be a CIDR, which is no Host value.
     names += [a for a in service.addresses if "/" not in a]
     out: list[str] = []

@@ -38,14 +38,15 @@ class EndpointIndex:
         services: tuple[Service, ...],
         service_by_host: Mapping[str, Service],
         workloads: tuple[Workload, ...],
+        *,
         security: SecurityIndex,
         trust_domain: str,
     ) -> None:
+        self._selectors: _SelectorIndex | None = None  # built by the first derive()
         self._services = services
         self._service_by_host = service_by_host
         self._security = security
         self._trust_domain = trust_domain
-        self._selectors: _SelectorIndex | None = None  # built by the first derive()
         self.workloads = workloads
         self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
         self._subset_endpoints: dict[str, dict[tuple[int, Labels], tuple[Endpoint, ...]]] = {}

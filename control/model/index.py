@@ -75,8 +75,8 @@ class MeshIndex:
             self.services,
             self.service_by_host,
             tuple(config.workload_entries) + tuple(registered),
-            self._security,
-            trust_domain,
+            security=self._security,
+            trust_domain=trust_domain,
         )
 
     # --- the next push ---------------------------------------------------------------------
