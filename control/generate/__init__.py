@@ -1,9 +1,23 @@
-"""Envoy configuration generators, one module per xDS type.
+"""Envoy configuration generators.
 
 `GENERATORS` maps a type URL to the function that computes that type's resources for an Envoy
 proxy (and the agent's DNS name table); `GRPC_GENERATORS` does the same for proxyless gRPC
 clients (node metadata `GENERATOR: grpc`), which need api_listeners named after the target
 they dial instead.
+
+Where each decision is made:
+
+- per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
+  interception mode NONE: bound listeners), listeners_redirect (LDS in mode REDIRECT:
+  virtualOutbound/virtualInbound), route_tables (RDS), names (NDS);
+- proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
+  (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
+- what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
+  (VirtualService HTTP route -> Envoy route), destination_policy (DestinationRule
+  trafficPolicy -> cluster settings), authz_rbac (AuthorizationPolicy -> RBAC filters),
+  mesh_tls (Istio mTLS transport sockets: SDS, auto mTLS, certificate providers), filters
+  (HCM, router, TCP proxy), load_assignment (endpoints -> locality groups), resource_names,
+  addresses, wire, warn; context (the per-push memo and resource cache).
 """
 
 from __future__ import annotations
