@@ -20,8 +20,7 @@ from envoy.config.endpoint.v3.endpoint_components_pb2 import (
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.config.formats import is_ip
-from control.generate.addresses import socket_address
+from control.generate.addresses import is_ip, socket_address
 from control.generate.context import GenContext
 from control.generate.grpc_targets import (
     VARIANT,

@@ -44,9 +44,8 @@ from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.config.formats import is_ip
 from control.generate import listeners_explicit
-from control.generate.addresses import WILDCARD_BIND, socket_address
+from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
 from control.generate.context import GenContext
 from control.generate.filters import (

@@ -17,8 +17,7 @@ from envoy.config.endpoint.v3.endpoint_components_pb2 import (
 )
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.config.formats import is_ip
-from control.generate.addresses import Upstream, socket_address
+from control.generate.addresses import Upstream, is_ip, socket_address
 from control.generate.warn import warn_once
 from control.model.types import (
     Endpoint,

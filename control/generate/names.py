@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from control.config.formats import is_ip
+from control.generate.addresses import is_ip
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
 from control.model.types import Service
