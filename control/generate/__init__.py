@@ -8,8 +8,9 @@ they dial instead.
 Where each decision is made:
 
 - per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
-  interception mode NONE: bound listeners), listeners_redirect (LDS in mode REDIRECT:
-  virtualOutbound/virtualInbound), route_tables (RDS), names (NDS);
+  interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
+  implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
+  route_tables (RDS), names (NDS);
 - proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
   (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
 - what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
