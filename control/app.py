@@ -27,6 +27,7 @@ from control.ca.serving import ServingCertificates
 from control.config.source import ConfigSource
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
+from control.debugaccess import DebugAllow, debug_middleware, debug_policy
 from control.kube.client import kube_config
 from control.kube.source import KubeSource
 from control.metrics import Metrics
@@ -96,6 +97,11 @@ class ControlPlaneOptions:
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
+    # --debug-allow: who may read /debug/* off loopback and all of syncz over TLS xDS (None:
+    # the control plane's own namespace); whether /debug/* needs that (None: judged by
+    # http_address, loopback is open; tests force it).
+    debug_allow: DebugAllow | None = None
+    debug_requires_auth: bool | None = None
     xds: XdsOptions = field(default_factory=XdsOptions)
 
     def security(self) -> SecurityOptions:
@@ -128,6 +134,7 @@ class ControlPlane:
             on_refused=lambda reason: self.metrics.registrations_refused.labels(reason).inc(),
         )
         self.watcher: ConfigSource = _config_source(options)  # KubeConfigError: bad kubeconfig
+        access = debug_policy(options)  # who may read the debug views
         self.security = SecurityStack(options.security(), self.metrics, self.watcher.kube_client)
         self.keeper = WorkloadKeeper(
             self.registry,
@@ -148,6 +155,7 @@ class ControlPlane:
             on_disconnect=self.keeper.proxy_disconnected,
             authorize=self.security.authorize_stream,
             trim=heap.malloc_trim(),
+            syncz_filter=access.visible_syncz,
         )
         self.pipeline = PushPipeline(
             self.watcher,
@@ -167,6 +175,7 @@ class ControlPlane:
             pushes=self.pipeline,
             resources=self.current.resources,
             registered=self.registry.workload_entries,
+            access=debug_middleware(access, lambda: self.security.call_auth),
         )
         self._grpc: grpc.aio.Server | None = None
         self.webhook: WebhookServer | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 # Imported for their side effect: the Any payloads in config_dump decode through the default
 # descriptor pool, which must know every type we generate (including nested typed_config).
@@ -108,6 +109,7 @@ class DebugServer:
         pushes: PushesView,
         resources: ResourcesFor,
         registered: Callable[[], list[dict[str, Any]]] = list,
+        access: Middleware | None = None,
     ) -> None:
         self._ready_now = ready
         self._render_metrics = metrics
@@ -118,10 +120,12 @@ class DebugServer:
         # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
         # objects (WorkloadRegistry.workload_entries); read-only, cheap.
         self._registered = registered
+        # Who may read /debug/* (control/debugaccess.py); None: everyone.
+        self._access = access
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str) -> int:
-        app = web.Application()
+        app = web.Application(middlewares=[self._access] if self._access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)

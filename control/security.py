@@ -84,6 +84,12 @@ class SecurityStack:
         self.webhook_serving: ServingCertificates | None = None
         self._call_auth: CallAuthenticator | None = None
 
+    @property
+    def call_auth(self) -> CallAuthenticator | None:
+        """The authenticator of the gRPC ports (set by start()); the debug views check HTTP
+        bearer tokens with it too."""
+        return self._call_auth
+
     async def start(self) -> None:
         ca, tokens = await asyncio.to_thread(self._load)
         self.ca, self.tokens = ca, tokens
@@ -172,10 +178,10 @@ class SecurityStack:
         self, context: grpc.aio.ServicerContext, proxy: Proxy
     ) -> Identity | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
-        identity, which is returned (auto-registration is bound to it); otherwise
-        StreamRefused. The plaintext port serves anyone (local use and tests, as DESIGN says)
-        but vouches for no one: None, even when a token is sent (over plaintext it can be
-        read and replayed)."""
+        identity, which is returned (auto-registration is bound to it, and syncz over xDS
+        shows it what --debug-allow lets it see); otherwise StreamRefused. The plaintext
+        port serves anyone (local use and tests, as DESIGN says) but vouches for no one:
+        None, even when a token is sent (over plaintext it can be read and replayed)."""
         if not is_secure(context):
             return None
         assert self._call_auth is not None

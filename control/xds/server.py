@@ -48,7 +48,7 @@ from control.xds.push import TokenBucket
 from control.xds.sotw import SotwStream
 from control.xds.state import RequestKind, RequestOutcome
 from control.xds.trim import HeapTrimmer
-from control.xds.views import syncz_resources
+from control.xds.views import SynczFilter, syncz_resources
 from control.xds.written import WrittenResponses
 from protos import typeurls
 from protos.ads import raw_ads_handler
@@ -113,8 +113,10 @@ class XdsServer:
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
+        syncz_filter: SynczFilter | None = None,
     ) -> None:
         self._source = source
+        self._syncz_filter = syncz_filter
         self._authorize = authorize
         self._metrics = metrics
         self._options = options
@@ -432,7 +434,10 @@ class XdsServer:
         if typeurls.DEBUG_SYNCZ in forced:
             # Computed on request from the streams themselves, never pushed.
             sets[typeurls.DEBUG_SYNCZ] = syncz_resources(
-                self.connections.values(), self._options.control_plane_id
+                self.connections.values(),
+                self._options.control_plane_id,
+                conn.identity,
+                self._syncz_filter,
             )
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()

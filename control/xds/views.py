@@ -6,17 +6,21 @@ xDS server only owns the streams.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from envoy.service.status.v3 import csds_pb2
 
+from control.ca.identity import Identity
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet, digest
 from control.xds.state import TypeStatus
 from protos import typeurls, wire
 
 _CLIENT_CONFIG = "type.googleapis.com/envoy.service.status.v3.ClientConfig"
+# The syncz entries a caller of syncz over xDS may see (None: an unauthenticated caller);
+# control/debugaccess.py's DebugPolicy.visible_syncz.
+SynczFilter = Callable[[list[dict[str, Any]], Identity | None], list[dict[str, Any]]]
 
 
 class Subscriptions(Protocol):
@@ -69,6 +73,7 @@ def syncz(streams: Iterable[Stream], control_plane_id: str) -> list[dict[str, An
         out.append(
             {
                 "proxy": conn.proxy.id,
+                "namespace": conn.proxy.namespace,
                 "stream": conn.id,
                 "istiod": control_plane_id,
                 "protocol": "delta" if conn.delta else "sotw",
@@ -89,11 +94,19 @@ def syncz(streams: Iterable[Stream], control_plane_id: str) -> list[dict[str, An
     return out
 
 
-def syncz_resources(streams: Iterable[Stream], control_plane_id: str) -> ResourceSet:
+def syncz_resources(
+    streams: Iterable[Stream],
+    control_plane_id: str,
+    caller: Identity | None = None,
+    syncz_filter: SynczFilter | None = None,
+) -> ResourceSet:
     """syncz as xDS resources (envoy.service.status.v3.ClientConfig, as Istio serves it),
-    one per stream, named by stream id."""
+    one per stream, named by stream id: those `syncz_filter` lets `caller` see."""
     out: list[Resource] = []
-    for entry in syncz(streams, control_plane_id):
+    entries = syncz(streams, control_plane_id)
+    if syncz_filter is not None:
+        entries = syncz_filter(entries, caller)
+    for entry in entries:
         cc = csds_pb2.ClientConfig()
         cc.node.id = entry["proxy"]
         cc.node.metadata.update({"CONTROL_PLANE_ID": entry["istiod"], "STREAM": entry["stream"]})
