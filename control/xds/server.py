@@ -19,15 +19,14 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from envoy.config.core.v3.base_pb2 import ControlPlane
 
 from control.ca.identity import Identity
 from control.metrics import Metrics
-from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
 from control.xds.connection import (
     NO_TYPES,
@@ -40,6 +39,12 @@ from control.xds.connection import (
     timed_out,
 )
 from control.xds.delta import DeltaStream
+
+# Re-exported: the hooks were defined here, and callers import them from here.
+from control.xds.hooks import ResourceSource as ResourceSource
+from control.xds.hooks import StreamAuthorizer as StreamAuthorizer
+from control.xds.hooks import StreamHook as StreamHook
+from control.xds.hooks import StreamRefused as StreamRefused
 
 # Re-exported: the server's options were defined here, and callers import them from here.
 from control.xds.options import XdsOptions as XdsOptions
@@ -54,49 +59,6 @@ from protos import typeurls
 from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
-
-
-class StreamRefused(Exception):
-    """Raised by a StreamAuthorizer to end a stream with this status and message."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-# Decides whether a stream may go on once its node is known, and who the caller is: returns
-# the authenticated identity (None: an unauthenticated stream, the plaintext port) or raises
-# StreamRefused (the TLS port authenticates the caller and checks that the node claims the
-# caller's own identity). Contract: called once per stream, before admission and before
-# `on_connect`; it may be async (Kubernetes mode asks the API server about tokens) and must
-# not call back into the server.
-StreamAuthorizer = Callable[
-    [grpc.aio.ServicerContext, Proxy], Identity | Awaitable[Identity | None] | None
-]
-# `on_connect(proxy, identity)` / `on_disconnect(proxy, identity)`: a stream of that proxy was
-# admitted / ended; `identity` is what the authorizer returned for it (None: unauthenticated).
-# Contract: called on the event loop, once each per admitted stream, in that order; they
-# must return at once (no I/O) and must not call back into the server: a change they cause
-# reaches the streams as a later push (`push_all`).
-StreamHook = Callable[[Proxy, Identity | None], None]
-
-
-class ResourceSource(Protocol):
-    """What the server needs from the rest of the control plane: the generated resources.
-
-    Contract: both calls are cheap reads of the newest push's state, answered on the event
-    loop without I/O; `resources` returns a set for every type asked (empty when the proxy
-    gets none) and never calls back into the server. The server calls them from its send
-    workers; the source tells the server of new state only through `push_all`."""
-
-    def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
-        """Current resource sets of the given types for one proxy."""
-        ...
-
-    def push_started_at(self) -> float:
-        """Monotonic time at which the current resources' push started."""
-        ...
 
 
 class XdsServer:
