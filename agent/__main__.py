@@ -25,8 +25,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 # from ~0.85 ms to ~0.55 ms (tests/benchmarks/relay.py). An operator's own setting wins.
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_listener")
 
-from agent import logsetup  # noqa: E402
 from agent.config import AgentConfigError, build_parser, config_from_args  # noqa: E402
+from pilotfish_common import logsetup  # noqa: E402
 
 logger = logging.getLogger("agent")
 

@@ -14,7 +14,7 @@ import sys
 # only exec Python. Set before anything imports grpc, as the agent does.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from control import logsetup
+from pilotfish_common import logsetup
 
 logger = logging.getLogger("control")
 

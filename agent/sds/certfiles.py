@@ -28,6 +28,7 @@ from typing import Final
 
 from agent.sds.resources import WORKLOAD_CERT
 from agent.sds.secrets import SecretManager, WorkloadCert
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class CertFileWriter:
+class CertFileWriter(Lifecycle):
     """Keeps the files equal to the secret manager's current workload certificate."""
 
     def __init__(self, secrets: SecretManager, paths: CertPaths) -> None:
@@ -151,13 +152,6 @@ class CertFileWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def __aenter__(self) -> CertFileWriter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _on_secret(self, name: str) -> None:
         if name == WORKLOAD_CERT:

@@ -43,6 +43,7 @@ from agent.sds.resources import (
 )
 from agent.sds.rotation import RotationPolicy, RotationSchedule
 from agent.sds.signer import CertificateSigner, SigningError, is_retryable
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class _WatchedFile:
     error: str = ""  # the last failure, logged once until it changes
 
 
-class SecretManager:
+class SecretManager(Lifecycle):
     """Holds the served secrets and keeps them fresh. One task drives each loop; watchers
     and `entries()` are used from the event loop only."""
 
@@ -225,13 +226,6 @@ class SecretManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-
-    async def __aenter__(self) -> SecretManager:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- state -----------------------------------------------------------------------------
 

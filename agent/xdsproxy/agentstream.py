@@ -17,16 +17,18 @@ import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import struct_pb2
 
-from agent.xdsproxy.backoff import Backoff, classify
+from agent.xdsproxy.errors import classify
 from agent.xdsproxy.handlers import HandlerError, HandlerRegistry
 from agent.xdsproxy.handlers import serialize as _serialize
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
+from pilotfish_common.backoff import Backoff
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
 
-class AgentStream:
+class AgentStream(Lifecycle):
     def __init__(
         self,
         upstream: UpstreamChannel,
@@ -57,13 +59,6 @@ class AgentStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def __aenter__(self) -> AgentStream:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _initial_requests(self) -> list[bytes]:
         out = []

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from cryptography import x509
 
+from pilotfish_common.lifecycle import Lifecycle
 from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _load_root(path: Path) -> bytes:
     return data
 
 
-class UpstreamChannel:
+class UpstreamChannel(Lifecycle):
     """Owns the grpc.aio channel; hands out raw-bytes ADS calls on it."""
 
     def __init__(
@@ -174,13 +175,6 @@ class UpstreamChannel:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def __aenter__(self) -> UpstreamChannel:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @property
     def channel(self) -> grpc.aio.Channel:

@@ -16,6 +16,7 @@ from control.ca.authority import CertificateAuthority, CsrError
 from control.ca.grpcauth import STATUS, CallAuthenticator
 from control.ca.signer import ProcessSigner, SignerFailed, SignerUnavailable
 from control.metrics import Metrics
+from pilotfish_common.lifecycle import Lifecycle
 from protos import ca_pb2, ca_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class CertificateService:
+class CertificateService(Lifecycle):
     """Owns the signing worker: `start()` before serving, `close()` after the gRPC server
     has stopped (calls still being signed then finish first)."""
 
@@ -47,13 +48,6 @@ class CertificateService:
 
     async def close(self) -> None:
         await self.signer.close()
-
-    async def __aenter__(self) -> CertificateService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(self, server)

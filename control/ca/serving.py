@@ -33,6 +33,7 @@ import grpc
 from cryptography import x509
 
 from control.ca.authority import SERVING_VALIDITY, CertificateAuthority
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def ssl_context_for(cert: ServingCert) -> ssl.SSLContext:
     return ctx
 
 
-class ServingCertificates:
+class ServingCertificates(Lifecycle):
     """One serving identity (a set of DNS names and IPs), re-issued at half its lifetime.
 
     `async with ServingCertificates(ca, names, ips)` or start() / close(). After start(),
@@ -123,13 +124,6 @@ class ServingCertificates:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def __aenter__(self) -> ServingCertificates:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- credentials that follow renewals ----------------------------------------------------
 

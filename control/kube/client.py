@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from pilotfish_common.lifecycle import Lifecycle
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -166,7 +168,7 @@ def _temp_file(data: bytes) -> str:
     return name
 
 
-class KubeClient:
+class KubeClient(Lifecycle):
     """One aiohttp session to the API server; `async with KubeClient(cfg)`."""
 
     def __init__(self, config: KubeConfig) -> None:
@@ -182,13 +184,6 @@ class KubeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def __aenter__(self) -> KubeClient:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.kube.client import ApiError, KubeClient
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class ConflictRetry:
         self.conflicts = 0
 
 
-class CaBundlePatcher:
+class CaBundlePatcher(Lifecycle):
     """`async with CaBundlePatcher(client, root_pem)`: syncs at start, then every `resync`."""
 
     def __init__(
@@ -153,13 +154,6 @@ class CaBundlePatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def __aenter__(self) -> CaBundlePatcher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def _loop(self) -> None:
         while True:

@@ -1,4 +1,4 @@
-"""Logging for the agent: `--log-level`, `--log-format text|json`."""
+"""Logging for every command: `--log-level`, `--log-format text|json`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import json
 import logging
 import sys
 import time
+
+# Chatty at info; kept at warning unless debugging. (The agent never loads aiohttp, so
+# quieting its access log there changes nothing.)
+_QUIETED = ("aiohttp.access", "grpc")
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,6 +35,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # grpc is chatty at info; keep it at warning unless debugging.
     if level.upper() != "DEBUG":
-        logging.getLogger("grpc").setLevel(logging.WARNING)
+        for name in _QUIETED:
+            logging.getLogger(name).setLevel(logging.WARNING)
