@@ -85,11 +85,6 @@ def field_bytes(field_number: int, payload: bytes) -> bytes:
     return b"".join((_tag(field_number), varint(len(payload)), payload))
 
 
-def field_string(field_number: int, s: str) -> bytes:
-    """One UTF-8 string field (always written, even when s is empty)."""
-    return field_bytes(field_number, s.encode())
-
-
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
     parts += (tag, varint(len(payload)), payload)
 
@@ -113,19 +108,6 @@ def any_bytes(type_url: str, value: bytes) -> bytes:
     if value:
         _put(parts, _T_ANY_VALUE, value)
     return b"".join(parts)
-
-
-def discovery_response(
-    version_info: str,
-    resources: Iterable[bytes],
-    type_url: str,
-    nonce: str,
-    control_plane: bytes | None = None,
-) -> bytes:
-    """A serialized ``DiscoveryResponse``; each resource is a serialized ``Any``."""
-    return discovery_response_block(
-        version_info, resources_block(resources), type_url, nonce, control_plane
-    )
 
 
 def resources_block(resources: Iterable[bytes]) -> bytes:
@@ -172,22 +154,6 @@ def delta_resource_field(name: str, version: str, any_payload: bytes) -> bytes:
     response's resources are such elements joined (``delta_discovery_response_block``)."""
     payload = delta_resource(name, version, any_payload)
     return b"".join((_T_DDR_RESOURCES, varint(len(payload)), payload))
-
-
-def delta_discovery_response(
-    system_version_info: str,
-    resources: Iterable[bytes],
-    type_url: str,
-    removed_resources: Iterable[str],
-    nonce: str,
-    control_plane: bytes | None = None,
-) -> bytes:
-    """A serialized ``DeltaDiscoveryResponse``; each resource is a serialized ``Resource``."""
-    parts: list[bytes] = []
-    _put_repeated(parts, _T_DDR_RESOURCES, resources)
-    return delta_discovery_response_block(
-        system_version_info, b"".join(parts), type_url, removed_resources, nonce, control_plane
-    )
 
 
 def delta_discovery_response_block(

@@ -232,25 +232,6 @@ def parse_save(text: str) -> NatState:
     return NatState(tuple(chains), tuple(jumps))
 
 
-def nat_lines(text: str) -> list[str]:
-    """The nat table's declaration and rule lines of an `iptables-save` dump, counters
-    zeroed: what tests compare before and after."""
-    out: list[str] = []
-    table = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("*"):
-            table = line[1:]
-            continue
-        if table != TABLE or not line or line.startswith("#") or line == "COMMIT":
-            continue
-        if line.startswith(":"):
-            name, policy = line[1:].split()[:2]
-            line = f":{name} {policy} [0:0]"
-        out.append(line)
-    return out
-
-
 # --- scripts for iptables-restore --noflush ----------------------------------------------------
 
 

@@ -286,20 +286,3 @@ class EnvoySupervisor(Lifecycle):
         # The process may exit between our check and the signal.
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
-
-    async def wait_admin(self, timeout: float = 20.0) -> None:
-        """Wait until the admin API answers (Envoy is up); EnvoyError if Envoy exits first or
-        `timeout` passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            if self.exited.is_set() or self._proc is None:
-                raise EnvoyError(f"Envoy exited (code {self.returncode}) before its admin")
-            try:
-                await fetch(self.admin_url + "/server_info", timeout=1.0)
-                return
-            except (HttpClientError, TimeoutError, OSError):
-                pass
-            if loop.time() > deadline:
-                raise EnvoyError(f"Envoy admin {self.admin_url} not up after {timeout}s")
-            await asyncio.sleep(0.05)

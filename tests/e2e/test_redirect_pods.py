@@ -19,11 +19,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.capture.rules import nat_lines
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.dns import UpstreamDns
+from tests.support.iptables import nat_lines
 from tests.support.netns import Pod, PodNetwork, pod_network
 
 pytestmark = pytest.mark.envoy
