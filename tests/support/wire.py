@@ -1,4 +1,4 @@
-"""Whole xDS responses in one call, for tests and benchmarks.
+"""Single fields and whole xDS responses in one call, for tests and benchmarks.
 
 The control plane frames cached resource blocks (`protos.wire.*_block`); a test that has a
 handful of serialized resources wants the response from them directly.
@@ -11,9 +11,14 @@ from collections.abc import Iterable
 from protos import wire
 
 
+def field_bytes(field_number: int, payload: bytes) -> bytes:
+    """One length-delimited field (always written, even when payload is empty)."""
+    return b"".join((wire.tag(field_number), wire.varint(len(payload)), payload))
+
+
 def field_string(field_number: int, s: str) -> bytes:
     """One UTF-8 string field (always written, even when s is empty)."""
-    return wire.field_bytes(field_number, s.encode())
+    return field_bytes(field_number, s.encode())
 
 
 def discovery_response(
@@ -38,7 +43,7 @@ def delta_discovery_response(
     control_plane: bytes | None = None,
 ) -> bytes:
     """A serialized ``DeltaDiscoveryResponse``; each resource is a serialized ``Resource``."""
-    block = b"".join(wire.field_bytes(wire.DDR_RESOURCES, r) for r in resources)
+    block = b"".join(field_bytes(wire.DDR_RESOURCES, r) for r in resources)
     return wire.delta_discovery_response_block(
         system_version_info, block, type_url, removed_resources, nonce, control_plane
     )
