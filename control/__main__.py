@@ -18,8 +18,6 @@ from pilotfish_common import logsetup
 
 logger = logging.getLogger("control")
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
 
 def _address(value: str) -> str:
     host, sep, port = value.rpartition(":")
@@ -213,8 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=200.0,
         help="new xDS streams admitted per second after a burst of twice as many",
     )
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    logsetup.add_arguments(p)
     return p
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -10,6 +11,15 @@ import time
 # Chatty at info; kept at warning unless debugging. (The agent never loads aiohttp, so
 # quieting its access log there changes nothing.)
 _QUIETED = ("aiohttp.access", "grpc")
+
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--log-level` and `--log-format`, which every command takes."""
+    parser.add_argument("--log-level", choices=LEVELS, default="info")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
 
 
 class JsonFormatter(logging.Formatter):

@@ -29,6 +29,7 @@ from typing import Final
 from agent.sds.resources import WORKLOAD_CERT
 from agent.sds.secrets import SecretManager, WorkloadCert
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +148,8 @@ class CertFileWriter(Lifecycle):
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     def _on_secret(self, name: str) -> None:
         if name == WORKLOAD_CERT:

@@ -44,6 +44,7 @@ from agent.sds.resources import (
 from agent.sds.rotation import RotationPolicy, RotationSchedule
 from agent.sds.signer import CertificateSigner, SigningError, is_retryable
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -220,11 +221,7 @@ class SecretManager(Lifecycle):
         ]
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel(*self._tasks)
         self._tasks = []
 
     # --- state -----------------------------------------------------------------------------

@@ -9,7 +9,6 @@ handler's error when it raises.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -24,6 +23,7 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
 from pilotfish_common.backoff import Backoff
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +54,8 @@ class AgentStream(Lifecycle):
             self._task = asyncio.create_task(self._run(), name="agent-stream")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     def _initial_requests(self) -> list[bytes]:
         out = []

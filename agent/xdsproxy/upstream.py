@@ -14,7 +14,6 @@ again for each call (tokens are rotated by whoever writes the file).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import grpc
 from cryptography import x509
 
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
 
 logger = logging.getLogger(__name__)
@@ -167,11 +167,8 @@ class UpstreamChannel(Lifecycle):
         logger.info("upstream channel to %s%s", self.target, " (TLS)" if self.tls else "")
 
     async def close(self) -> None:
-        if self._token_task is not None:
-            self._token_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._token_task
-            self._token_task = None
+        await cancel(self._token_task)
+        self._token_task = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

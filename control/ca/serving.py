@@ -19,7 +19,6 @@ swaps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -34,6 +33,7 @@ from cryptography import x509
 
 from control.ca.authority import SERVING_VALIDITY, CertificateAuthority
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -119,11 +119,8 @@ class ServingCertificates(Lifecycle):
         self._task = asyncio.create_task(self._renew_forever(), name="serving-cert-renewal")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     # --- credentials that follow renewals ----------------------------------------------------
 

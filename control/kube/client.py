@@ -208,17 +208,15 @@ class KubeClient(Lifecycle):
             return await _json_or_raise(r)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> Any:
-        async with self.session.post(
-            self.config.server + path,
-            data=json.dumps(body),
-            headers={**self._headers(), "Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as r:
-            return await _json_or_raise(r)
+        return await self._send("POST", path, body)
 
     async def replace(self, path: str, body: Mapping[str, Any]) -> Any:
         """PUT: an update, conditional on body.metadata.resourceVersion (409 when stale)."""
-        async with self.session.put(
+        return await self._send("PUT", path, body)
+
+    async def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
+        async with self.session.request(
+            method,
             self.config.server + path,
             data=json.dumps(body),
             headers={**self._headers(), "Content-Type": "application/json"},

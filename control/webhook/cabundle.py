@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import copy
 import enum
 import logging
@@ -30,6 +29,7 @@ from typing import Any
 
 from control.kube.client import ApiError, KubeClient
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -150,10 +150,7 @@ class CaBundlePatcher(Lifecycle):
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     async def _loop(self) -> None:
         while True:
