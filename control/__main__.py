@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
@@ -14,7 +13,7 @@ import sys
 # only exec Python. Set before anything imports grpc, as the agent does.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from pilotfish_common import logsetup
+from pilotfish_common import logsetup, signals
 
 logger = logging.getLogger("control")
 
@@ -261,9 +260,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"pilotfish-control: {e}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals.on_stop(stop.set)
     try:
         await cp.start()
     except (ConfigError, CaError, TemplateError) as e:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from control.config import formats
+from control.config import formats, protocols
 from control.config.fields import Context, Fields
-from control.model.types import Labels, labels_of
+from control.model.types import Labels, Protocol, labels_of
 
 ISTIO_NETWORKING_VERSIONS = (
     "networking.istio.io/v1",
@@ -48,6 +48,15 @@ def spec_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
     spec = root.need_map("spec")
     root.finish()
     return spec
+
+
+def istio_protocol(f: Fields, key: str, name: str, unknown: str = "unknown") -> Protocol:
+    """The protocol Istio calls `name` (the value of `f[key]`); fails `key`, naming the
+    protocols we serve, when we do not know or cannot serve it."""
+    protocol = protocols.from_istio_name(name)
+    if protocol is None:
+        f.fail(key, f"{unknown} protocol {name!r}; use one of {', '.join(protocols.ISTIO_NAMES)}")
+    return protocol
 
 
 def selector_labels(spec: Fields, key: str = "workloadSelector") -> Labels | None:

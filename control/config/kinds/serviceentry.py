@@ -7,6 +7,7 @@ from control.config.fields import Context, Fields
 from control.config.kinds.common import (
     ISTIO_NETWORKING_VERSIONS,
     check_endpoint_address,
+    istio_protocol,
     selector_labels,
     spec_of,
 )
@@ -120,13 +121,7 @@ def _ports(ctx: Context, spec: Fields) -> tuple[ServicePort, ...]:
             ctx.warn(f"{here}: protocol UDP is not supported; port {number} ignored")
             continue
         if protocol_name:
-            protocol = protocols.from_istio_name(protocol_name)
-            if protocol is None:
-                item.fail(
-                    "protocol",
-                    f"unknown protocol {protocol_name!r}; "
-                    f"use one of {', '.join(protocols.ISTIO_NAMES)}",
-                )
+            protocol = istio_protocol(item, "protocol", protocol_name)
         else:
             protocol = protocols.from_port_name(name) if name else Protocol.UNKNOWN
         out.append(ServicePort(name=name, port=number, protocol=protocol, target_port=target))
