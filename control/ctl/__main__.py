@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import shutil
 import sys
@@ -12,6 +11,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from control.ctl.configdump import KINDS
+from pilotfish_common.addresses import is_ip
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -138,7 +138,7 @@ async def _dump_resources(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     from control.ctl import configdump
 
-    if _is_ip(args.target):
+    if is_ip(args.target):
         host = f"[{args.target}]" if ":" in args.target else args.target
         query = "?include_eds" if args.kind == "endpoints" else ""
         url = f"http://{host}:{args.admin_port}/config_dump{query}"
@@ -155,14 +155,6 @@ async def _dump_resources(args: argparse.Namespace) -> list[dict[str, Any]]:
             continue
         return configdump.control_resources(dump, args.kind)
     raise configdump.DumpError("; ".join(errors))
-
-
-def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _token(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from control.config import formats, protocols
 from control.config.fields import Context, Fields
 from control.model.types import Labels, Protocol, labels_of
+from pilotfish_common.addresses import is_ip
 
 ISTIO_NETWORKING_VERSIONS = (
     "networking.istio.io/v1",
@@ -71,7 +72,7 @@ def selector_labels(spec: Fields, key: str = "workloadSelector") -> Labels | Non
 
 def check_endpoint_address(f: Fields, key: str, value: str, *, allow_hostname: bool) -> None:
     """An endpoint address: an IP, a hostname (when allowed) or a `unix://` socket path."""
-    if formats.is_ip(value):
+    if is_ip(value):
         return
     if value.startswith("unix://"):
         if value.startswith(("unix:///", "unix://@")) and len(value) > len("unix:///"):

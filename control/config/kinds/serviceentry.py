@@ -22,6 +22,7 @@ from control.model.types import (
     WorkloadEndpointSpec,
     labels_of,
 )
+from pilotfish_common.addresses import is_ip
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
@@ -92,7 +93,7 @@ def _hosts(spec: Fields) -> list[str]:
 def _addresses(spec: Fields) -> tuple[str, ...]:
     out: list[str] = []
     for path, address in spec.get_strs("addresses"):
-        if not (formats.is_ip(address) or formats.is_cidr(address)):
+        if not (is_ip(address) or formats.is_cidr(address)):
             spec.ctx.fail(path, f"must be an IP address or a CIDR range (got {address!r})")
         if address not in out:
             out.append(address)

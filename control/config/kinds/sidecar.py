@@ -19,6 +19,7 @@ from control.model.types import (
     SidecarPort,
     SidecarScope,
 )
+from pilotfish_common.addresses import is_ip
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
@@ -139,7 +140,7 @@ def _port(item: Fields, *, required: bool) -> SidecarPort | None:
 
 def _bind(item: Fields) -> str:
     bind = item.get_str("bind")
-    if bind and not formats.is_ip(bind):
+    if bind and not is_ip(bind):
         item.fail("bind", f"must be an IP address (got {bind!r})")
     return bind
 
