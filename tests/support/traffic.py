@@ -1,13 +1,120 @@
-"""Traffic-management manifests shared by unit and validate tests: every supported field of
-VirtualService and DestinationRule, against the services of the validate mesh."""
+"""Traffic-management manifests shared by unit, validate and Envoy tests: builders for the
+documents every traffic test starts from (a Service, its WorkloadEntries, version subsets, a
+header route, a weighted TCP split), and TRAFFIC_YAML with every supported field of
+VirtualService and DestinationRule, against the services of the validate mesh.
+
+Each builder returns one YAML document led by `---`, so a mesh is their concatenation."""
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 
 from control.config.loader import load_text
 from control.config.merge import merge
 from control.model.types import MeshConfig
+
+HTTP_PORT = 9080
+
+
+def service(
+    name: str,
+    app: str,
+    port: int = HTTP_PORT,
+    target: int | None = 8080,
+    proto: str = "http",
+    namespace: str = "default",
+) -> str:
+    """A Kubernetes Service selecting `app`, with one port (named `proto`); `target` None
+    leaves targetPort out (the port itself)."""
+    target_port = "" if target is None else f", targetPort: {target}"
+    return f"""
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  selector: {{app: {app}}}
+  ports: [{{name: {proto}, port: {port}{target_port}}}]
+"""
+
+
+def workload_entry(name: str, ip: str, namespace: str = "default", **labels: str) -> str:
+    shown = ", ".join(f"{k}: {v}" for k, v in labels.items())
+    return f"""
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {name}, namespace: {namespace}}}
+spec: {{address: "{ip}", labels: {{{shown}}}}}
+"""
+
+
+def subsets_rule(
+    name: str,
+    subsets: tuple[str, ...] = ("v1", "v2"),
+    *,
+    host: str = "",
+    label: str = "version",
+    policy: str = "",
+    namespace: str = "default",
+) -> str:
+    """A DestinationRule for `host` (default: `name`) with one subset per value of `label`,
+    and `policy` (flow YAML) as its trafficPolicy when given."""
+    lines = [
+        "---",
+        "apiVersion: networking.istio.io/v1",
+        "kind: DestinationRule",
+        f"metadata: {{name: {name}, namespace: {namespace}}}",
+        "spec:",
+        f"  host: {host or name}",
+    ]
+    if policy:
+        lines.append(f"  trafficPolicy: {policy}")
+    lines.append("  subsets:")
+    lines += (f"  - {{name: {s}, labels: {{{label}: {s}}}}}" for s in subsets)
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def header_route(name: str, marked: str = "v2", default: str = "v1") -> str:
+    """A VirtualService for host `name`: requests with `end-user: jason` go to subset
+    `marked`, all others to `default` (Istio's bookinfo example)."""
+    return f"""
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: {name}, namespace: default}}
+spec:
+  hosts: [{name}]
+  http:
+  - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
+    route: [{{destination: {{host: {name}, subset: {marked}}}}}]
+  - route: [{{destination: {{host: {name}, subset: {default}}}}}]
+"""
+
+
+def tcp_split(name: str, weights: Mapping[str, int]) -> str:
+    """A VirtualService sending host `name`'s TCP traffic to its subsets by weight."""
+    routes = "".join(
+        f"    - {{destination: {{host: {name}, subset: {subset}}}, weight: {weight}}}\n"
+        for subset, weight in weights.items()
+    )
+    return f"""
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: {name}, namespace: default}}
+spec:
+  hosts: [{name}]
+  tcp:
+  - route:
+{routes}"""
+
+
+def mesh_config(*parts: str, file: str = "mesh.yaml") -> MeshConfig:
+    """The merged config of one file made of `parts` (dedented together)."""
+    return merge([load_text(textwrap.dedent("".join(parts)), file)])
+
 
 TRAFFIC_YAML = textwrap.dedent(
     """
@@ -160,4 +267,4 @@ TRAFFIC_YAML = textwrap.dedent(
 
 
 def traffic_config() -> MeshConfig:
-    return merge([load_text(TRAFFIC_YAML, "traffic.yaml")])
+    return mesh_config(TRAFFIC_YAML, file="traffic.yaml")
