@@ -17,6 +17,14 @@ from control.model.types import MeshConfig
 HTTP_PORT = 9080
 
 
+def _document(kind: str, name: str, namespace: str, *spec: str) -> str:
+    """One document; `spec` are the lines below `spec:`."""
+    api = "v1" if kind == "Service" else "networking.istio.io/v1"
+    lines = ["---", f"apiVersion: {api}", f"kind: {kind}"]
+    lines += [f"metadata: {{name: {name}, namespace: {namespace}}}", "spec:", *spec]
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def service(
     name: str,
     app: str,
@@ -28,26 +36,20 @@ def service(
     """A Kubernetes Service selecting `app`, with one port (named `proto`); `target` None
     leaves targetPort out (the port itself)."""
     target_port = "" if target is None else f", targetPort: {target}"
-    return f"""
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: {namespace}}}
-spec:
-  selector: {{app: {app}}}
-  ports: [{{name: {proto}, port: {port}{target_port}}}]
-"""
+    return _document(
+        "Service",
+        name,
+        namespace,
+        f"  selector: {{app: {app}}}",
+        f"  ports: [{{name: {proto}, port: {port}{target_port}}}]",
+    )
 
 
 def workload_entry(name: str, ip: str, namespace: str = "default", **labels: str) -> str:
     shown = ", ".join(f"{k}: {v}" for k, v in labels.items())
-    return f"""
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: {name}, namespace: {namespace}}}
-spec: {{address: "{ip}", labels: {{{shown}}}}}
-"""
+    return _document(
+        "WorkloadEntry", name, namespace, f'  address: "{ip}"', f"  labels: {{{shown}}}"
+    )
 
 
 def subsets_rule(
@@ -61,54 +63,43 @@ def subsets_rule(
 ) -> str:
     """A DestinationRule for `host` (default: `name`) with one subset per value of `label`,
     and `policy` (flow YAML) as its trafficPolicy when given."""
-    lines = [
-        "---",
-        "apiVersion: networking.istio.io/v1",
-        "kind: DestinationRule",
-        f"metadata: {{name: {name}, namespace: {namespace}}}",
-        "spec:",
-        f"  host: {host or name}",
-    ]
+    spec = [f"  host: {host or name}"]
     if policy:
-        lines.append(f"  trafficPolicy: {policy}")
-    lines.append("  subsets:")
-    lines += (f"  - {{name: {s}, labels: {{{label}: {s}}}}}" for s in subsets)
-    return "\n" + "\n".join(lines) + "\n"
+        spec.append(f"  trafficPolicy: {policy}")
+    spec.append("  subsets:")
+    spec += (f"  - {{name: {s}, labels: {{{label}: {s}}}}}" for s in subsets)
+    return _document("DestinationRule", name, namespace, *spec)
 
 
 def header_route(name: str, marked: str = "v2", default: str = "v1") -> str:
     """A VirtualService for host `name`: requests with `end-user: jason` go to subset
     `marked`, all others to `default` (Istio's bookinfo example)."""
-    return f"""
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: {name}, namespace: default}}
-spec:
-  hosts: [{name}]
-  http:
-  - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
-    route: [{{destination: {{host: {name}, subset: {marked}}}}}]
-  - route: [{{destination: {{host: {name}, subset: {default}}}}}]
-"""
+    return _document(
+        "VirtualService",
+        name,
+        "default",
+        f"  hosts: [{name}]",
+        "  http:",
+        "  - match: [{headers: {end-user: {exact: jason}}}]",
+        f"    route: [{{destination: {{host: {name}, subset: {marked}}}}}]",
+        f"  - route: [{{destination: {{host: {name}, subset: {default}}}}}]",
+    )
 
 
 def tcp_split(name: str, weights: Mapping[str, int]) -> str:
     """A VirtualService sending host `name`'s TCP traffic to its subsets by weight."""
-    routes = "".join(
-        f"    - {{destination: {{host: {name}, subset: {subset}}}, weight: {weight}}}\n"
-        for subset, weight in weights.items()
+    return _document(
+        "VirtualService",
+        name,
+        "default",
+        f"  hosts: [{name}]",
+        "  tcp:",
+        "  - route:",
+        *(
+            f"    - {{destination: {{host: {name}, subset: {subset}}}, weight: {weight}}}"
+            for subset, weight in weights.items()
+        ),
     )
-    return f"""
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: {name}, namespace: default}}
-spec:
-  hosts: [{name}]
-  tcp:
-  - route:
-{routes}"""
 
 
 def mesh_config(*parts: str, file: str = "mesh.yaml") -> MeshConfig:
