@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) sysdeps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -p no:unraisableexception tests/unit tests/integration tests/e2e
+	$(BIN)/python -m pytest -q -p no:cacheprovider -p no:unraisableexception tests/unit tests/integration tests/e2e tests/security
 
 # The fuzz and property tests with FUZZ_SCALE times the examples `make test` runs (default
 # 20: several minutes); e.g. `make fuzz FUZZ_SCALE=100`. Failures are kept in .hypothesis/

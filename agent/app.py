@@ -32,6 +32,7 @@ from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
+from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
@@ -179,7 +180,7 @@ class Agent(Lifecycle):
         parts it does not need (agent stream, DNS, status server), so that its ~50 ms start
         runs on another core while those start here."""
         tl = self.timeline
-        await asyncio.to_thread(self.cfg.workdir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(make_workdir, self.cfg.workdir)
         loaded = self.handlers.load_entry_points()
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))

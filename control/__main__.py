@@ -44,6 +44,15 @@ def _duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _debug_allow(value: str) -> object:
+    from control.debugaccess import DebugAllow, DebugAllowError
+
+    try:
+        return DebugAllow.parse(value)
+    except DebugAllowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _optional_address(value: str) -> str:
     return value if value in ("", "off") else _address(value)
 
@@ -137,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_address,
         default="127.0.0.1:15014",
         help="HTTP address for /ready, /metrics, /debug/* (default %(default)s)",
+    )
+    p.add_argument(
+        "--debug-allow",
+        type=_debug_allow,
+        default=None,
+        metavar="NS/SA,...",
+        help="identities whose bearer token may read /debug/* on a non-loopback "
+        "--http-address (NS/* for a whole namespace; /ready and /metrics stay open, and on "
+        "loopback everything does), and every stream in syncz over TLS xDS (others see their "
+        "own namespace's); default: the control plane's own namespace, POD_NAMESPACE with "
+        "--kubernetes, else istio-system",
     )
     p.add_argument(
         "--state-dir",
@@ -245,6 +265,7 @@ async def _run(args: argparse.Namespace) -> int:
         injection_image=args.injection_image,
         injection_pilot_address=args.injection_pilot_address,
         webhook_config_name=args.webhook_config_name,
+        debug_allow=args.debug_allow,
         xds=XdsOptions(
             control_plane_id=args.id,
             max_concurrent_pushes=max(1, args.max_concurrent_pushes),

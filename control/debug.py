@@ -2,16 +2,20 @@
 
 Endpoints: /ready, /metrics, /debug/syncz, /debug/configz, /debug/config_dump?proxyID=,
 /debug/connections, /debug/pushz (the most recent pushes). Everything is read-only; it binds
-only where `--http-address` says.
+only where `--http-address` says. It decides how each view is laid out as JSON; what it shows
+comes from the few read-only views it is handed (the Protocols below), never from the
+control plane as a whole.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 # Imported for their side effect: the Any payloads in config_dump decode through the default
 # descriptor pool, which must know every type we generate (including nested typed_config).
@@ -27,10 +31,11 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa:
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import any_pb2, json_format
 
+from control.config.errors import ConfigError
+from control.model.proxy import Proxy
+from control.model.types import MeshConfig
+from control.xds.cache import ResourceSet
 from protos import typeurls
-
-if TYPE_CHECKING:
-    from control.app import ControlPlane
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +50,78 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
+class StreamsView(Protocol):
+    """The open ADS streams (control/xds/views.py's StreamViews). Contract: read-only, cheap,
+    answered on the event loop; rows are JSON-ready."""
+
+    def syncz(self) -> list[dict[str, Any]]: ...
+
+    def connections(self) -> list[dict[str, Any]]: ...
+
+    def proxy(self, name: str) -> Proxy | None:
+        """The connected proxy `name` means (node id or pod.namespace), or None."""
+        ...
+
+
+class ConfigView(Protocol):
+    """The config in use (a ConfigSource). Contract: read-only; `errors` are the inputs that
+    currently fail, `status()` the source's own JSON-ready summary."""
+
+    @property
+    def current(self) -> MeshConfig: ...
+
+    @property
+    def errors(self) -> Mapping[str, ConfigError]: ...
+
+    def status(self) -> Mapping[str, object]: ...
+
+
+class PushRecordView(Protocol):
+    """One push as JSON (control/pipeline.py's PushRecord); pure, read-only."""
+
+    def as_json(self) -> dict[str, object]: ...
+
+
+class PushesView(Protocol):
+    """The push history (control/pipeline.py's PushPipeline). Contract: read-only; `pushes`
+    counts every push since start, `push_log` holds the most recent ones, oldest first."""
+
+    @property
+    def pushes(self) -> int: ...
+
+    @property
+    def push_log(self) -> Iterable[PushRecordView]: ...
+
+
+# The resources generated for one proxy, by type (the current push's ResourceSource);
+# read-only and without I/O.
+ResourcesFor = Callable[[Proxy, Iterable[str]], Mapping[str, ResourceSet]]
+
+
 class DebugServer:
-    def __init__(self, cp: ControlPlane) -> None:
-        self._cp = cp
+    def __init__(
+        self,
+        *,
+        ready: Callable[[], bool],
+        metrics: Callable[[], bytes],
+        streams: StreamsView,
+        config: ConfigView,
+        pushes: PushesView,
+        resources: ResourcesFor,
+        access: Middleware | None = None,
+    ) -> None:
+        self._ready_now = ready
+        self._render_metrics = metrics
+        self._streams = streams
+        self._config = config
+        self._pushes = pushes
+        self._resources = resources
+        # Who may read /debug/* (control/debugaccess.py); None: everyone.
+        self._access = access
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str) -> int:
-        app = web.Application()
+        app = web.Application(middlewares=[self._access] if self._access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)
@@ -74,35 +144,35 @@ class DebugServer:
             self._runner = None
 
     async def _ready(self, request: web.Request) -> web.Response:
-        if self._cp.ready:
+        if self._ready_now():
             return web.Response(text="ready\n")
         return web.Response(text="not ready\n", status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self._cp.metrics.render()
+        body = self._render_metrics()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _syncz(self, request: web.Request) -> web.Response:
-        return _json(self._cp.xds.syncz())
+        return _json(self._streams.syncz())
 
     async def _connections(self, request: web.Request) -> web.Response:
-        return _json(self._cp.xds.connections_view())
+        return _json(self._streams.connections())
 
     async def _pushz(self, request: web.Request) -> web.Response:
-        """The last pushes, oldest first (at most control.app.PUSH_LOG_SIZE)."""
+        """The last pushes, oldest first (at most control.pipeline.PUSH_LOG_SIZE)."""
         return _json(
             {
-                "pushes": self._cp.pushes,
-                "recent": [r.as_json() for r in self._cp.push_log],
+                "pushes": self._pushes.pushes,
+                "recent": [r.as_json() for r in self._pushes.push_log],
             }
         )
 
     async def _configz(self, request: web.Request) -> web.Response:
-        config = self._cp.watcher.current
+        config = self._config.current
         objects = [
             {"source": {"file": ref.file, "line": ref.line}, **dict(obj)} for ref, obj in config.raw
         ]
-        errors = {path: str(err) for path, err in self._cp.watcher.errors.items()}
+        errors = {path: str(err) for path, err in self._config.errors.items()}
         warnings = [str(w) for w in config.warnings]
         return _json(
             {
@@ -111,7 +181,7 @@ class DebugServer:
                 "warnings": warnings,
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
-                "source": self._cp.watcher.status(),
+                "source": self._config.status(),
             }
         )
 
@@ -119,18 +189,11 @@ class DebugServer:
         proxy_id = request.query.get("proxyID", "")
         if not proxy_id:
             return _json({"error": "proxyID query parameter is required"}, status=400)
-        conn = next(
-            (
-                c
-                for c in self._cp.xds.connections.values()
-                if proxy_id in (c.proxy.id, f"{c.proxy.pod_name}.{c.proxy.namespace}")
-            ),
-            None,
-        )
-        if conn is None:
+        proxy = self._streams.proxy(proxy_id)
+        if proxy is None:
             return _json({"error": f"no connected proxy {proxy_id!r}"}, status=404)
-        sets = self._cp.resources(conn.proxy, _DUMP_TYPES)
-        out: dict[str, Any] = {"proxy": conn.proxy.id, "resources": {}}
+        sets = self._resources(proxy, _DUMP_TYPES)
+        out: dict[str, Any] = {"proxy": proxy.id, "resources": {}}
         for type_url, rs in sets.items():
             decoded = []
             for name in sorted(rs):

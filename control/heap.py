@@ -6,7 +6,7 @@ around those copies; the copies are freed once written, but glibc returns only t
 heap to the system, and what they leave between the streams' state stays in the process.
 After a storm of 5,000 proxies that was 1-4 KB per stream of RSS holding nothing (issue 9).
 `malloc_trim` hands those free pages back; the server calls it once a storm is over
-(XdsServer._schedule_trim).
+(control/xds/trim.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from google.protobuf.message import DecodeError
 
 from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
@@ -63,14 +64,18 @@ class SdsServer(Lifecycle):
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
+                # Requests arrive as bytes and are decoded here: one protobuf cannot parse
+                # (nested past its depth limit, say) ends that call with INVALID_ARGUMENT. A
+                # deserializer's DecodeError would escape into gRPC instead (the stream
+                # ended with OK and an unretrieved task exception; a fetch got UNKNOWN).
                 "StreamSecrets": grpc.stream_stream_rpc_method_handler(
                     self._stream,
-                    request_deserializer=DiscoveryRequest.FromString,
+                    request_deserializer=None,
                     response_serializer=DiscoveryResponse.SerializeToString,
                 ),
                 "FetchSecrets": grpc.unary_unary_rpc_method_handler(
-                    self._fetch,
-                    request_deserializer=DiscoveryRequest.FromString,
+                    self._fetch_raw,
+                    request_deserializer=None,
                     response_serializer=DiscoveryResponse.SerializeToString,
                 ),
             },
@@ -79,13 +84,14 @@ class SdsServer(Lifecycle):
     # --- StreamSecrets ---------------------------------------------------------------------
 
     async def _stream(
-        self, requests: AsyncIterator[DiscoveryRequest], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> None:
         sid = next(self._ids)
         state = SdsStream()
         # One queue carries both requests and change notices, so the stream's state is only
-        # ever touched by this task. None: the client closed its side.
-        events: asyncio.Queue[DiscoveryRequest | str | None] = asyncio.Queue()
+        # ever touched by this task. None: the client closed its side; an exception: its
+        # request could not be decoded.
+        events: asyncio.Queue[DiscoveryRequest | str | DecodeError | None] = asyncio.Queue()
 
         def on_change(name: str) -> None:
             if name in state.names:
@@ -99,6 +105,12 @@ class SdsServer(Lifecycle):
         try:
             while (event := await events.get()) is not None:
                 force = False
+                if isinstance(event, DecodeError):
+                    logger.info("SDS stream %d: malformed request: %s", sid, event)
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {event}"
+                    )
+                    return
                 if isinstance(event, DiscoveryRequest):
                     try:
                         outcome = state.receive(event)
@@ -146,6 +158,14 @@ class SdsServer(Lifecycle):
             held.add(name)
 
     # --- FetchSecrets ----------------------------------------------------------------------
+
+    async def _fetch_raw(self, raw: bytes, context: grpc.aio.ServicerContext) -> DiscoveryResponse:
+        try:
+            request = DiscoveryRequest.FromString(raw)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}")
+            raise  # not reached: abort raises
+        return await self._fetch(request, context)
 
     async def _fetch(
         self, request: DiscoveryRequest, context: grpc.aio.ServicerContext
@@ -205,12 +225,16 @@ class SdsServer(Lifecycle):
 
 
 async def _read(
-    requests: AsyncIterator[DiscoveryRequest],
-    events: asyncio.Queue[DiscoveryRequest | str | None],
+    requests: AsyncIterator[bytes],
+    events: asyncio.Queue[DiscoveryRequest | str | DecodeError | None],
 ) -> None:
     try:
-        async for req in requests:
-            events.put_nowait(req)
+        async for raw in requests:
+            try:
+                events.put_nowait(DiscoveryRequest.FromString(raw))
+            except DecodeError as e:
+                events.put_nowait(e)  # the stream ends with it; nothing after it is read
+                return
     except grpc.aio.AioRpcError:
         pass  # the client went away: same as a clean end
     finally:

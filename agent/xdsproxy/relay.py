@@ -128,8 +128,15 @@ class Relay:
             self._stats.on_error(kind)
             log = logger.info if kind == "expected" else logger.warning
             log("relay %s: upstream ended (%s: %s)", self.name, e.code, e.details)
-            # Envoy keeps its config and re-dials; the new stream waits for the channel.
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"upstream: {e.details}")
+            # Envoy keeps its config and re-dials; the new stream waits for the channel. A
+            # request the control plane could not take (malformed, no node) is the
+            # downstream's own error, and says so: re-sending it would only fail again.
+            code = (
+                grpc.StatusCode.INVALID_ARGUMENT
+                if e.code is grpc.StatusCode.INVALID_ARGUMENT
+                else grpc.StatusCode.UNAVAILABLE
+            )
+            await context.abort(code, f"upstream: {e.details}")
         finally:
             reader.cancel()
             writer.cancel()

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from control.ca.authn import AuthError
 from control.ca.authority import CertificateAuthority, CsrError
@@ -17,7 +18,9 @@ from control.ca.grpcauth import STATUS, CallAuthenticator
 from control.ca.signer import ProcessSigner, SignerFailed, SignerUnavailable
 from control.metrics import Metrics
 from pilotfish_common.lifecycle import Lifecycle
-from protos import ca_pb2, ca_pb2_grpc
+from protos import ca_pb2
+
+SERVICE = "istio.v1.auth.IstioCertificateService"
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,33 @@ class CertificateService(Lifecycle):
         await self.signer.close()
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(self, server)
+        # Requests arrive as bytes and are decoded in `_create_raw`: a request protobuf cannot
+        # parse (nested past its depth limit, say) is then the caller's INVALID_ARGUMENT. With
+        # the generated deserializer its DecodeError escapes into gRPC, which answers UNKNOWN
+        # and logs a traceback for each such call.
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "CreateCertificate": grpc.unary_unary_rpc_method_handler(
+                    self._create_raw,
+                    request_deserializer=None,
+                    response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+
+    async def _create_raw(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> ca_pb2.IstioCertificateResponse:
+        try:
+            request = ca_pb2.IstioCertificateRequest.FromString(raw)
+        except DecodeError as e:
+            self.metrics.csr_count.inc()
+            self.metrics.csr_parse_errors.inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}")
+            raise  # not reached: abort raises
+        return await self.CreateCertificate(request, context)
 
     async def CreateCertificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext

@@ -20,8 +20,11 @@ def discover(paths: Iterable[str], *, missing_ok: bool = False) -> list[str]:
     and *.json. Hidden files and directories (a leading '.') are skipped: editors keep swap
     files there, and Kubernetes ConfigMap volumes keep the real files under `..data/` behind
     visible symlinks, which would otherwise be loaded twice. A file reached twice (by two paths
-    or through symlinks) is listed once. A path that does not exist is a ConfigError unless
-    `missing_ok` (the watcher's rescans, where it simply has no files yet).
+    or through symlinks) is listed once. A symlink inside a directory that leads outside it
+    (to a file or a directory) is not followed: whoever may write the config directory must
+    not get the control plane to read other files (a warning says so, once per link). A path
+    that does not exist is a ConfigError unless `missing_ok` (the watcher's rescans, where it
+    simply has no files yet).
     """
     found: dict[str, str] = {}  # real path -> path as shown to the user
     for path in paths:
@@ -36,9 +39,38 @@ def discover(paths: Iterable[str], *, missing_ok: bool = False) -> list[str]:
     return sorted(found.values())
 
 
+# Links already warned about, (link, target): the watcher rescans every poll interval.
+_warned: set[tuple[str, str]] = set()
+_MAX_WARNED = 10_000
+
+
+def _inside(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _outside_link(path: str, root: str) -> bool:
+    """Whether `path` resolves outside `root` (a real path); warns the first time."""
+    real = os.path.realpath(path)
+    if _inside(real, root):
+        return False
+    key = (path, real)
+    if key not in _warned:
+        if len(_warned) >= _MAX_WARNED:
+            _warned.clear()
+        _warned.add(key)
+        logger.warning(
+            "config: ignoring %s: it is a symlink to %s, outside the config directory %s",
+            path,
+            real,
+            root,
+        )
+    return True
+
+
 def _walk(top: str) -> list[str]:
     out: list[str] = []
     visited: set[str] = set()
+    root = os.path.realpath(top)
 
     def on_error(exc: OSError) -> None:
         logger.debug("cannot list %s: %s", exc.filename, exc.strerror)
@@ -49,11 +81,15 @@ def _walk(top: str) -> list[str]:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not d.startswith(".") and not _outside_link(os.path.join(dirpath, d), root)
+        )
         for name in filenames:
             if name.startswith(".") or not name.lower().endswith(CONFIG_SUFFIXES):
                 continue
             file = os.path.join(dirpath, name)
-            if os.path.isfile(file):
+            if os.path.isfile(file) and not _outside_link(file, root):
                 out.append(file)
     return out

@@ -5,7 +5,8 @@ and stats the files, in a worker thread. When something changed it waits until n
 changed for `debounce` seconds (an editor or `kubectl cp` writes in several steps), reparses
 only the files that changed, and merges. A file that fails to load is logged once as
 `file:line: reason` and its previous good objects stay in use; the other files still update.
-`on_change` is called only when the merged MeshConfig is different from the current one.
+`on_change` (and every handler given to `subscribe`) is called only when the merged MeshConfig
+is different from the current one. It implements `control.config.source.ConfigSource`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from control.config.delivery import WarningLog, deliver
 from control.config.discovery import discover
@@ -27,6 +28,9 @@ from control.config.loader import DEFAULT_DOMAIN, load_bytes, read_file
 from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.model.types import MeshConfig
+
+if TYPE_CHECKING:
+    from control.kube.client import KubeClient
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +106,14 @@ class ConfigWatcher:
     def __init__(
         self,
         paths: Iterable[str],
-        on_change: OnChange,
+        on_change: OnChange | None = None,
         *,
         debounce: float = 0.1,
         poll_interval: float = 0.25,
         domain: str = DEFAULT_DOMAIN,
     ) -> None:
         self.paths = tuple(paths)
-        self.on_change = on_change
+        self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.debounce = debounce
         self.poll_interval = poll_interval
         self.domain = domain
@@ -181,6 +185,19 @@ class ConfigWatcher:
     def files(self) -> list[str]:
         """The files whose objects are in `current` (last good versions)."""
         return sorted(self._good)
+
+    def subscribe(self, handler: OnChange) -> None:
+        """Hand every later config to `handler` too (after the ones already subscribed)."""
+        self._handlers.append(handler)
+
+    @property
+    def kube_client(self) -> KubeClient | None:
+        return None  # files: no API server
+
+    def namespace_labels(self, namespace: str) -> None:
+        """Files have no namespaces: only a pod's own label or annotation asks for a
+        sidecar."""
+        del namespace
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -259,7 +276,8 @@ class ConfigWatcher:
                 len(merged.workload_entries),
                 len(merged.sidecars),
             )
-            await deliver(self.on_change, merged, logger)
+            for handler in self._handlers:
+                await deliver(handler, merged, logger)
 
     def _merge(
         self, candidates: dict[str, FileConfig]

@@ -120,8 +120,20 @@ def _proxy_config(args: argparse.Namespace) -> int:
     (read from the control plane's /debug/config_dump: what it generates)."""
     from control.ctl import configdump, table
 
+    token = ""
+    if args.token_file:
+        from pathlib import Path
+
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as err:
+            print(
+                f"pilotfish-ctl proxy-config: {err.filename}: {err.strerror or err}",
+                file=sys.stderr,
+            )
+            return 1
     try:
-        resources = _run(_dump_resources(args))
+        resources = _run(_dump_resources(args, token))
     except configdump.DumpError as e:
         print(f"pilotfish-ctl proxy-config: {e}", file=sys.stderr)
         return 1
@@ -133,7 +145,7 @@ def _proxy_config(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _dump_resources(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def _dump_resources(args: argparse.Namespace, token: str) -> list[dict[str, Any]]:
     from urllib.parse import quote
 
     from control.ctl import configdump
@@ -149,7 +161,7 @@ async def _dump_resources(args: argparse.Namespace) -> list[dict[str, Any]]:
     for address in _addresses(args.http_address, "127.0.0.1:15014"):
         url = f"http://{address}/debug/config_dump?proxyID={quote(args.target)}"
         try:
-            dump = await configdump.fetch_json(url, args.timeout)
+            dump = await configdump.fetch_json(url, args.timeout, token)
         except configdump.DumpError as e:
             errors.append(str(e))
             continue
@@ -325,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT[,...]",
         help="control-plane --http-address(es) to ask for a proxy id; repeatable or "
         "comma-separated, the first that knows the proxy answers (default 127.0.0.1:15014)",
+    )
+    pc.add_argument(
+        "--token-file",
+        default="",
+        metavar="PATH",
+        help="bearer token sent to the control plane's /debug/config_dump, needed off "
+        "loopback: an identity in its --debug-allow (`pilotfish-ctl token -n istio-system "
+        "-s ... --ttl 10m`); plain HTTP carries it readable, so keep it short-lived",
     )
     _output_and_timeout(pc, "seconds per request")
     ki = _command(

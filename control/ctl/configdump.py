@@ -58,11 +58,14 @@ class DumpError(Exception):
     """The dump could not be fetched or does not hold what was asked for."""
 
 
-async def fetch_json(url: str, timeout: float = 5.0) -> Any:
+async def fetch_json(url: str, timeout: float = 5.0, token: str = "") -> Any:
+    """GET `url` as JSON; `token` is sent as `Authorization: Bearer` (the control plane's
+    /debug/* off loopback needs one of an identity in its --debug-allow)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
-            session.get(url) as r,
+            session.get(url, headers=headers) as r,
         ):
             text = await r.text()
             if r.status != 200:

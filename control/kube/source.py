@@ -9,8 +9,8 @@ been listed (readiness waits for the initial sync); afterwards changes are merge
 quiet period and `on_change` is called when the MeshConfig differs. An object that fails to
 convert is reported once and its previous good version stays in use, as with a bad file.
 
-`KubeSource` has the interface of `ConfigWatcher` (`current`, `errors`, `start`, `close`,
-`status`), so the control plane uses either one the same way.
+`KubeSource` implements `control.config.source.ConfigSource`, as `ConfigWatcher` does, so the
+control plane uses either one the same way.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class KubeSource:
     def __init__(
         self,
         config: KubeConfig,
-        on_change: OnChange,
+        on_change: OnChange | None = None,
         *,
         domain: str = "cluster.local",
         debounce: float = 0.05,
@@ -156,7 +156,7 @@ class KubeSource:
     ) -> None:
         self.config = config
         self.client = KubeClient(config)
-        self.on_change = on_change
+        self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.domain = domain
         self.debounce = debounce
         self.watch_timeout = watch_timeout
@@ -217,6 +217,19 @@ class KubeSource:
     @property
     def files(self) -> list[str]:
         return [SOURCE_FILE]
+
+    @property
+    def kube_client(self) -> KubeClient:
+        return self.client
+
+    @property
+    def snapshot_at(self) -> None:
+        """Watch events carry no time at which the API server's state was read."""
+        return None
+
+    def subscribe(self, handler: OnChange) -> None:
+        """Hand every later config to `handler` too (after the ones already subscribed)."""
+        self._handlers.append(handler)
 
     def status(self) -> Mapping[str, object]:
         return {
@@ -305,7 +318,8 @@ class KubeSource:
             self._warnings.update(self.current.warnings)
             if merged != previous:
                 self.reloads += 1
-                await deliver(self.on_change, merged, logger)
+                for handler in self._handlers:
+                    await deliver(handler, merged, logger)
 
     def _build(self) -> MeshConfig:
         objects: list[ConfigObject] = []

@@ -19,25 +19,38 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import grpc
 from envoy.config.core.v3.base_pb2 import ControlPlane
-from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
-from envoy.service.status.v3 import csds_pb2
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 
+from control.ca.identity import Identity
 from control.metrics import Metrics
-from control.model.proxy import NodeError, Proxy, proxy_from_node
-from control.xds.cache import Resource, ResourceSet, digest
+from control.model.proxy import Proxy
+from control.xds.cache import ResourceSet
+from control.xds.connection import (
+    NO_TYPES,
+    Connection,
+    StreamError,
+    decode_request,
+    encode_response,
+    end_stream,
+    proxy_of,
+    timed_out,
+)
 from control.xds.delta import DeltaStream
+
+# Re-exported: the server's options were defined here, and callers import them from here.
+from control.xds.options import XdsOptions as XdsOptions
+from control.xds.options import grpc_stream_options as grpc_stream_options
 from control.xds.push import TokenBucket
-from control.xds.sotw import SotwResponse, SotwStream
-from control.xds.state import RequestKind, RequestOutcome, TypeStatus
-from protos import typeurls, wire
+from control.xds.sotw import SotwStream
+from control.xds.state import RequestKind, RequestOutcome
+from control.xds.trim import HeapTrimmer
+from control.xds.views import SynczFilter, syncz_resources
+from control.xds.written import WrittenResponses
+from protos import typeurls
 from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
@@ -45,14 +58,25 @@ logger = logging.getLogger(__name__)
 
 # Decides whether a stream may go on once its node is known: None to allow, or the status
 # and message to end it with (the TLS port authenticates the caller and checks that the node
-# claims the caller's own identity).
-_Refusal = tuple[grpc.StatusCode, str] | None
-# May be async (Kubernetes mode asks the API server about tokens).
+# claims the caller's own identity), or the caller's Identity to allow it as that caller.
+# Contract: called once per stream, before admission and before `on_connect`; it may be async
+# (Kubernetes mode asks the API server about tokens) and must not call back into the server.
+_Refusal = tuple[grpc.StatusCode, str] | Identity | None
 StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
+# `on_connect(proxy)` / `on_disconnect(proxy)`: a stream of that proxy was admitted / ended.
+# Contract: called on the event loop, once each per admitted stream, in that order; they
+# must return at once (no I/O) and must not call back into the server: a change they cause
+# reaches the streams as a later push (`push_all`).
+StreamHook = Callable[[Proxy], None]
 
 
 class ResourceSource(Protocol):
-    """What the server needs from the rest of the control plane (the generators)."""
+    """What the server needs from the rest of the control plane: the generated resources.
+
+    Contract: both calls are cheap reads of the newest push's state, answered on the event
+    loop without I/O; `resources` returns a set for every type asked (empty when the proxy
+    gets none) and never calls back into the server. The server calls them from its send
+    workers; the source tells the server of new state only through `push_all`."""
 
     def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
         """Current resource sets of the given types for one proxy."""
@@ -61,105 +85,6 @@ class ResourceSource(Protocol):
     def push_started_at(self) -> float:
         """Monotonic time at which the current resources' push started."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class XdsOptions:
-    control_plane_id: str = "pilotfish"
-    max_concurrent_pushes: int = 100
-    connection_rate: float = 200.0  # new streams admitted per second ...
-    connection_burst: float = 400.0  # ... after an initial burst of this many
-    send_timeout: float = 30.0  # a stream that cannot take a response this long is closed
-    # New streams gRPC holds until our handler takes them; beyond this many it refuses them
-    # (see grpc_stream_options).
-    max_pending_streams: int = 50_000
-    # Most a connection's read buffer stays at after a burst of requests (see
-    # grpc_stream_options).
-    max_read_buffer: int = 16 << 10
-    # Freed memory goes back to the system (the server's `trim`) `trim_idle` seconds after
-    # the send queue drains, once this many streams were opened since the last time: after
-    # a connection storm, not after pushes (see XdsServer._schedule_trim). 0: never.
-    trim_after_streams: int = 500
-    trim_idle: float = 1.0
-
-
-def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
-    """gRPC server options for taking thousands of streams at once.
-
-    The grpc.aio server takes incoming calls from gRPC core one per event-loop iteration, and
-    core refuses calls that wait to be taken beyond a backlog (by default, at random from
-    1,000 waiting and all from 3,000; the client sees CANCELLED). In a connection storm the
-    loop is busy answering the streams it already has, the backlog passes 1,000 and proxies
-    get errors instead of waiting their turn. Waiting calls cost a few hundred bytes in core;
-    the expensive part of a new stream starts after our own admission (the token bucket,
-    rule 9), which paces them. So the backlog is bounded only against a flood.
-
-    Each connection's socket reads into buffers gRPC allocates ahead, sized by how much the
-    last reads brought: a burst (a new Envoy's first requests, an EDS subscription naming a
-    thousand clusters; a SotW EDS ACK names them all again) grows that size, it shrinks by 1%
-    per read afterwards, and the unused part stays allocated between reads. Measured on 100
-    streams per connection, that was 10-30 KB per stream kept for nothing once the storm was
-    over (and with a connection per Envoy, as in a real mesh, it is per proxy). The clamp
-    bounds what is allocated ahead: a larger request is read in more reads of this size
-    (requests are small but for those bursts), and nothing changes on the wire."""
-    return [
-        ("grpc.max_concurrent_streams", 1 << 20),
-        ("grpc.server.max_pending_requests", options.max_pending_streams),
-        ("grpc.server.max_pending_requests_hard_limit", options.max_pending_streams),
-        ("grpc.experimental.tcp_max_read_buffer_size", options.max_read_buffer),
-    ]
-
-
-_NO_TYPES: frozenset[str] = frozenset()
-
-
-class _StreamError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass(eq=False, slots=True)
-class Connection:
-    """One ADS stream and what the server tracks about it."""
-
-    id: str
-    proxy: Proxy
-    delta: bool
-    state: SotwStream | DeltaStream
-    connected_at: float  # wall clock, for /debug/connections
-    context: grpc.aio.ServicerContext | None = None
-    handler: asyncio.Task[Any] | None = None  # the RPC's task (reads requests)
-    # Types that must be answered. Usually empty: then the shared _NO_TYPES, where an empty
-    # set (or a new empty frozenset: CPython does not share those) per stream would cost 216
-    # bytes on thousands of idle streams.
-    respond_types: frozenset[str] = _NO_TYPES
-    push_pending: bool = False
-    push_types: frozenset[str] | None = None  # types the pending push covers; None = all
-    # Start of the oldest push this stream has pending: a push coalesced into a later one
-    # converges when the later one is ACKed, and its convergence time counts from its own
-    # start, not the later one's.
-    push_since: float = 0.0
-    queued: bool = False  # waiting in the push queue
-    busy: bool = False  # a write is in progress; whoever holds it sends what is pending
-    closed: bool = False
-    error: _StreamError | None = None
-    # type_url -> (nonce, push start) for convergence time of pushed responses.
-    push_nonces: dict[str, tuple[str, float]] | None = None  # created on the first push
-
-    def status(self) -> list[TypeStatus]:
-        return self.state.status()
-
-    @property
-    def peer(self) -> str:
-        """The client's address (asked of gRPC when needed, not stored on every stream)."""
-        if self.context is None or self.closed:
-            return ""
-        try:
-            return str(self.context.peer())
-        except Exception:  # the RPC is already gone
-            return ""
 
 
 class XdsServer:
@@ -171,13 +96,15 @@ class XdsServer:
         metrics: Metrics,
         options: XdsOptions = XdsOptions(),
         *,
-        on_connect: Callable[[Proxy], None] | None = None,
-        on_disconnect: Callable[[Proxy], None] | None = None,
+        on_connect: StreamHook | None = None,
+        on_disconnect: StreamHook | None = None,
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
+        syncz_filter: SynczFilter | None = None,
     ) -> None:
         self._source = source
+        self._syncz_filter = syncz_filter
         self._authorize = authorize
         self._metrics = metrics
         self._options = options
@@ -194,15 +121,17 @@ class XdsServer:
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
-        self._by_type: dict[str, tuple[Any, Any, list[bytes | None]]] = {}
+        self._written = WrittenResponses(metrics)
         # Writes in progress: when they started and the task doing them (see _watch_writes).
         self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         # Giving freed memory back after storms (see XdsOptions.trim_after_streams).
-        self._trim = trim if options.trim_after_streams > 0 else None
-        self._opened = 0  # streams opened since the last trim
-        self._trim_timer: asyncio.TimerHandle | None = None
-        self.trims = 0  # how many times it ran; tests wait on it
+        self._trimmer = HeapTrimmer(
+            trim,
+            lambda: bool(self._workers or self._push_queue),
+            after_streams=options.trim_after_streams,
+            idle=options.trim_idle,
+        )
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -221,14 +150,17 @@ class XdsServer:
     async def close(self) -> None:
         """Stop the background tasks (the send watchdog and any send worker still running);
         call after the gRPC server has stopped, when no stream is left to serve."""
-        if self._trim_timer is not None:
-            self._trim_timer.cancel()
-            self._trim_timer = None
+        await self._trimmer.close()
         tasks = [*self._worker_tasks, *([self._watchdog] if self._watchdog else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watchdog = None
+
+    @property
+    def trims(self) -> int:
+        """How many times freed memory was given back (see control/xds/trim.py)."""
+        return self._trimmer.trims
 
     @property
     def send_workers(self) -> int:
@@ -277,15 +209,18 @@ class XdsServer:
         if first_raw is grpc.aio.EOF:
             return
         try:
-            first = _decode(first_raw, delta)
-            proxy = _proxy_of(first)
-        except _StreamError as e:
+            first = decode_request(first_raw, delta)
+            proxy = proxy_of(first)
+        except StreamError as e:
             await context.abort(e.code, e.message)
             return
+        identity: Identity | None = None
         if self._authorize is not None:
             verdict = self._authorize(context, proxy)
             refused = await verdict if inspect.isawaitable(verdict) else verdict
             del verdict  # the finished coroutine would otherwise live as long as the stream
+            if isinstance(refused, Identity):
+                identity, refused = refused, None
             if refused is not None:
                 logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
                 await context.abort(*refused)
@@ -295,9 +230,9 @@ class XdsServer:
             self._metrics.rate_limited.inc()
             await asyncio.sleep(wait)
         conn_id = f"{proxy.id}-{next(self._ids)}"
-        self._opened += 1
+        self._trimmer.stream_opened()
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
-        conn = Connection(conn_id, proxy, delta, state, time.time())
+        conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
@@ -323,16 +258,16 @@ class XdsServer:
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
             while (raw := await context.read()) is not grpc.aio.EOF:
-                self._handle_request(conn, _decode(raw, conn.delta))
+                self._handle_request(conn, decode_request(raw, conn.delta))
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
                     self._schedule(conn)
-        except _StreamError as e:
+        except StreamError as e:
             conn.error = e
         except grpc.aio.AioRpcError as e:
             logger.debug("stream %s read ended: %s", conn.id, e.code())
         except asyncio.CancelledError:
-            if not _timed_out(conn):
+            if not timed_out(conn):
                 raise
             # A send worker ended the stream (the client stopped reading): tell the client.
             handler = asyncio.current_task()
@@ -346,13 +281,13 @@ class XdsServer:
                 self._on_disconnect(proxy)
             logger.info("stream %s closed", conn_id)
         if conn.error is not None:
-            if not _timed_out(conn):
+            if not timed_out(conn):
                 self._metrics.stream_errors.labels("bad_request").inc()
-            await _end_stream(context, conn.error)
+            await end_stream(context, conn.error)
 
     def _handle_request(self, conn: Connection, req: Any) -> None:
         if not req.type_url:
-            raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
         outcome: RequestOutcome = conn.state.receive(req)
         short = typeurls.SHORT_NAMES.get(req.type_url, req.type_url)
         if outcome.kind is RequestKind.ACK:
@@ -411,40 +346,7 @@ class XdsServer:
             # worker starts only while fewer run than streams wait).
             self._workers -= 1
             if self._workers == 0 and not self._push_queue:
-                self._schedule_trim()
-
-    def _schedule_trim(self) -> None:
-        """The send queue drained: after a connection storm, give freed memory back a little
-        later, unless sending has started again by then.
-
-        Answering a new stream has gRPC copy each response (hundreds of kilobytes in a large
-        mesh) while the stream's own long-lived state is allocated around those copies;
-        glibc returns only the top of a heap, so what the copies leave between the streams'
-        state stays in the process, resident, after the storm (1-4 KB per stream at 5,000
-        proxies). After pushes to the streams already there it is not worth it: the next
-        push's copies reuse that room, and trimming it would only have the pages faulted in
-        again (and hold glibc's arena locks while gRPC threads wait)."""
-        if (
-            self._trim is None
-            or self._opened < self._options.trim_after_streams
-            or self._trim_timer is not None
-        ):
-            return
-        loop = asyncio.get_running_loop()
-        self._trim_timer = loop.call_later(self._options.trim_idle, self._trim_if_idle)
-
-    def _trim_if_idle(self) -> None:
-        self._trim_timer = None
-        if self._workers or self._push_queue or self._trim is None:
-            return  # busy again: the next drain schedules it
-        self._opened = 0
-        task = asyncio.get_running_loop().create_task(self._run_trim(self._trim))
-        self._worker_tasks.add(task)
-        task.add_done_callback(self._worker_tasks.discard)
-
-    async def _run_trim(self, trim: Callable[[], object]) -> None:
-        await asyncio.to_thread(trim)  # it walks every heap: not on the event loop
-        self.trims += 1
+                self._trimmer.drained()
 
     async def _send(
         self,
@@ -467,7 +369,7 @@ class XdsServer:
             try:
                 await context.write(data)
             except asyncio.CancelledError:
-                if not _timed_out(conn):
+                if not timed_out(conn):
                     raise
                 task.uncancel()  # our watchdog's cancellation, not the worker's
                 self._metrics.push_errors.labels(_short(type_url)).inc()
@@ -475,13 +377,7 @@ class XdsServer:
                 return False
             finally:
                 self._writing.pop(conn, None)
-            pushes, sizes, last = self._type_metrics(type_url)
-            pushes.inc()
-            if data is not last[0]:
-                # Streams share the bytes of identical responses: the size is observed once
-                # per distinct response, not once per stream.
-                last[0] = data
-                sizes.observe(len(data))
+            self._written.written(type_url, data)
         return True
 
     def _start_watchdog(self) -> None:
@@ -497,29 +393,15 @@ class XdsServer:
             now = self._clock()
             for conn, (started, task) in list(self._writing.items()):
                 if now - started > timeout and conn.error is None:
-                    conn.error = _StreamError(
+                    conn.error = StreamError(
                         grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
                     )
                     task.cancel()
 
-    def _type_metrics(self, type_url: str) -> tuple[Any, Any, list[bytes | None]]:
-        """The per-type metric children, looked up once (labels() is slow on a hot path),
-        and the last response observed for the size histogram."""
-        found = self._by_type.get(type_url)
-        if found is None:
-            short = _short(type_url)
-            found = (
-                self._metrics.pushes.labels(short),
-                self._metrics.config_size.labels(short),
-                [None],
-            )
-            self._by_type[type_url] = found
-        return found
-
     def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
         """Decide what to send now; returns encoded responses in order."""
         forced = conn.respond_types
-        conn.respond_types = _NO_TYPES
+        conn.respond_types = NO_TYPES
         push = conn.push_pending
         push_types = conn.push_types
         conn.push_pending = False
@@ -533,12 +415,18 @@ class XdsServer:
         wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
-            sets[typeurls.DEBUG_SYNCZ] = self.syncz_resources()
+            # Computed on request from the streams themselves, never pushed.
+            sets[typeurls.DEBUG_SYNCZ] = syncz_resources(
+                self.connections.values(),
+                self._options.control_plane_id,
+                conn.identity,
+                self._syncz_filter,
+            )
         frames: list[tuple[str, bytes]] = []
         answered: set[str] = set()
         if push:
             for resp in state.push({t: sets[t] for t in pushed}):
-                frames.append((resp.type_url, self._encode(resp)))
+                frames.append((resp.type_url, encode_response(resp, self._control_plane)))
                 if conn.push_nonces is None:
                     conn.push_nonces = {}
                 # From the oldest push this response carries (see Connection.push_since).
@@ -547,135 +435,9 @@ class XdsServer:
         for type_url in sorted(forced - answered):
             answer = state.respond(type_url, sets.get(type_url, ResourceSet(())), force=True)
             if answer is not None:
-                frames.append((type_url, self._encode(answer)))
+                frames.append((type_url, encode_response(answer, self._control_plane)))
         return frames
-
-    def _encode(self, resp: Any) -> bytes:
-        if isinstance(resp, SotwResponse):
-            body = resp.body
-            if resp.nonce == body.nonce:
-                return body.framed(resp.type_url, self._control_plane)
-            return wire.discovery_response_block(
-                body.version, body.block, resp.type_url, resp.nonce, self._control_plane
-            )
-        if resp.selection is not None:
-            shared: bytes = resp.selection.framed(
-                resp.type_url, resp.system_version_info, resp.nonce, self._control_plane
-            )
-            return shared
-        return wire.delta_discovery_response_block(
-            resp.system_version_info,
-            b"".join([r.delta_field() for r in resp.resources]),
-            resp.type_url,
-            list(resp.removed),
-            resp.nonce,
-            self._control_plane,
-        )
-
-    # --- debug -----------------------------------------------------------------------------
-
-    def syncz(self) -> list[dict[str, Any]]:
-        """One entry per connected stream (for /debug/syncz)."""
-        out = []
-        for conn in sorted(self.connections.values(), key=lambda c: c.id):
-            out.append(
-                {
-                    "proxy": conn.proxy.id,
-                    "stream": conn.id,
-                    "istiod": self._options.control_plane_id,
-                    "protocol": "delta" if conn.delta else "sotw",
-                    "types": {
-                        s.type_url: {
-                            "status": s.status.value,
-                            "sent_version": s.sent_version,
-                            "sent_nonce": s.sent_nonce,
-                            "acked_nonce": s.acked_nonce,
-                            "last_nack": s.last_nack,
-                            "resources": s.resource_count,
-                        }
-                        for s in conn.status()
-                        if s.type_url != typeurls.DEBUG_SYNCZ
-                    },
-                }
-            )
-        return out
-
-    def syncz_resources(self) -> ResourceSet:
-        """syncz as xDS resources (envoy.service.status.v3.ClientConfig, as Istio serves it)."""
-        type_url = "type.googleapis.com/envoy.service.status.v3.ClientConfig"
-        out: list[Resource] = []
-        for entry in self.syncz():
-            cc = csds_pb2.ClientConfig()
-            cc.node.id = entry["proxy"]
-            cc.node.metadata.update(
-                {"CONTROL_PLANE_ID": entry["istiod"], "STREAM": entry["stream"]}
-            )
-            for t, row in entry["types"].items():
-                g = cc.generic_xds_configs.add()
-                g.type_url = t
-                g.version_info = row["sent_version"]
-                g.config_status = csds_pb2.ConfigStatus.Value(row["status"])
-                if row["last_nack"]:
-                    g.error_state.details = row["last_nack"]
-            value = cc.SerializeToString(deterministic=True)
-            out.append(
-                Resource(entry["stream"], digest(value), type_url, wire.any_bytes(type_url, value))
-            )
-        return ResourceSet(out)
-
-    def connections_view(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": c.id,
-                "proxy": c.proxy.id,
-                "ip": c.proxy.ip,
-                "namespace": c.proxy.namespace,
-                "peer": c.peer,
-                "protocol": "delta" if c.delta else "sotw",
-                "connected_at": c.connected_at,
-                "subscribed": sorted(c.state.subscribed_types),
-            }
-            for c in sorted(self.connections.values(), key=lambda c: c.id)
-        ]
-
-
-def _timed_out(conn: Connection) -> bool:
-    return conn.error is not None and conn.error.code is grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-async def _end_stream(context: grpc.aio.ServicerContext, error: _StreamError) -> None:
-    """End the RPC with `error`'s status. After a send timeout the status waits behind the
-    response the client is not reading (HTTP/2 sends trailers after DATA; grpc.aio has no way
-    to reset a server stream), so a client that reads again gets the response and then this
-    status, and re-dials. If the client goes away first, core fails the batch: that is the
-    client cancelling, and is reported to gRPC as such (any other exception would be logged
-    by grpc.aio as a servicer error)."""
-    try:
-        await context.abort(error.code, error.message)
-    except grpc.aio.InternalError as e:
-        logger.debug("stream status not delivered, the client went away: %s", e)
-        raise asyncio.CancelledError from None
 
 
 def _short(type_url: str) -> str:
     return typeurls.SHORT_NAMES.get(type_url, type_url)
-
-
-def _decode(raw: bytes, delta: bool) -> DiscoveryRequest | DeltaDiscoveryRequest:
-    try:
-        return DeltaDiscoveryRequest.FromString(raw) if delta else DiscoveryRequest.FromString(raw)
-    except DecodeError as e:
-        raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}") from e
-
-
-def _proxy_of(first: DiscoveryRequest | DeltaDiscoveryRequest) -> Proxy:
-    """Rule 1: the node comes from the first request; a stream without one is refused."""
-    if not first.HasField("node") or not first.node.id:
-        raise _StreamError(
-            grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id"
-        )
-    metadata: Mapping[str, Any] = json_format.MessageToDict(first.node.metadata)
-    try:
-        return proxy_from_node(first.node.id, metadata)
-    except NodeError as e:
-        raise _StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e

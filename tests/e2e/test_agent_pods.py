@@ -92,7 +92,7 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
             assert json.loads(body)["app"] == "backend"
             # Both pods talk to the control plane through their agents: an Envoy stream and
             # an agent stream each.
-            streams = cp.xds.syncz()
+            streams = cp.views.syncz()
             proxies = {e["proxy"].split("~")[1] for e in streams}
             assert proxies == {client_ip, backend_ip}
             assert (

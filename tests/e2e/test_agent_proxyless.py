@@ -50,7 +50,7 @@ async def test_proxyless_client_through_agent(tmp_path: Path) -> None:
                 assert first.calls > 0
                 # Every stream of the pod rides the agent's single upstream connection.
                 assert established_to(cp.xds_port) == 1
-                assert {e["proxy"].split("~")[1] for e in cp.xds.syncz()} == {pod}
+                assert {e["proxy"].split("~")[1] for e in cp.views.syncz()} == {pod}
                 ready = await _ready(pod)
                 assert ready == 200
                 mesh.write_text(mesh_yaml(second_ip))

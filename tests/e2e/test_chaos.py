@@ -300,14 +300,14 @@ async def test_frozen_control_plane_is_detected_by_keepalive(tmp_path: Path) -> 
         )
         try:
             agent.start()
-            await eventually(lambda: envoy_synced(cp.xds.syncz(), ip), timeout=30)
+            await eventually(lambda: envoy_synced(cp.views.syncz(), ip), timeout=30)
             before = {c for c, conn in cp.xds.connections.items() if ip in conn.proxy.id}
             assert proxy.accepted == 1  # one connection carries every stream
             proxy.freeze()
             t0 = time.monotonic()
 
             def resynced() -> bool:
-                rows = [e for e in cp.xds.syncz() if e["stream"] not in before]
+                rows = [e for e in cp.views.syncz() if e["stream"] not in before]
                 return envoy_synced(rows, ip)
 
             # Keepalive: a ping after 10 s, unanswered for 2 s -> reconnect (plus backoff).
@@ -629,7 +629,7 @@ async def test_config_flapping_every_50ms_ends_on_the_last_config(tmp_path: Path
                     lambda: (
                         not [
                             1
-                            for e in cp.xds.syncz()
+                            for e in cp.views.syncz()
                             for v in e["types"].values()
                             if v["status"] != "SYNCED"
                         ]

@@ -67,7 +67,7 @@ async def test_control_plane_restart_under_load(tmp_path: Path) -> None:
             t0 = time.monotonic()
 
             def synced() -> bool:
-                rows = [e for e in cp2.xds.syncz() if client_ip in e["proxy"]]
+                rows = [e for e in cp2.views.syncz() if client_ip in e["proxy"]]
                 return any(
                     len(e["types"]) >= 4
                     and all(v["status"] == "SYNCED" for v in e["types"].values())

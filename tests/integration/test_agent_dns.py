@@ -398,7 +398,7 @@ async def test_rejected_name_table_is_a_nack_in_syncz(tmp_path: Path) -> None:
             (config / "forbidden.yaml").write_text(FORBIDDEN)
 
             def nack() -> str:
-                for stream in cp.xds.syncz():
+                for stream in cp.views.syncz():
                     row = stream["types"].get(typeurls.NAME_TABLE)
                     if row and row["last_nack"]:
                         return str(row["last_nack"])
@@ -432,7 +432,7 @@ async def test_not_ready_until_a_name_table_is_accepted(tmp_path: Path) -> None:
             def nacked() -> bool:
                 return any(
                     (row := s["types"].get(typeurls.NAME_TABLE)) and row["last_nack"]
-                    for s in cp.xds.syncz()
+                    for s in cp.views.syncz()
                 )
 
             await eventually(nacked, timeout=5, what="NDS NACK in syncz")

@@ -133,7 +133,7 @@ async def test_relay_forwards_exact_bytes_and_uses_one_connection(
             await asyncio.sleep(0.2)
             assert proxy.server.active == 2
             assert established_to(cp.xds_port) == 1
-            streams = {e["stream"] for e in cp.xds.syncz()}
+            streams = {e["stream"] for e in cp.views.syncz()}
             assert len(streams) == 3
             # The same request straight to the control plane gets the same resources.
             async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as direct_ch:
@@ -162,7 +162,7 @@ async def test_handler_error_is_a_nack_visible_in_syncz(cp: ControlPlane, tmp_pa
     async with Proxy(cp, tmp_path, handlers) as proxy:
 
         def nacked() -> str:
-            for entry in cp.xds.syncz():
+            for entry in cp.views.syncz():
                 row = entry["types"].get(CDS)
                 if row and row["status"] == "ERROR":
                     return str(row["last_nack"])

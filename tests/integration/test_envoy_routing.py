@@ -160,7 +160,7 @@ async def test_envoy_routes_by_host_and_follows_config(tmp_path: Path, delta: bo
             )
             assert (await get_app(client_ip, "alpha"))[1] == "alpha"
             assert envoy.proc is not None and envoy.proc.poll() is None
-            syncz = cp.xds.syncz()
+            syncz = cp.views.syncz()
             assert len(syncz) == 1 and syncz[0]["protocol"] == ("delta" if delta else "sotw")
         finally:
             envoy.stop()
@@ -209,7 +209,7 @@ async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_p
             # The push named alpha's assignment only: beta's EDS watch was not even called.
             assert (await envoy.stat(f"{alpha_cluster}.update_attempt") or 0) > alpha_updates
             assert await envoy.stat(f"{beta_cluster}.update_attempt") == beta_updates
-            (row,) = cp.xds.syncz()
+            (row,) = cp.views.syncz()
             eds = row["types"][typeurls.ENDPOINT]
             assert (eds["status"], eds["resources"]) == ("SYNCED", 2)
         finally:

@@ -198,7 +198,7 @@ async def test_grpc_client_reaches_backend_and_follows_workload_entry(tmp_path: 
 
             # grpc keeps one XdsClient, hence one ADS stream, per channel target; each stream
             # subscribed to exactly its one listener (never a wildcard) and ACKed every type.
-            streams = cp.xds.syncz()
+            streams = cp.views.syncz()
             assert len(streams) == len(TARGETS)
             for stream in streams:
                 assert stream["proxy"].startswith("sidecar~127.0.0.1~grpcclient.default~")
@@ -256,7 +256,7 @@ async def test_grpc_client_resolves_a_dns_service_entry(tmp_path: Path) -> None:
         boot.write_text(json.dumps(bootstrap(cp.xds_port)))
         async with grpc_client(boot, (target,)) as client:
             await client.wait_for("dns", timeout=10)
-            [stream] = cp.xds.syncz()
+            [stream] = cp.views.syncz()
             assert {row["status"] for row in stream["types"].values()} == {"SYNCED"}
             assert not any(t.endswith("ClusterLoadAssignment") for t in stream["types"]), (
                 "a LOGICAL_DNS cluster needs no EDS"

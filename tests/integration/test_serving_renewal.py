@@ -57,9 +57,17 @@ def presented(cp: ControlPlane, port: int, alpn: str) -> x509.Certificate:
 
 
 async def serials(cp: ControlPlane) -> tuple[int, int, int]:
-    grpc_cert = await asyncio.to_thread(presented, cp, cp.secure_xds_port, "h2")
-    mtls_cert = await asyncio.to_thread(presented, cp, cp.mtls_xds_port, "h2")
-    webhook_cert = await asyncio.to_thread(presented, cp, cp.webhook_port, "http/1.1")
+    """The serials the three ports present, read while no renewal happened: a renewal every
+    1.5 s can fall between two of the three handshakes on a loaded machine, and the
+    comparison with `current` would then be between two different moments."""
+    assert cp.serving is not None and cp.webhook_serving is not None
+    for _ in range(20):
+        before = (cp.serving.renewals, cp.webhook_serving.renewals)
+        grpc_cert = await asyncio.to_thread(presented, cp, cp.secure_xds_port, "h2")
+        mtls_cert = await asyncio.to_thread(presented, cp, cp.mtls_xds_port, "h2")
+        webhook_cert = await asyncio.to_thread(presented, cp, cp.webhook_port, "http/1.1")
+        if before == (cp.serving.renewals, cp.webhook_serving.renewals):
+            break
     return grpc_cert.serial_number, mtls_cert.serial_number, webhook_cert.serial_number
 
 

@@ -65,7 +65,7 @@ async def http_get(url: str, host: str | None = None) -> tuple[int, str]:
 
 
 def syncz_statuses(cp: ControlPlane) -> dict[str, str]:
-    rows = cp.xds.syncz()
+    rows = cp.views.syncz()
     if not rows:
         return {}
     return {typeurls.SHORT_NAMES[t]: v["status"] for t, v in rows[0]["types"].items()}
@@ -123,7 +123,7 @@ async def test_syncz_synced_then_error_after_nack_and_bad_yaml_keeps_serving(
             # rest of a listener update, so the old listener is gone until the config is fixed.)
             (cfg / "sidecar.yaml").write_text(UNBINDABLE_SIDECAR)
             await eventually(lambda: syncz_statuses(cp).get("LDS") == "ERROR", what="LDS ERROR")
-            nack = cp.xds.syncz()[0]["types"][typeurls.LISTENER]["last_nack"]
+            nack = cp.views.syncz()[0]["types"][typeurls.LISTENER]["last_nack"]
             assert "192.0.2.10" in nack, nack
             # Fixing the config clears the error and brings the listener back.
             (cfg / "sidecar.yaml").unlink()

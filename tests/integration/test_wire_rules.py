@@ -306,7 +306,7 @@ async def test_rule9_pushes_are_debounced(setup) -> None:
 
 
 def _syncz_type(cp: ControlPlane, type_url: str, status: str) -> dict | None:
-    for entry in cp.xds.syncz():
+    for entry in cp.views.syncz():
         row = entry["types"].get(type_url)
         if row and row["status"] == status:
             return row

@@ -95,7 +95,7 @@ def first_request(delta: bool, pod: str) -> Any:
 def cds_sent(cp: ControlPlane) -> bool:
     """The server has started writing the CDS response (the stream's nonce is recorded
     before the write)."""
-    return any(row["types"].get(typeurls.CLUSTER, {}).get("sent_nonce") for row in cp.xds.syncz())
+    return any(row["types"].get(typeurls.CLUSTER, {}).get("sent_nonce") for row in cp.views.syncz())
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])

@@ -14,13 +14,13 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import UpstreamTlsContext
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from control.app import _shape
 from control.generate import GENERATORS
 from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import MeshConfig, Workload
+from control.pipeline import _shape
 from control.xds.cache import ResourceCache, ResourceSet
 from tests.support.traffic import (
     header_route,

@@ -1,0 +1,272 @@
+"""The push pipeline: config source → mesh index → generator context → the xDS server.
+
+It decides when a push happens (debounced change notifications from the config source and the
+workload registry, wire rule 9; or `push_now`), what a push is (full, or EDS only when only
+workloads moved) and what is remembered of recent pushes (/debug/pushz). Streams never get
+resources from here directly: a push marks them (`PushTarget.push_all`) and the xDS server's
+send workers then pull the newest state from `CurrentPush.resources`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from control.config.source import ConfigSource
+from control.generate import generators_for
+from control.generate.context import GenContext, next_context
+from control.metrics import Metrics
+from control.model.index import MeshIndex, endpoints_only, rules_of
+from control.model.proxy import Proxy
+from control.model.types import MeshConfig, Workload
+from control.xds.cache import EMPTY, ResourceCache, ResourceSet
+from control.xds.push import PushLoop
+from protos.typeurls import ENDPOINT
+
+logger = logging.getLogger(__name__)
+
+_EDS_ONLY = frozenset((ENDPOINT,))
+PUSH_LOG_SIZE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PushRecord:
+    """One push, for /debug/pushz: when it started (the monotonic clock is the one every
+    process on the machine shares, so a load generator can line its own timings up with it),
+    why, how long its changes waited in the debounce, and what it pushed to how many streams."""
+
+    seq: int
+    started: float  # time.monotonic()
+    started_unix: float  # time.time()
+    reasons: tuple[str, ...]
+    debounce: float  # seconds from the first change it carries to its start
+    eds_only: bool
+    streams: int
+    # File mode: time.monotonic() when the scan of the config files it carries began (every
+    # file written before that is in it; ConfigSource.snapshot_at). None in Kubernetes mode.
+    config_snapshot: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "started_monotonic": self.started,
+            "started_unix": self.started_unix,
+            "reasons": list(self.reasons),
+            "debounce_seconds": self.debounce,
+            "eds_only": self.eds_only,
+            "streams": self.streams,
+            "config_snapshot_monotonic": self.config_snapshot,
+        }
+
+
+class WorkloadSource(Protocol):
+    """The workloads connected proxies registered (control/registry/keeper.py).
+
+    Contract: `workloads()` is a cheap read on the event loop; a handler given to `subscribe`
+    is called with no arguments, on the event loop, each time that set changed, and must
+    return at once (the pipeline only notes that a push is due)."""
+
+    def workloads(self) -> tuple[Workload, ...]: ...
+
+    def subscribe(self, handler: Callable[[], None]) -> None: ...
+
+
+class PushTarget(Protocol):
+    """Where a push goes: the xDS server.
+
+    Contract: `push_all(types)` marks every stream for a push of `types` (None: every
+    subscribed type) and returns how many streams it marked; it does not generate or write
+    anything itself, so it never calls back into the pipeline while it runs. The streams
+    then read the new state through `CurrentPush` (the server's ResourceSource)."""
+
+    def push_all(self, types: frozenset[str] | None = None) -> int: ...
+
+
+class CurrentPush:
+    """The newest push's mesh index and generator context: what every stream's resources are
+    generated from. It is the xDS server's ResourceSource."""
+
+    def __init__(
+        self,
+        cache: ResourceCache,
+        metrics: Metrics,
+        *,
+        trust_domain: str,
+        outbound_traffic_policy: str,
+    ) -> None:
+        self.cache = cache
+        self._metrics = metrics
+        self._trust_domain = trust_domain
+        self._outbound = outbound_traffic_policy
+        self._version = 0
+        self._ctx = GenContext(
+            MeshIndex(
+                MeshConfig(),
+                trust_domain=trust_domain,
+                outbound_traffic_policy=outbound_traffic_policy,
+            ),
+            cache,
+        )
+        self._started = time.monotonic()
+
+    @property
+    def index(self) -> MeshIndex:
+        return self._ctx.index
+
+    def advance(
+        self, config: MeshConfig, workloads: Iterable[Workload], started: float | None = None
+    ) -> MeshIndex:
+        """Move to the index of a new snapshot; returns the previous index. `started`: when
+        the push that carries it began (None: the snapshot is not pushed, as at startup)."""
+        if started is not None:
+            self._started = started
+        previous = self._ctx.index
+        self._version += 1
+        # Derived from the previous index when only workloads changed (MeshIndex.next), and
+        # then generated incrementally over the previous push (GenContext).
+        index = previous.next(
+            config,
+            workloads,
+            trust_domain=self._trust_domain,
+            version=self._version,
+            outbound_traffic_policy=self._outbound,
+        )
+        self._ctx = next_context(self._ctx, index)
+        return previous
+
+    # --- ResourceSource (for the xDS server) -----------------------------------------------
+
+    def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
+        ctx = self._ctx
+        before = self.cache.serializations
+        out: dict[str, ResourceSet] = {}
+        generators = generators_for(proxy)
+        for t in type_urls:
+            gen = generators.get(t)
+            out[t] = gen(ctx, proxy) if gen is not None else EMPTY
+        made = self.cache.serializations - before
+        if made:
+            self._metrics.serializations.inc(made)
+        return out
+
+    def push_started_at(self) -> float:
+        return self._started
+
+
+class PushPipeline:
+    """Turns config and workload changes into pushes; `async with`, or start()/close().
+
+    The config source hands each new config over (ConfigSource.subscribe); the pipeline keeps
+    the one it was handed and never reads the source's config back, except once at start()
+    for the first one (sources do not hand that over)."""
+
+    def __init__(
+        self,
+        source: ConfigSource,
+        workloads: WorkloadSource,
+        current: CurrentPush,
+        target: PushTarget,
+        metrics: Metrics,
+        *,
+        quiet: float = 0.1,
+        max_delay: float = 10.0,
+    ) -> None:
+        self._source = source
+        self._workloads = workloads
+        self._current = current
+        self._target = target
+        self._metrics = metrics
+        self._config = MeshConfig()
+        self._loop = PushLoop(self._push, quiet=quiet, max_delay=max_delay)
+        self.pushes = 0
+        self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
+        source.subscribe(self._config_changed)
+        workloads.subscribe(self._workloads_changed)
+
+    async def start(self) -> None:
+        """Build the first snapshot from the source's initial config (the source has
+        started) and start the debounce loop."""
+        self._config = self._source.current
+        self._rebuild()
+        await self._loop.start()
+
+    async def close(self) -> None:
+        await self._loop.close()
+
+    async def __aenter__(self) -> PushPipeline:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def notify(self, reason: str) -> None:
+        """Something the snapshot is built from changed: push after the debounce."""
+        self._loop.notify(reason)
+
+    def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
+        """Rebuild the index from the current config and workloads and push to every stream
+        (skips the debounce; benchmarks and tests use it). Returns the streams marked.
+
+        When services, Sidecars, security policies and traffic rules are unchanged, only
+        workloads moved: the new index is derived from the previous one and names the
+        services that select a changed workload. That changes their endpoints and nothing
+        else (clusters, listeners and routes are built from those objects alone), so only EDS
+        is pushed, as Istio's incremental EDS push does, and only those services' assignments
+        are regenerated. The exception is a change of the identities behind a service (the
+        SANs its mTLS clusters accept), which Istio answers with a full push too."""
+        started = time.monotonic()
+        wall = time.time()
+        old_index = self._rebuild(started)
+        self.pushes += 1
+        eds_only = endpoints_only(old_index, self._current.index)
+        if eds_only:
+            self._metrics.push_triggers.labels("eds_only").inc()
+            streams = self._target.push_all(_EDS_ONLY)
+        else:
+            streams = self._target.push_all()
+        self.push_log.append(
+            PushRecord(
+                self.pushes,
+                started,
+                wall,
+                tuple(sorted(reasons)),
+                waited,
+                eds_only,
+                streams,
+                self._source.snapshot_at,
+            )
+        )
+        return streams
+
+    def _rebuild(self, started: float | None = None) -> MeshIndex:
+        previous = self._current.advance(self._config, self._workloads.workloads(), started)
+        self._metrics.services.set(len(self._current.index.services))
+        self._metrics.config_errors.set(len(self._source.errors))
+        return previous
+
+    async def _push(self, reasons: set[str], waited: float) -> None:
+        self._metrics.debounce.observe(waited)
+        for r in reasons or {"unknown"}:
+            self._metrics.push_triggers.labels(r).inc()
+        self.push_now(reasons, waited)
+
+    def _config_changed(self, config: MeshConfig) -> None:
+        self._config = config
+        self._loop.notify("config")
+
+    def _workloads_changed(self) -> None:
+        self._loop.notify("registry")
+
+
+def _shape(config: MeshConfig) -> tuple[object, ...]:
+    """The config objects that clusters, listeners and routes are built from. A
+    VirtualService or DestinationRule change is a full push: it can add or remove clusters
+    (subsets), change cluster settings, routes and TCP listeners. When two snapshots have
+    the same shape, the index of the second is derived from the first's (MeshIndex.next)
+    and the push may be EDS only (endpoints_only)."""
+    return rules_of(config)

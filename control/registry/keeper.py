@@ -1,0 +1,164 @@
+"""The lifecycle of auto-registered workloads around the sans-IO `WorkloadRegistry`: which
+stream events reach it, when a workload whose proxy left is dropped (the expiry timer), and
+how the set survives a restart (`<state dir>/workloads.json`, written 0600 and restored at
+start, so a restarted control plane keeps serving those endpoints while proxies reconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from control.model.proxy import Proxy
+from control.model.types import Workload
+from control.registry.autoregister import WorkloadRegistry
+
+logger = logging.getLogger(__name__)
+
+REGISTRY_FILE = "workloads.json"
+# Saves closer together than this are coalesced (a burst of proxies (dis)connecting).
+_SAVE_INTERVAL = 0.2
+
+
+class WorkloadKeeper:
+    """Feeds stream events to the registry and keeps its set current and persisted; use
+    `async with`, or start()/close().
+
+    `register=False` (Kubernetes mode: pods come from the API server) ignores connecting
+    proxies. Handlers given to `subscribe` are told, with no arguments, each time the
+    workload set changed; they must return at once (the push pipeline only notes it)."""
+
+    def __init__(
+        self,
+        registry: WorkloadRegistry,
+        *,
+        state_dir: str = "",
+        register: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self._path = Path(state_dir) / REGISTRY_FILE if state_dir else None
+        self._register = register
+        self._clock = clock
+        self._handlers: list[Callable[[], None]] = []
+        self._expiry_wake = asyncio.Event()
+        self._save_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Restore the saved set (if any), then start the expiry and save loops."""
+        await self._restore()
+        self._tasks = [asyncio.create_task(self._expire(), name="workload-expiry")]
+        if self._path is not None:
+            self._tasks.append(asyncio.create_task(self._save(self._path), name="workload-save"))
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> WorkloadKeeper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- the pipeline's view (control.pipeline.WorkloadSource) -----------------------------
+
+    def workloads(self) -> tuple[Workload, ...]:
+        return self.registry.workloads()
+
+    def subscribe(self, handler: Callable[[], None]) -> None:
+        self._handlers.append(handler)
+
+    # --- stream events (the xDS server's on_connect / on_disconnect hooks) -----------------
+
+    def proxy_connected(self, proxy: Proxy) -> None:
+        """A stream of `proxy` was admitted: its workload joins (or stays in) the set."""
+        if not self._register:
+            return
+        if self.registry.connect(proxy):
+            self._changed()
+
+    def proxy_disconnected(self, proxy: Proxy) -> None:
+        """A stream of `proxy` ended: its workload goes after the grace period unless the
+        proxy opens another stream."""
+        self.registry.disconnect(proxy, self._clock())
+        self._expiry_wake.set()
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        for handler in self._handlers:
+            handler()
+        self._save_wake.set()
+
+    async def _expire(self) -> None:
+        while True:
+            deadline = self.registry.next_expiry()
+            if deadline is None:
+                await self._expiry_wake.wait()
+                self._expiry_wake.clear()
+                continue
+            delay = deadline - self._clock()
+            if delay > 0:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that arrives with the event (a stream closing as the control plane stops),
+                # and close() would then wait out the grace period.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._expiry_wake.wait()
+                    self._expiry_wake.clear()
+                continue
+            removed = self.registry.expire(self._clock())
+            if removed:
+                logger.info("workloads removed after grace: %s", [w.address for w in removed])
+                self._changed()
+
+    async def _restore(self) -> None:
+        path = self._path
+        if path is None:
+            return
+        try:
+            text = await asyncio.to_thread(path.read_text)
+            entries = json.loads(text)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring %s: %s", path, e)
+            return
+        if isinstance(entries, list):
+            n = self.registry.restore(entries, self._clock())
+            if n:
+                logger.info("restored %d auto-registered workload(s) from %s", n, path)
+                self._expiry_wake.set()
+
+    async def _save(self, path: Path) -> None:
+        while True:
+            await self._save_wake.wait()
+            self._save_wake.clear()
+            data = json.dumps(self.registry.snapshot(), indent=1)
+            try:
+                await asyncio.to_thread(_write_private, path, data)
+            except OSError as e:
+                logger.warning("cannot save %s: %s", path, e)
+            await asyncio.sleep(_SAVE_INTERVAL)
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
