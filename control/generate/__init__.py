@@ -1,9 +1,24 @@
-"""Envoy configuration generators, one module per xDS type.
+"""Envoy configuration generators.
 
 `GENERATORS` maps a type URL to the function that computes that type's resources for an Envoy
 proxy (and the agent's DNS name table); `GRPC_GENERATORS` does the same for proxyless gRPC
 clients (node metadata `GENERATOR: grpc`), which need api_listeners named after the target
 they dial instead.
+
+Where each decision is made:
+
+- per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
+  interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
+  implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
+  route_tables (RDS), names (NDS);
+- proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
+  (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
+- what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
+  (VirtualService HTTP route -> Envoy route), destination_policy (DestinationRule
+  trafficPolicy -> cluster settings), authz_rbac (AuthorizationPolicy -> RBAC filters),
+  mesh_tls (Istio mTLS transport sockets: SDS, auto mTLS, certificate providers), filters
+  (HCM, router, TCP proxy), load_assignment (endpoints -> locality groups), resource_names,
+  addresses, wire, warn; context (the per-push memo and resource cache).
 """
 
 from __future__ import annotations
@@ -11,9 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from control.generate import clusters, endpoints, grpc, names, routes, virtual
-from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate import (
+    clusters,
+    endpoints,
+    grpc_clusters,
+    grpc_listeners,
+    listeners_redirect,
+    names,
+    route_tables,
+)
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
 from protos.typeurls import NAME_TABLE
@@ -24,16 +47,16 @@ GENERATORS: Final[dict[str, Generator]] = {
     CLUSTER_TYPE: clusters.generate,
     ENDPOINT_TYPE: endpoints.generate,
     # Mode NONE's bound listeners, or REDIRECT's virtualOutbound/virtualInbound.
-    LISTENER_TYPE: virtual.generate_listeners,
-    ROUTE_TYPE: routes.generate,
+    LISTENER_TYPE: listeners_redirect.generate_listeners,
+    ROUTE_TYPE: route_tables.generate,
     NAME_TABLE: names.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
-    CLUSTER_TYPE: grpc.generate_clusters,
-    ENDPOINT_TYPE: grpc.generate_endpoints,
-    LISTENER_TYPE: grpc.generate_listeners,
-    ROUTE_TYPE: grpc.generate_routes,
+    CLUSTER_TYPE: grpc_clusters.generate_clusters,
+    ENDPOINT_TYPE: grpc_clusters.generate_endpoints,
+    LISTENER_TYPE: grpc_listeners.generate_listeners,
+    ROUTE_TYPE: grpc_listeners.generate_routes,
     # The agent of a proxyless pod serves DNS too; its table is the same as a sidecar's.
     NAME_TABLE: names.generate,
 }

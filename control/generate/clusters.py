@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Final
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.endpoint.v3.endpoint_components_pb2 import (
@@ -32,38 +33,31 @@ from envoy.extensions.clusters.dns.v3.dns_cluster_pb2 import DnsCluster
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 from google.protobuf.duration_pb2 import Duration
 
-from control.generate.common import (
-    BLACKHOLE_CLUSTER,
-    CLUSTER_TYPE,
-    CONNECT_TIMEOUT_SECONDS,
-    PASSTHROUGH_CLUSTER,
-    EndpointKey,
-    InboundPort,
-    OutboundCluster,
-    Upstream,
-    ads_config_source,
-    endpoint_keys,
-    inbound_cluster_name,
-    inbound_ports,
-    locality_endpoints,
-    outbound_plan,
-    pack,
-    variant_resource,
-    warn_once,
-)
-from control.generate.context import GenContext
-from control.generate.policy import (
+from control.generate.addresses import Upstream
+from control.generate.context import GenContext, variant_resource
+from control.generate.destination_policy import (
     HTTP_OPTIONS_KEY,
     ClusterPolicy,
     apply_policy,
     origination_socket,
 )
-from control.generate.tls import auto_mtls_matches, sni, upstream_socket
+from control.generate.load_assignment import EndpointKey, endpoint_keys, locality_endpoints
+from control.generate.mesh_tls import auto_mtls_matches, sni, upstream_socket
+from control.generate.plans import InboundPort, OutboundCluster, inbound_ports, outbound_plan
+from control.generate.resource_names import (
+    BLACKHOLE_CLUSTER,
+    CLUSTER_TYPE,
+    PASSTHROUGH_CLUSTER,
+    inbound_cluster_name,
+)
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
 from control.model.traffic import ClientTls, TlsMode
 from control.xds.cache import Resource, ResourceSet
 
 DNS_CLUSTER_EXTENSION = "envoy.cluster.dns"
+CONNECT_TIMEOUT_SECONDS: Final = 10
 _HTTP_OPTIONS_KEY = HTTP_OPTIONS_KEY
 
 

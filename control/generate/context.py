@@ -74,3 +74,13 @@ def next_context(previous: GenContext, index: MeshIndex) -> GenContext:
     previous.cache.next_generation()
     previous.cache.sweep()
     return GenContext(index, previous.cache, previous)
+
+
+def variant_resource(
+    ctx: GenContext, type_url: str, name: str, key: Hashable, build: Callable[[], Message]
+) -> Resource:
+    """A resource whose content under one name legitimately differs between proxies: inbound
+    clusters that point at each pod's IP, RDS routes that depend on the client's namespace.
+    Each content variant gets its own cache slot (the key is the variant), so proxies with
+    equal inputs share bytes and alternating proxies do not evict each other (rule 8)."""
+    return ctx.resource(type_url, name, key, build, variant=key)

@@ -13,16 +13,10 @@ from collections.abc import Hashable
 
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 
-from control.generate.common import (
-    ENDPOINT_TYPE,
-    EndpointKey,
-    OutboundCluster,
-    OutboundPlan,
-    endpoint_keys,
-    locality_endpoints,
-    outbound_plan,
-)
 from control.generate.context import GenContext
+from control.generate.load_assignment import EndpointKey, endpoint_keys, locality_endpoints
+from control.generate.plans import OutboundCluster, OutboundPlan, outbound_plan
+from control.generate.resource_names import ENDPOINT_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet
 

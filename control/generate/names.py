@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from control.generate.common import is_ip
+from control.generate.addresses import is_ip
 from control.generate.context import GenContext
 from control.model.proxy import Proxy
 from control.model.types import Service
@@ -76,6 +76,20 @@ def name_entries(services: tuple[Service, ...], own_ips: tuple[str, ...]) -> tup
             )
         )
     return tuple(out)
+
+
+def search_names(service: Service, client_namespace: str) -> list[str]:
+    """Hosts a client in `client_namespace` may use for `service`, FQDN first: for a
+    Kubernetes service also the DNS search-path forms `name.ns.svc`, `name.ns` and (in its
+    own namespace only) `name`, as the agent answers them from this table."""
+    names = [service.hostname]
+    if service.registry == "Kubernetes":
+        svc = f"{service.name}.{service.namespace}.svc"
+        if service.hostname.startswith(svc + "."):
+            names += [svc, f"{service.name}.{service.namespace}"]
+            if service.namespace == client_namespace:
+                names.append(service.name)
+    return names
 
 
 def build_name_table(entries: tuple[Entry, ...]) -> nds_pb2.NameTable:

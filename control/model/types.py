@@ -164,10 +164,6 @@ class Workload:
             return named[port.target_port]
         return port.port
 
-    @property
-    def spiffe_account(self) -> tuple[str, str]:
-        return (self.namespace, self.service_account or "default")
-
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:

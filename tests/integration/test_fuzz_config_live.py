@@ -37,8 +37,8 @@ from control.config.loader import load_bytes
 from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.generate import GENERATORS
-from control.generate.common import CLUSTER_TYPE
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import proxy_from_node
 from control.model.types import MeshConfig

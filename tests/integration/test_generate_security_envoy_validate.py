@@ -22,10 +22,11 @@ from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpProtocolOptions
 
-from control.generate import GENERATORS, rbac
-from control.generate.common import CLUSTER_TYPE, LISTENER_TYPE, pack
+from control.generate import GENERATORS, authz_rbac
 from control.generate.context import GenContext
-from control.generate.tls import SDS_CLUSTER
+from control.generate.mesh_tls import SDS_CLUSTER
+from control.generate.resource_names import CLUSTER_TYPE, LISTENER_TYPE
+from control.generate.wire import pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
@@ -198,7 +199,7 @@ def test_envoy_accepts_security_config(tmp_path: Path, mode: MtlsMode, with_rbac
 def test_harness_reaches_rbac_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above is meaningful for RBAC: Envoy compiles the policies' regexes, and one
     that is not RE2 fails validation."""
-    monkeypatch.setattr(rbac, "_SEGMENT", "([^/]+")  # unbalanced: not a valid regex
+    monkeypatch.setattr(authz_rbac, "_SEGMENT", "([^/]+")  # unbalanced: not a valid regex
     proxy = client()
     ctx = GenContext(
         MeshIndex(secured_mesh(MtlsMode.PERMISSIVE, True), [proxy.as_workload()]),

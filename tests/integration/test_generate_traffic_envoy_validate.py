@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from control.generate import GENERATORS
-from control.generate.common import CLUSTER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import proxy_from_node
 from control.xds.cache import ResourceCache

@@ -10,9 +10,9 @@ import pytest
 from envoy.config.listener.v3.listener_pb2 import Listener
 
 from control.generate import GENERATORS
-from control.generate.common import LISTENER_TYPE
 from control.generate.context import GenContext
-from control.generate.virtual import VIRTUAL_INBOUND, VIRTUAL_OUTBOUND
+from control.generate.listeners_redirect import VIRTUAL_INBOUND, VIRTUAL_OUTBOUND
+from control.generate.resource_names import LISTENER_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import proxy_from_node
 from control.model.types import MtlsMode

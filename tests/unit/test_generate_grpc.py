@@ -17,15 +17,18 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpConnectionManager,
 )
 
-from control.generate import GENERATORS, GRPC_GENERATORS, generators_for, grpc, names
-from control.generate.common import (
-    CLUSTER_TYPE,
-    ENDPOINT_TYPE,
-    LISTENER_TYPE,
-    ROUTE_TYPE,
-    warn_once,
+from control.generate import (
+    GENERATORS,
+    GRPC_GENERATORS,
+    generators_for,
+    grpc_clusters,
+    grpc_listeners,
+    grpc_targets,
+    names,
 )
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.warn import warn_once
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
     MeshConfig,
@@ -129,7 +132,7 @@ def _fresh_warnings() -> None:
 
 def test_listener_names_are_every_name_a_client_may_dial() -> None:
     ctx = context(grpc_mesh())
-    names = set(grpc.generate_listeners(ctx, grpc_client("other")))
+    names = set(grpc_listeners.generate_listeners(ctx, grpc_client("other")))
     forms = ["{s}.{ns}.svc.cluster.local", "{s}.{ns}.svc", "{s}.{ns}"]
 
     def all_forms(svc: str, ns: str, port: int, *, short: bool) -> set[str]:
@@ -153,7 +156,7 @@ def test_listener_names_are_every_name_a_client_may_dial() -> None:
 
 def test_listener_is_an_api_listener_with_rds_and_router_last() -> None:
     ctx = context(grpc_mesh())
-    got = decode_all(grpc.generate_listeners(ctx, grpc_client()), Listener)
+    got = decode_all(grpc_listeners.generate_listeners(ctx, grpc_client()), Listener)
     for name, listener in got.items():
         assert listener.HasField("api_listener"), name
         assert not listener.HasField("address"), "nothing is bound"
@@ -174,9 +177,9 @@ def test_listener_is_an_api_listener_with_rds_and_router_last() -> None:
 def test_each_listener_has_its_route_to_the_service_cluster() -> None:
     ctx = context(grpc_mesh())
     proxy = grpc_client()
-    routes = decode_all(grpc.generate_routes(ctx, proxy), RouteConfiguration)
-    assert set(routes) == set(grpc.generate_listeners(ctx, proxy))
-    clusters = set(grpc.generate_clusters(ctx, proxy))
+    routes = decode_all(grpc_listeners.generate_routes(ctx, proxy), RouteConfiguration)
+    assert set(routes) == set(grpc_listeners.generate_listeners(ctx, proxy))
+    clusters = set(grpc_clusters.generate_clusters(ctx, proxy))
     for name, rc in routes.items():
         [vhost] = rc.virtual_hosts
         assert list(vhost.domains) == ["*"]
@@ -192,9 +195,12 @@ def test_each_listener_has_its_route_to_the_service_cluster() -> None:
 def test_short_name_follows_the_client_namespace() -> None:
     twin = kube_service("reviews", "other", ServicePort("http", 9080, Protocol.HTTP))
     ctx = context(_with(grpc_mesh(), twin))
-    mine = decode(grpc.generate_routes(ctx, grpc_client())["reviews:9080"], RouteConfiguration)
+    mine = decode(
+        grpc_listeners.generate_routes(ctx, grpc_client())["reviews:9080"], RouteConfiguration
+    )
     theirs = decode(
-        grpc.generate_routes(ctx, grpc_client("other"))["reviews:9080"], RouteConfiguration
+        grpc_listeners.generate_routes(ctx, grpc_client("other"))["reviews:9080"],
+        RouteConfiguration,
     )
     assert cluster_of(mine) == "outbound|9080||reviews.default.svc.cluster.local"
     assert cluster_of(theirs) == "outbound|9080||reviews.other.svc.cluster.local"
@@ -212,7 +218,7 @@ def test_a_name_two_services_answer_to_goes_to_the_one_it_names(
         registry="External",
     )
     ctx = context(_with(grpc_mesh(), alias))
-    routes = decode_all(grpc.generate_routes(ctx, grpc_client()), RouteConfiguration)
+    routes = decode_all(grpc_listeners.generate_routes(ctx, grpc_client()), RouteConfiguration)
     assert cluster_of(routes["reviews.default:9080"]) == "outbound|9080||reviews.default"
     assert cluster_of(routes["reviews:9080"]) == "outbound|9080||reviews.default.svc.cluster.local"
     assert "gRPC listener reviews.default:9080" in caplog.text
@@ -223,7 +229,7 @@ def test_a_name_two_services_answer_to_goes_to_the_one_it_names(
 
 def test_clusters_are_eds_over_ads_round_robin() -> None:
     ctx = context(grpc_mesh())
-    got = decode_all(grpc.generate_clusters(ctx, grpc_client("other")), Cluster)
+    got = decode_all(grpc_clusters.generate_clusters(ctx, grpc_client("other")), Cluster)
     reviews = got["outbound|9080||reviews.default.svc.cluster.local"]
     assert reviews.type == Cluster.EDS
     assert reviews.eds_cluster_config.eds_config.HasField("ads")
@@ -235,7 +241,7 @@ def test_clusters_are_eds_over_ads_round_robin() -> None:
 
 def test_dns_service_entries_become_logical_dns(caplog: pytest.LogCaptureFixture) -> None:
     ctx = context(grpc_mesh())
-    got = decode_all(grpc.generate_clusters(ctx, grpc_client("other")), Cluster)
+    got = decode_all(grpc_clusters.generate_clusters(ctx, grpc_client("other")), Cluster)
 
     def target(name: str) -> str:
         cluster = got[name]
@@ -249,7 +255,7 @@ def test_dns_service_entries_become_logical_dns(caplog: pytest.LogCaptureFixture
     assert target("outbound|443||search.example.com") == "search.example.com:443"
     assert target("outbound|80||mirrors.example.com") == "a.mirrors.example.com:8080"
     assert "1 other endpoint(s) left out" in caplog.text
-    assert "outbound|80||mirrors.example.com" not in grpc.generate_endpoints(
+    assert "outbound|80||mirrors.example.com" not in grpc_clusters.generate_endpoints(
         ctx, grpc_client("other")
     )
 
@@ -262,10 +268,10 @@ def test_every_eds_cluster_has_a_load_assignment() -> None:
     proxy = grpc_client("other")
     eds = {
         name
-        for name, c in decode_all(grpc.generate_clusters(ctx, proxy), Cluster).items()
+        for name, c in decode_all(grpc_clusters.generate_clusters(ctx, proxy), Cluster).items()
         if c.type == Cluster.EDS
     }
-    assert set(grpc.generate_endpoints(ctx, proxy)) == eds
+    assert set(grpc_clusters.generate_endpoints(ctx, proxy)) == eds
 
 
 def test_load_assignments_have_weighted_localities(caplog: pytest.LogCaptureFixture) -> None:
@@ -282,7 +288,7 @@ def test_load_assignments_have_weighted_localities(caplog: pytest.LogCaptureFixt
         ),
     )
     ctx = context(config)
-    got = decode_all(grpc.generate_endpoints(ctx, grpc_client()), ClusterLoadAssignment)
+    got = decode_all(grpc_clusters.generate_endpoints(ctx, grpc_client()), ClusterLoadAssignment)
     reviews = got["outbound|9080||reviews.default.svc.cluster.local"]
     groups = {}
     for group in reviews.endpoints:
@@ -339,10 +345,10 @@ def test_sidecar_egress_scopes_a_grpc_client() -> None:
 
 def test_grpc_proxies_get_the_grpc_table() -> None:
     assert GRPC_GENERATORS == {
-        CLUSTER_TYPE: grpc.generate_clusters,
-        ENDPOINT_TYPE: grpc.generate_endpoints,
-        LISTENER_TYPE: grpc.generate_listeners,
-        ROUTE_TYPE: grpc.generate_routes,
+        CLUSTER_TYPE: grpc_clusters.generate_clusters,
+        ENDPOINT_TYPE: grpc_clusters.generate_endpoints,
+        LISTENER_TYPE: grpc_listeners.generate_listeners,
+        ROUTE_TYPE: grpc_listeners.generate_routes,
         NAME_TABLE: names.generate,  # the agent's DNS table is the same for every proxy kind
     }
     assert generators_for(grpc_client()) is GRPC_GENERATORS
@@ -390,7 +396,7 @@ def test_grpc_clients_share_serialized_resources_and_coexist_with_envoys() -> No
     push(grpc_mesh(reviews_2_address="127.0.2.9"))
     reviews = "outbound|9080||reviews.default.svc.cluster.local"
     assert cache.built == Counter(
-        {(ENDPOINT_TYPE, reviews, None): 1, (ENDPOINT_TYPE, reviews, grpc.VARIANT): 1}
+        {(ENDPOINT_TYPE, reviews, None): 1, (ENDPOINT_TYPE, reviews, grpc_targets.VARIANT): 1}
     )
 
 
@@ -401,7 +407,7 @@ def test_short_names_in_two_namespaces_keep_their_own_bytes() -> None:
     for _ in range(2):
         cache.next_generation()
         ctx = context(_with(grpc_mesh(), twin), cache)
-        ra, rb = grpc.generate_routes(ctx, a), grpc.generate_routes(ctx, b)
+        ra, rb = grpc_listeners.generate_routes(ctx, a), grpc_listeners.generate_routes(ctx, b)
     assert ra["reviews:9080"].version != rb["reviews:9080"].version
     assert ra["reviews.default:9080"] is rb["reviews.default:9080"], "same content, shared"
     assert set(cache.built.values()) == {1}, "the second push rebuilt nothing"

@@ -21,9 +21,9 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import (
     UpstreamTlsContext,
 )
 
-from control.generate import grpc
-from control.generate.common import warn_once
+from control.generate import grpc_clusters, grpc_listeners
 from control.generate.context import GenContext
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.traffic import ClientTls, DestinationRule, TlsMode, TrafficPolicy
@@ -125,7 +125,7 @@ def ctx_of(cfg: MeshConfig, *proxies: Proxy) -> GenContext:
 
 
 def echo_cluster(ctx: GenContext, client: Proxy) -> Cluster:
-    return decode_all(grpc.generate_clusters(ctx, client), Cluster)[ECHO_CLUSTER]
+    return decode_all(grpc_clusters.generate_clusters(ctx, client), Cluster)[ECHO_CLUSTER]
 
 
 def upstream(cluster: Cluster) -> UpstreamTlsContext | None:
@@ -192,7 +192,7 @@ def test_proxyless_server_endpoints(
     # What the endpoint says is what the server's listener does (one rule, both sides).
     listeners = server_listeners(ctx_of(config(mode), server), server)
     assert (
-        listeners[f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"]
+        listeners[f"{grpc_listeners.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"]
         .filter_chains[0]
         .HasField("transport_socket")
         is tls_only
@@ -313,7 +313,9 @@ def test_mesh_external_is_plaintext() -> None:
         mesh_external=True,
     )
     clusters = decode_all(
-        grpc.generate_clusters(ctx_of(config(MtlsMode.STRICT, extra=(external,)), client), client),
+        grpc_clusters.generate_clusters(
+            ctx_of(config(MtlsMode.STRICT, extra=(external,)), client), client
+        ),
         Cluster,
     )
     assert upstream(clusters["outbound|443||api.example.com"]) is None
@@ -327,19 +329,21 @@ def test_tls_and_plain_clients_get_separate_cache_slots() -> None:
     cache = ResourceCache()
     for _ in range(2):
         ctx = GenContext(index(cfg, capable, plain, server), cache)
-        a = grpc.generate_clusters(ctx, capable)[ECHO_CLUSTER]
-        b = grpc.generate_clusters(ctx, plain)[ECHO_CLUSTER]
+        a = grpc_clusters.generate_clusters(ctx, capable)[ECHO_CLUSTER]
+        b = grpc_clusters.generate_clusters(ctx, plain)[ECHO_CLUSTER]
         assert a.any_bytes != b.any_bytes
     again = GenContext(index(cfg, capable, plain, server), cache)
-    assert grpc.generate_clusters(again, capable)[ECHO_CLUSTER] is a
+    assert grpc_clusters.generate_clusters(again, capable)[ECHO_CLUSTER] is a
 
 
 # --- listeners of a proxyless server -----------------------------------------------------------
 
 
 def server_listeners(ctx: GenContext, server: Proxy) -> dict[str, Listener]:
-    every = decode_all(grpc.generate_listeners(ctx, server), Listener)
-    return {n: lis for n, lis in every.items() if n.startswith(grpc.SERVER_LISTENER_PREFIX)}
+    every = decode_all(grpc_listeners.generate_listeners(ctx, server), Listener)
+    return {
+        n: lis for n, lis in every.items() if n.startswith(grpc_listeners.SERVER_LISTENER_PREFIX)
+    }
 
 
 def test_server_listener_names_and_addresses() -> None:
@@ -360,7 +364,7 @@ def test_server_listener_names_and_addresses() -> None:
 def test_strict_server_listener_is_what_grpc_accepts() -> None:
     server = proxyless(SERVER_IP, "echo")
     listeners = server_listeners(ctx_of(config(MtlsMode.STRICT), server), server)
-    listener = listeners[f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"]
+    listener = listeners[f"{grpc_listeners.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"]
     assert not listener.HasField("api_listener") and not listener.listener_filters
     assert not listener.HasField("use_original_dst")
     [chain] = listener.filter_chains
@@ -391,7 +395,7 @@ def test_port_level_mtls_and_disable() -> None:
     )
     cfg = MeshConfig(services=(echo_service(),), peer_authentications=(policy,))
     listener = server_listeners(ctx_of(cfg, server), server)[
-        f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
+        f"{grpc_listeners.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
     ]
     [chain] = listener.filter_chains
     assert not chain.HasField("transport_socket")
@@ -411,7 +415,10 @@ def test_a_workload_no_service_selects_gets_no_server_listener() -> None:
 
 
 def test_ipv6_listener_name_is_bracketed() -> None:
-    assert grpc.server_listener_name("fd00::5", 80) == "xds.istio.io/grpc/lds/inbound/[fd00::5]:80"
+    assert (
+        grpc_listeners.server_listener_name("fd00::5", 80)
+        == "xds.istio.io/grpc/lds/inbound/[fd00::5]:80"
+    )
 
 
 # --- pushes ------------------------------------------------------------------------------------
@@ -476,7 +483,7 @@ def server_rbac(policies: tuple[AuthorizationPolicy, ...]) -> list[HttpRBAC]:
     server = proxyless(SERVER_IP, "echo")
     cfg = replace(config(MtlsMode.STRICT), authorization_policies=policies)
     listener = server_listeners(ctx_of(cfg, server), server)[
-        f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
+        f"{grpc_listeners.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
     ]
     [chain] = listener.filter_chains
     hcm = unpack(chain.filters[0].typed_config, HttpConnectionManager)
@@ -521,12 +528,12 @@ def test_allow_policy_without_rules_denies_everything() -> None:
 def test_policy_change_rebuilds_the_server_listener() -> None:
     server = proxyless(SERVER_IP, "echo")
     cache = ResourceCache()
-    name = f"{grpc.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
+    name = f"{grpc_listeners.SERVER_LISTENER_PREFIX}{SERVER_IP}:8080"
     versions = []
     for policies in ((), (authz("a", AuthzAction.ALLOW, AuthzRule(sources=(CALLER,))),), ()):
         cfg = replace(config(MtlsMode.STRICT), authorization_policies=policies)
         ctx = GenContext(index(cfg, server), cache)
-        versions.append(grpc.generate_listeners(ctx, server)[name].version)
+        versions.append(grpc_listeners.generate_listeners(ctx, server)[name].version)
     assert versions[0] != versions[1] and versions[0] == versions[2]
 
 

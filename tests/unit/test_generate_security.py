@@ -24,9 +24,9 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import (
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import Message
 
-from control.generate import GENERATORS, rbac
-from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE
+from control.generate import GENERATORS, authz_rbac
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
@@ -483,7 +483,7 @@ def test_rbac_deny_before_allow_and_router_last() -> None:
 
 
 def rules_of(policy: AuthorizationPolicy, *, http: bool = True) -> dict[str, Any]:
-    ((_, config),) = rbac.rbac_configs((policy,), http=http)
+    ((_, config),) = authz_rbac.rbac_configs((policy,), http=http)
     return {name: as_dict(p) for name, p in config.policies.items()}
 
 
@@ -602,7 +602,7 @@ def test_empty_rule_semantics() -> None:
     everything = ap("shop", "all", AuthzAction.ALLOW, AuthzRule())
     deny_nothing = ap("shop", "dn", AuthzAction.DENY)
     # ALLOW without rules: an ALLOW filter with no policies refuses every request.
-    ((action, config),) = rbac.rbac_configs((nothing,), http=True)
+    ((action, config),) = authz_rbac.rbac_configs((nothing,), http=True)
     assert action is AuthzAction.ALLOW and config.action == RBAC.ALLOW and not config.policies
     assert rules_of(everything) == {
         "ns[shop]-policy[all]-rule[0]": {
@@ -610,8 +610,8 @@ def test_empty_rule_semantics() -> None:
             "principals": [{"any": True}],
         }
     }
-    assert rbac.rbac_configs((deny_nothing,), http=True) == []  # denies nothing: no filter
-    assert rbac.rbac_configs((), http=True) == []  # no policy: no filter, all allowed
+    assert authz_rbac.rbac_configs((deny_nothing,), http=True) == []  # denies nothing: no filter
+    assert authz_rbac.rbac_configs((), http=True) == []  # no policy: no filter, all allowed
 
 
 def test_unsupported_rules_fail_closed() -> None:

@@ -23,17 +23,19 @@ from envoy.extensions.upstreams.http.v3.http_protocol_options_pb2 import HttpPro
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from control.generate import GENERATORS, clusters, endpoints, listeners, names, routes, virtual
-from control.generate.common import (
-    CLUSTER_TYPE,
-    ENDPOINT_TYPE,
-    LISTENER_TYPE,
-    ROUTE_TYPE,
-    Upstream,
-    parse_default_endpoint,
-    warn_once,
+from control.generate import (
+    GENERATORS,
+    clusters,
+    endpoints,
+    listeners_explicit,
+    listeners_redirect,
+    names,
+    route_tables,
 )
+from control.generate.addresses import Upstream, parse_default_endpoint
 from control.generate.context import GenContext
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (
@@ -397,7 +399,7 @@ def test_listeners_of_a_scoped_client(
     both: tuple[GenContext, Proxy, Proxy], caplog: pytest.LogCaptureFixture
 ) -> None:
     ctx, proxy, _ = both
-    got = decode_all(listeners.generate(ctx, proxy), Listener)
+    got = decode_all(listeners_explicit.generate(ctx, proxy), Listener)
     assert {name: bound(lst) for name, lst in got.items()} == {
         "127.0.1.1_9080": "127.0.1.1:9080",
         "127.0.1.50_50051": "127.0.1.50:50051",  # egress listener bind for that port
@@ -445,7 +447,7 @@ def test_tcp_services_sharing_a_port_first_by_hostname_binds(
     both: tuple[GenContext, Proxy, Proxy],
 ) -> None:
     ctx, _, proxy = both
-    got = decode_all(listeners.generate(ctx, proxy), Listener)
+    got = decode_all(listeners_explicit.generate(ctx, proxy), Listener)
     [chain] = got["127.0.1.2_3306"].filter_chains
     assert not chain.HasField("filter_chain_match")
     assert tcp_of(chain).cluster == "outbound|3306||cache.default.svc.cluster.local"
@@ -462,7 +464,7 @@ def test_tcp_services_sharing_a_port_first_by_hostname_binds(
 
 
 def vhosts(ctx: GenContext, proxy: Proxy, port: str) -> dict[str, list[str]]:
-    rc = decode(routes.generate(ctx, proxy)[port], RouteConfiguration)
+    rc = decode(route_tables.generate(ctx, proxy)[port], RouteConfiguration)
     assert rc.validate_clusters.value is False
     for vh in rc.virtual_hosts:
         [route] = vh.routes
@@ -477,7 +479,7 @@ def vhosts(ctx: GenContext, proxy: Proxy, port: str) -> dict[str, list[str]]:
 
 def test_routes_domains_follow_the_client_namespace(both: tuple[GenContext, Proxy, Proxy]) -> None:
     ctx, proxy, other = both
-    assert set(routes.generate(ctx, proxy)) == {"9080", "50051"}
+    assert set(route_tables.generate(ctx, proxy)) == {"9080", "50051"}
     mine = vhosts(ctx, proxy, "9080")
     assert list(mine) == [
         "empty.default.svc.cluster.local:9080",
@@ -552,7 +554,7 @@ def test_ingress_forwarding_to_itself_is_dropped(caplog: pytest.LogCaptureFixtur
     ctx = context(dataclasses.replace(config, sidecars=(looping,)))
     proxy = client(ip="127.0.1.77")
     assert "inbound|8001||" not in clusters.generate(ctx, proxy)
-    assert "127.0.1.77_8001" not in listeners.generate(ctx, proxy)
+    assert "127.0.1.77_8001" not in listeners_explicit.generate(ctx, proxy)
     assert "forward to its own listener" in caplog.text
 
 
@@ -560,8 +562,8 @@ def test_generators_table() -> None:
     assert GENERATORS == {
         CLUSTER_TYPE: clusters.generate,
         ENDPOINT_TYPE: endpoints.generate,
-        LISTENER_TYPE: virtual.generate_listeners,  # listeners.generate in mode NONE
-        ROUTE_TYPE: routes.generate,
+        LISTENER_TYPE: listeners_redirect.generate_listeners,  # mode NONE: listeners_explicit
+        ROUTE_TYPE: route_tables.generate,
         NAME_TABLE: names.generate,
     }
 

@@ -10,9 +10,10 @@ from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
 from google.protobuf.any_pb2 import Any as AnyProto
 
 from control.generate import GENERATORS
-from control.generate.common import LISTENER_TYPE, ROUTE_TYPE, inbound_ports
 from control.generate.context import GenContext
-from control.generate.virtual import VIRTUAL_INBOUND, VIRTUAL_OUTBOUND
+from control.generate.listeners_redirect import VIRTUAL_INBOUND, VIRTUAL_OUTBOUND
+from control.generate.plans import inbound_ports
+from control.generate.resource_names import LISTENER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import (

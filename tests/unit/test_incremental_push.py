@@ -11,8 +11,8 @@ import random
 import weakref
 
 from control.generate import generators_for
-from control.generate.common import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.generate.context import GenContext, next_context
+from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import TLS_MODE_LABEL, MeshConfig, SourceRef, Workload, labels_of

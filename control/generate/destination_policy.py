@@ -30,8 +30,8 @@ from envoy.type.v3.percent_pb2 import Percent
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value, UInt64Value
 
-from control.generate.common import pack
-from control.generate.tls import TLS_SOCKET
+from control.generate.mesh_tls import TLS_SOCKET
+from control.generate.wire import pack
 from control.model.traffic import (
     ClientTls,
     ConnectionPool,

@@ -18,7 +18,8 @@ dropped), and in a DENY rule they are removed, so the rule denies more rather th
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 from envoy.config.rbac.v3.rbac_pb2 import RBAC, Permission, Policy, Principal
 from envoy.config.route.v3.route_components_pb2 import HeaderMatcher
@@ -41,6 +42,9 @@ NETWORK_RBAC_FILTER: Final = "envoy.filters.network.rbac"
 
 _ACTIONS: Final = {AuthzAction.ALLOW: RBAC.ALLOW, AuthzAction.DENY: RBAC.DENY}
 _SEGMENT: Final = "[^/]+"
+
+_V = TypeVar("_V")
+_M = TypeVar("_M", Permission, Principal)
 
 
 def rbac_configs(
@@ -102,39 +106,51 @@ def _policy(rule: AuthzRule, action: AuthzAction, *, http: bool) -> Policy | Non
 
 
 def _operation(op: AuthzOperation) -> Permission:
-    fields: list[Permission] = []
-    if op.paths:
-        fields.append(_any_of([_path(p) for p in op.paths]))
-    if op.not_paths:
-        fields.append(Permission(not_rule=_any_of([_path(p) for p in op.not_paths])))
-    if op.methods:
-        fields.append(_any_of([_method(m) for m in op.methods]))
-    if op.not_methods:
-        fields.append(Permission(not_rule=_any_of([_method(m) for m in op.not_methods])))
-    if op.ports:
-        fields.append(_any_of([Permission(destination_port=p) for p in op.ports]))
-    if op.not_ports:
-        fields.append(
-            Permission(not_rule=_any_of([Permission(destination_port=p) for p in op.not_ports]))
-        )
+    fields = [
+        *_field(op.paths, op.not_paths, _path, _any_of, _not_rule),
+        *_field(op.methods, op.not_methods, _method, _any_of, _not_rule),
+        *_field(op.ports, op.not_ports, _port, _any_of, _not_rule),
+    ]
     if not fields:
         return Permission(any=True)
     return fields[0] if len(fields) == 1 else Permission(and_rules=Permission.Set(rules=fields))
 
 
 def _source(src: AuthzSource) -> Principal:
-    ids: list[Principal] = []
-    if src.principals:
-        ids.append(_any_id([_principal(p) for p in src.principals]))
-    if src.not_principals:
-        ids.append(Principal(not_id=_any_id([_principal(p) for p in src.not_principals])))
-    if src.namespaces:
-        ids.append(_any_id([_namespace(n) for n in src.namespaces]))
-    if src.not_namespaces:
-        ids.append(Principal(not_id=_any_id([_namespace(n) for n in src.not_namespaces])))
+    ids = [
+        *_field(src.principals, src.not_principals, _principal, _any_id, _not_id),
+        *_field(src.namespaces, src.not_namespaces, _namespace, _any_id, _not_id),
+    ]
     if not ids:
         return Principal(any=True)
     return ids[0] if len(ids) == 1 else Principal(and_ids=Principal.Set(ids=ids))
+
+
+def _field(
+    values: Sequence[_V],
+    excluded: Sequence[_V],
+    match: Callable[[_V], _M],
+    any_of: Callable[[list[_M]], _M],
+    negate: Callable[[_M], _M],
+) -> list[_M]:
+    """One field of a rule's `to` or `from` entry: any of its values matches, and none of its
+    `not` values may (each an empty list when the entry leaves it out)."""
+    out = [any_of([match(v) for v in values])] if values else []
+    if excluded:
+        out.append(negate(any_of([match(v) for v in excluded])))
+    return out
+
+
+def _not_rule(rule: Permission) -> Permission:
+    return Permission(not_rule=rule)
+
+
+def _not_id(principal: Principal) -> Principal:
+    return Principal(not_id=principal)
+
+
+def _port(port: int) -> Permission:
+    return Permission(destination_port=port)
 
 
 def _any_of(rules: list[Permission]) -> Permission:

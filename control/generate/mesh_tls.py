@@ -36,7 +36,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.wrappers_pb2 import BoolValue
 
-from control.generate.common import MTLS_ENDPOINT_LABEL, pack
+from control.generate.load_assignment import MTLS_ENDPOINT_LABEL
+from control.generate.wire import pack
 from control.model.proxy import CERTIFICATE_PROVIDER
 
 SDS_CLUSTER: Final = "sds-grpc"

@@ -44,24 +44,21 @@ from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.generate import listeners
-from control.generate.common import (
-    BLACKHOLE_CLUSTER,
-    LISTENER_TYPE,
-    PASSTHROUGH_CLUSTER,
-    WILDCARD_BIND,
-    OutboundPort,
-    ads_config_source,
-    inbound_ports,
-    is_ip,
-    outbound_plan,
-    pack,
-    socket_address,
-    warn_once,
-)
+from control.generate import listeners_explicit
+from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
+from control.generate.authz_rbac import network_filters as network_rbac_filters
 from control.generate.context import GenContext
-from control.generate.rbac import network_filters as network_rbac_filters
-from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.filters import (
+    TLS_INSPECTOR_FILTER,
+    hcm_filter,
+    sidecar_hcm,
+    tcp_proxy,
+)
+from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
+from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
@@ -88,7 +85,7 @@ def is_redirect(proxy: Proxy) -> bool:
 def generate_listeners(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     """LDS for an Envoy sidecar in either interception mode."""
     if not is_redirect(proxy):
-        return listeners.generate(ctx, proxy)
+        return listeners_explicit.generate(ctx, proxy)
     return ResourceSet([_outbound(ctx, proxy), _inbound(ctx, proxy)])
 
 
@@ -178,7 +175,7 @@ def _original_dst() -> ListenerFilter:
 
 
 def _tls_inspector() -> ListenerFilter:
-    return ListenerFilter(name=listeners.TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
+    return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
 def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Listener:
@@ -197,13 +194,13 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
             match.server_names.extend(server_names)
             match.transport_protocol = "tls"
         if kind == "http":
-            hcm = listeners._hcm(f"outbound_{WILDCARD_BIND}_{number}")
+            hcm = sidecar_hcm(f"outbound_{WILDCARD_BIND}_{number}")
             hcm.rds.config_source.CopyFrom(ads_config_source())
             hcm.rds.route_config_name = str(number)
-            filters = [Filter(name=listeners.HCM_FILTER, typed_config=pack(hcm))]
+            filters = [hcm_filter(hcm)]
             name = f"{WILDCARD_BIND}_{number}"
         else:
-            filters = [listeners._tcp_proxy(cluster)]
+            filters = [tcp_proxy(cluster)]
             name = f"{cluster}|{','.join(prefixes)}"
         listener.filter_chains.append(
             FilterChain(name=name, filter_chain_match=match, filters=filters)
@@ -211,9 +208,7 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
     if any(server_names for _, _, _, server_names, _ in chains):
         listener.listener_filters.append(_tls_inspector())
     unknown = PASSTHROUGH_CLUSTER if policy == ALLOW_ANY else BLACKHOLE_CLUSTER
-    listener.default_filter_chain.CopyFrom(
-        FilterChain(name=unknown, filters=[listeners._tcp_proxy(unknown)])
-    )
+    listener.default_filter_chain.CopyFrom(FilterChain(name=unknown, filters=[tcp_proxy(unknown)]))
     return listener
 
 
@@ -270,7 +265,7 @@ def build_virtual_inbound(
     inspect = False
     for number, http, mode in ports:
         # Mode NONE's chains for this port, told apart from other ports by the destination.
-        per_port = listeners.build_inbound(WILDCARD_BIND, number, http, mode, policies)
+        per_port = listeners_explicit.build_inbound(WILDCARD_BIND, number, http, mode, policies)
         inspect |= bool(per_port.listener_filters)
         for chain in per_port.filter_chains:
             chain.name = f"{number}_{chain.name}"
@@ -293,7 +288,7 @@ def _passthrough_chains(
         Filter(name=n, typed_config=pack(cfg))
         for n, cfg in network_rbac_filters(policies, "inbound_passthrough")
     ]
-    filters = [*rbac, listeners._tcp_proxy(PASSTHROUGH_CLUSTER)]
+    filters = [*rbac, tcp_proxy(PASSTHROUGH_CLUSTER)]
     out: list[FilterChain] = []
     if mode in (MtlsMode.STRICT, MtlsMode.PERMISSIVE):
         chain = FilterChain(

@@ -4,8 +4,8 @@ Host/authority header, so each gets a virtual host `HOST:PORT` whose domains are
 client in the proxy's namespace may use for it.
 
 A service without a VirtualService has one route, `default`, to its cluster. A VirtualService
-for the host replaces it with its `http` routes for this port, in order (control/generate/
-httproute.py translates them); a request none of them matches gets 404, as with Istio.
+for the host replaces it with its `http` routes for this port, in order (route_translation.py
+translates each one); a request none of them matches gets 404, as with Istio.
 """
 
 from __future__ import annotations
@@ -14,18 +14,23 @@ from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.wrappers_pb2 import BoolValue
 
-from control.generate import virtual
-from control.generate.common import (
-    ROUTE_TYPE,
+from control.generate import listeners_redirect
+from control.generate.context import GenContext, variant_resource
+from control.generate.names import search_names
+from control.generate.plans import (
     OutboundPort,
     destination_cluster,
     destination_port,
     outbound_plan,
-    variant_resource,
-    warn_once,
 )
-from control.generate.context import GenContext
-from control.generate.httproute import DEFAULT_ROUTE, RouteSpec, WeightedCluster, build_route
+from control.generate.resource_names import ROUTE_TYPE
+from control.generate.route_translation import (
+    DEFAULT_ROUTE,
+    RouteSpec,
+    WeightedCluster,
+    build_route,
+)
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import ConsistentHash, Destination, HttpRoute, VirtualService
@@ -39,7 +44,7 @@ VhostSpec = tuple[str, tuple[str, ...], tuple[RouteSpec, ...]]
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # REDIRECT: hosts outside the registry go where the outbound traffic policy says.
-    fallback = virtual.route_fallback(ctx, proxy)
+    fallback = listeners_redirect.route_fallback(ctx, proxy)
     # Short names depend on the client's namespace, so the scope alone is not enough.
     return ctx.memo(
         ("rds-set", proxy.namespace, plan.key, fallback),
@@ -168,13 +173,7 @@ def domains_for(service: Service, port: int, client_namespace: str) -> list[str]
     """Every Host a client may send for `service`: its FQDN; for a Kubernetes service also the
     search-path forms `name.ns.svc`, `name.ns` and (same namespace only) `name`; the VIPs; each
     bare and with `:port`."""
-    names = [service.hostname]
-    if service.registry == "Kubernetes":
-        svc = f"{service.name}.{service.namespace}.svc"
-        if service.hostname.startswith(svc + "."):
-            names += [svc, f"{service.name}.{service.namespace}"]
-            if service.namespace == client_namespace:
-                names.append(service.name)
+    names = search_names(service, client_namespace)
     # A ServiceEntry address may be a CIDR, which is no Host value.
     names += [a for a in service.addresses if "/" not in a]
     out: list[str] = []
@@ -199,5 +198,5 @@ def build(port: int, vhosts: tuple[VhostSpec, ...], fallback: str = "") -> Route
         # references would reject a route that merely arrived before its cluster.
         validate_clusters=BoolValue(value=False),
     )
-    config.virtual_hosts.extend(virtual.fallback_vhosts(fallback))
+    config.virtual_hosts.extend(listeners_redirect.fallback_vhosts(fallback))
     return config

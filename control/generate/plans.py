@@ -1,43 +1,33 @@
-"""What the per-type generators share: type URLs, Istio's resource names, address helpers and
-the per-scope "plans" (which clusters and listener ports a set of visible services implies).
+"""The per-scope plans that the Envoy generators follow: which outbound clusters (and
+DestinationRule subset clusters) a set of visible services implies, grouped by port number and
+by how a listener tells them apart (Host, SNI, nothing); which inbound ports a proxy serves and
+where they forward; where listeners bind; which cluster a VirtualService destination names.
 
 Clusters, endpoints, listeners and routes must agree exactly on these decisions (a listener
 must never name a cluster that CDS did not send, every EDS cluster needs a CLA), so they are
-made once here and memoized per push instead of being re-derived in each module.
+made once here and memoized per push instead of being re-derived in each module; a push in
+which only endpoints changed patches the previous push's outbound plan (`_patched_plan`).
 """
 
 from __future__ import annotations
 
 import functools
-import ipaddress
-import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
 
-from envoy.config.cluster.v3.cluster_pb2 import Cluster
-from envoy.config.core.v3.address_pb2 import Address, Pipe, SocketAddress
-from envoy.config.core.v3.base_pb2 import Locality, Metadata
-from envoy.config.core.v3.config_source_pb2 import (
-    AggregatedConfigSource,
-    ApiVersion,
-    ConfigSource,
+from control.generate.addresses import (
+    WILDCARD_BIND,
+    Upstream,
+    parse_default_endpoint,
 )
-from envoy.config.endpoint.v3.endpoint_components_pb2 import (
-    Endpoint as EnvoyEndpoint,
-)
-from envoy.config.endpoint.v3.endpoint_components_pb2 import (
-    LbEndpoint,
-    LocalityLbEndpoints,
-)
-from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
-from envoy.config.listener.v3.listener_pb2 import Listener
-from envoy.config.route.v3.route_pb2 import RouteConfiguration
-from google.protobuf.any_pb2 import Any as AnyProto
-from google.protobuf.message import Message
-from google.protobuf.wrappers_pb2 import UInt32Value
-
 from control.generate.context import GenContext
+from control.generate.resource_names import (
+    inbound_cluster_name,
+    listener_name,
+    outbound_cluster_name,
+    subset_cluster_name,
+)
+from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import Destination, DestinationRule, TrafficPolicy
@@ -50,172 +40,6 @@ from control.model.types import (
     ServicePort,
     SidecarScope,
 )
-from control.xds.cache import Resource
-
-log = logging.getLogger(__name__)
-
-_PREFIX: Final = "type.googleapis.com/"
-CLUSTER_TYPE: Final[str] = _PREFIX + Cluster.DESCRIPTOR.full_name
-ENDPOINT_TYPE: Final[str] = _PREFIX + ClusterLoadAssignment.DESCRIPTOR.full_name
-LISTENER_TYPE: Final[str] = _PREFIX + Listener.DESCRIPTOR.full_name
-ROUTE_TYPE: Final[str] = _PREFIX + RouteConfiguration.DESCRIPTOR.full_name
-
-BLACKHOLE_CLUSTER: Final = "BlackHoleCluster"
-PASSTHROUGH_CLUSTER: Final = "PassthroughCluster"
-CONNECT_TIMEOUT_SECONDS: Final = 10
-# Istio's answer when a Sidecar ingress has no defaultEndpoint: the app on loopback. The pod IP
-# (Istio's newer default) cannot work in interception mode NONE, where the inbound listener
-# itself is bound there.
-DEFAULT_INBOUND_HOST: Final = "127.0.0.1"
-
-
-def outbound_cluster_name(port: int, hostname: str) -> str:
-    return f"outbound|{port}||{hostname}"
-
-
-def subset_cluster_name(port: int, subset: str, hostname: str) -> str:
-    return f"outbound|{port}|{subset}|{hostname}"
-
-
-def inbound_cluster_name(port: int) -> str:
-    return f"inbound|{port}||"
-
-
-def listener_name(address: str, port: int) -> str:
-    return f"{address}_{port}"
-
-
-def pack(message: Message) -> AnyProto:
-    """Wrap a message in an Any with deterministic bytes: the enclosing resource is serialized
-    deterministically, but Any.value is opaque to that and must be made so here."""
-    packed = AnyProto()
-    packed.Pack(message, deterministic=True)
-    return packed
-
-
-def ads_config_source() -> ConfigSource:
-    return ConfigSource(ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3)
-
-
-# --- addresses -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    """Where a connection goes: host:port, or a Unix socket when `pipe` is set."""
-
-    host: str = ""
-    port: int = 0
-    pipe: str = ""
-
-    def address(self) -> Address:
-        if self.pipe:
-            return Address(pipe=Pipe(path=self.pipe))
-        return socket_address(self.host, self.port)
-
-    def __str__(self) -> str:
-        return f"unix://{self.pipe}" if self.pipe else f"{self.host}:{self.port}"
-
-
-def socket_address(host: str, port: int) -> Address:
-    return Address(socket_address=SocketAddress(address=host, port_value=port))
-
-
-def is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
-
-
-def parse_default_endpoint(value: str, proxy_ip: str, port: int) -> Upstream | None:
-    """Istio's `ingress[].defaultEndpoint`: `0.0.0.0:PORT` is the app at the pod IP,
-    `unix:///path` a Unix socket, any other `IP:PORT` literal. None when malformed."""
-    if not value:
-        return Upstream(DEFAULT_INBOUND_HOST, port)
-    if value.startswith("unix://"):
-        path = value.removeprefix("unix://")
-        return Upstream(pipe=path) if path else None
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        return None
-    host = host.removeprefix("[").removesuffix("]")
-    if not is_ip(host):
-        return None
-    if host in ("0.0.0.0", "::"):
-        host = proxy_ip
-    return Upstream(host, int(port_text))
-
-
-# --- endpoints -------------------------------------------------------------------------------
-
-# What a load assignment reads from an endpoint; the cache key of CLAs and DNS clusters. Labels
-# and service account do not reach these bytes, so they stay out of the key and a relabelled
-# workload does not cost a re-serialization.
-EndpointKey = tuple[str, int, int, str, bool]  # address, port, weight, locality, mTLS
-
-# Endpoint metadata that Envoy matches a cluster's `transport_socket_matches` against, and the
-# label an endpoint reached with Istio mTLS carries there (auto mTLS, as Istio's EDS).
-TRANSPORT_SOCKET_MATCH: Final = "envoy.transport_socket_match"
-MTLS_ENDPOINT_LABEL: Final = {"tlsMode": "istio"}
-
-
-def endpoint_keys(endpoints: tuple[Endpoint, ...]) -> tuple[EndpointKey, ...]:
-    return tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in endpoints)
-
-
-_MTLS_METADATA = Metadata()
-_MTLS_METADATA.filter_metadata[TRANSPORT_SOCKET_MATCH].update(MTLS_ENDPOINT_LABEL)
-
-
-def parse_locality(value: str) -> Locality:
-    region, _, rest = value.partition("/")
-    zone, _, sub_zone = rest.partition("/")
-    return Locality(region=region, zone=zone, sub_zone=sub_zone)
-
-
-def locality_endpoints(
-    cluster: str, endpoints: tuple[EndpointKey, ...], *, dns: bool
-) -> list[LocalityLbEndpoints]:
-    """Group endpoints by locality (sorted, so equal inputs give equal bytes).
-
-    An address Envoy cannot use for the cluster's kind is left out with a warning instead of
-    being sent: Envoy rejects the whole resource for one bad address, which would take every
-    other endpoint of the cluster down with it. EDS takes IPs and Unix sockets; a DNS cluster
-    takes IPs and hostnames (to resolve) but no sockets.
-    """
-    groups: dict[str, list[LbEndpoint]] = {}
-    for address, port, weight, locality, mtls in sorted(endpoints):
-        if address.startswith("unix://"):
-            usable = not dns
-            addr = Upstream(pipe=address.removeprefix("unix://")).address()
-        else:
-            usable = dns or is_ip(address)
-            addr = socket_address(address, port)
-        if not usable:
-            warn_once(
-                ("unusable-endpoint", cluster, address),
-                "cluster %s: endpoint address %s cannot be used by a%s cluster; left out",
-                cluster,
-                address,
-                " DNS" if dns else "n EDS",
-            )
-            continue
-        lb = LbEndpoint(endpoint=EnvoyEndpoint(address=addr))
-        if weight > 0:
-            lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
-        if mtls:
-            lb.metadata.CopyFrom(_MTLS_METADATA)
-        groups.setdefault(locality, []).append(lb)
-    out = []
-    for locality in sorted(groups):
-        group = LocalityLbEndpoints(lb_endpoints=groups[locality])
-        if locality:
-            group.locality.CopyFrom(parse_locality(locality))
-        out.append(group)
-    return out
-
 
 # --- outbound plan ---------------------------------------------------------------------------
 
@@ -528,10 +352,6 @@ def _build_inbound(
     return tuple(out)
 
 
-# Where captured inbound connections arrive (REDIRECT): the listener is bound to every address.
-WILDCARD_BIND: Final = "0.0.0.0"
-
-
 def service_inbound_ports(services: tuple[Service, ...], proxy_ip: str) -> tuple[InboundPort, ...]:
     """One inbound port per workload port (the target port: what a caller's connection is
     addressed to, so what the capture sees), the first service by hostname deciding the
@@ -560,40 +380,3 @@ def egress_bind(sidecar: SidecarScope | None, port: int, proxy_ip: str) -> str:
         if egress.port is None and egress.bind:
             return egress.bind
     return proxy_ip
-
-
-# --- cache helpers ---------------------------------------------------------------------------
-
-
-def variant_resource(
-    ctx: GenContext, type_url: str, name: str, key: Hashable, build: Callable[[], Message]
-) -> Resource:
-    """A resource whose content under one name legitimately differs between proxies: inbound
-    clusters that point at each pod's IP, RDS routes that depend on the client's namespace.
-    Each content variant gets its own cache slot (the key is the variant), so proxies with
-    equal inputs share bytes and alternating proxies do not evict each other (rule 8)."""
-    return ctx.resource(type_url, name, key, build, variant=key)
-
-
-class _WarnOnce:
-    """Logs a warning the first time its key is seen: generators run on every push, and a
-    config problem that persists should not flood the log. Bounded so churn cannot leak."""
-
-    def __init__(self, limit: int = 10_000) -> None:
-        self._seen: set[Hashable] = set()
-        self._limit = limit
-
-    def __call__(self, key: Hashable, msg: str, *args: object) -> None:
-        if key in self._seen:
-            return
-        if len(self._seen) >= self._limit:
-            self._seen.clear()
-        self._seen.add(key)
-        log.warning(msg, *args)
-
-    def clear(self) -> None:
-        """Forget what was reported, so every problem is logged again once."""
-        self._seen.clear()
-
-
-warn_once = _WarnOnce()

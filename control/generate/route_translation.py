@@ -6,6 +6,7 @@ same action (Istio's translation); a route without matches catches everything.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,8 +38,8 @@ from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
-from control.generate.common import pack
-from control.generate.policy import hash_policies
+from control.generate.destination_policy import hash_policies
+from control.generate.wire import pack
 from control.model.traffic import (
     NO_HEADERS,
     ConsistentHash,
@@ -268,27 +269,21 @@ def _fault(fault: Fault) -> HTTPFault:
 def _headers(target: Route | EnvoyWeightedCluster.ClusterWeight, ops: HeaderOps) -> None:
     if not ops:
         return
-    overwrite = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    append = HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
-    target.request_headers_to_add.extend(
-        [
-            HeaderValueOption(header=HeaderValue(key=k, value=v), append_action=overwrite)
-            for k, v in ops.request_set
-        ]
-        + [
-            HeaderValueOption(header=HeaderValue(key=k, value=v), append_action=append)
-            for k, v in ops.request_add
-        ]
-    )
+    target.request_headers_to_add.extend(_header_options(ops.request_set, ops.request_add))
     target.request_headers_to_remove.extend(ops.request_remove)
-    target.response_headers_to_add.extend(
-        [
-            HeaderValueOption(header=HeaderValue(key=k, value=v), append_action=overwrite)
-            for k, v in ops.response_set
-        ]
-        + [
-            HeaderValueOption(header=HeaderValue(key=k, value=v), append_action=append)
-            for k, v in ops.response_add
-        ]
-    )
+    target.response_headers_to_add.extend(_header_options(ops.response_set, ops.response_add))
     target.response_headers_to_remove.extend(ops.response_remove)
+
+
+def _header_options(
+    overwrite: Iterable[tuple[str, str]], append: Iterable[tuple[str, str]]
+) -> list[HeaderValueOption]:
+    """Istio's `set` replaces a header's value, its `add` appends one."""
+    return [
+        HeaderValueOption(header=HeaderValue(key=k, value=v), append_action=action)
+        for pairs, action in (
+            (overwrite, HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD),
+            (append, HeaderValueOption.APPEND_IF_EXISTS_OR_ADD),
+        )
+        for k, v in pairs
+    ]

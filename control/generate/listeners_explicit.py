@@ -25,14 +25,9 @@ from envoy.config.listener.v3.listener_components_pb2 import (
 )
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_components_pb2 import (
-    Route,
     RouteAction,
-    RouteMatch,
-    VirtualHost,
 )
-from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.extensions.filters.http.fault.v3.fault_pb2 import HTTPFault
-from envoy.extensions.filters.http.router.v3.router_pb2 import Router
 from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import TlsInspector
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
@@ -43,40 +38,39 @@ from envoy.type.v3.hash_policy_pb2 import HashPolicy
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import BoolValue
 
-from control.generate.common import (
-    LISTENER_TYPE,
+from control.generate.addresses import socket_address
+from control.generate.authz_rbac import http_filters as http_rbac_filters
+from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.context import GenContext, variant_resource
+from control.generate.filters import (
+    TCP_PROXY_FILTER,
+    TLS_INSPECTOR_FILTER,
+    catch_all_routes,
+    hcm_filter,
+    sidecar_hcm,
+    tcp_proxy,
+)
+from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.plans import (
     InboundPort,
     OutboundCluster,
     OutboundPort,
-    ads_config_source,
     destination_cluster,
     destination_port,
     egress_bind,
-    inbound_cluster_name,
     inbound_ports,
-    listener_name,
     outbound_plan,
-    pack,
     sidecar_of,
-    socket_address,
-    variant_resource,
-    warn_once,
 )
-from control.generate.context import GenContext
-from control.generate.httproute import FAULT_FILTER
-from control.generate.rbac import http_filters as http_rbac_filters
-from control.generate.rbac import network_filters as network_rbac_filters
-from control.generate.tls import MESH_ALPN_MATCH, downstream_socket
+from control.generate.resource_names import LISTENER_TYPE, inbound_cluster_name, listener_name
+from control.generate.route_translation import FAULT_FILTER
+from control.generate.warn import warn_once
+from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.traffic import TrafficPolicy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
-
-HCM_FILTER = "envoy.filters.network.http_connection_manager"
-TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
-ROUTER_FILTER = "envoy.filters.http.router"
-TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 
 # Where a TCP proxy sends a connection: (cluster, weight) pairs (one pair: that cluster), and
 # whether to hash on the source IP (a DestinationRule consistentHash useSourceIp).
@@ -198,7 +192,7 @@ def _inbound(
 
 
 def build_outbound_http(bind: str, number: int) -> Listener:
-    hcm = _hcm(f"outbound_{bind}_{number}")
+    hcm = sidecar_hcm(f"outbound_{bind}_{number}")
     # VirtualService fault injection is per route (typed_per_filter_config); the filter itself
     # must be in the chain, before the router, as in Istio's outbound listeners.
     hcm.http_filters.insert(
@@ -209,7 +203,7 @@ def build_outbound_http(bind: str, number: int) -> Listener:
     return Listener(
         name=listener_name(bind, number),
         address=socket_address(bind, number),
-        filter_chains=[FilterChain(filters=[Filter(name=HCM_FILTER, typed_config=pack(hcm))])],
+        filter_chains=[FilterChain(filters=[hcm_filter(hcm)])],
         traffic_direction=TrafficDirection.OUTBOUND,
     )
 
@@ -284,8 +278,8 @@ def _inbound_filters(
     if not http:
         # Network RBAC filters go before the TCP proxy, which is terminal.
         rbac = network_rbac_filters(policies, f"inbound_{bind}_{number}")
-        return [Filter(name=n, typed_config=pack(cfg)) for n, cfg in rbac] + [_tcp_proxy(cluster)]
-    hcm = _hcm(f"inbound_{bind}_{number}")
+        return [Filter(name=n, typed_config=pack(cfg)) for n, cfg in rbac] + [tcp_proxy(cluster)]
+    hcm = sidecar_hcm(f"inbound_{bind}_{number}")
     if mtls:
         # The app learns who called: `x-forwarded-client-cert: By=<us>;Hash=..;URI=<caller>`.
         # Whatever a client sent in that header is replaced (SANITIZE_SET); on the plaintext
@@ -298,47 +292,19 @@ def _inbound_filters(
     hcm.http_filters.extend([*rbac, router])
     # Inline: the route is fixed (everything to the app), so an RDS round trip would only
     # delay the listener becoming ready.
-    hcm.route_config.CopyFrom(
-        RouteConfiguration(
-            name=cluster,
-            virtual_hosts=[
-                VirtualHost(
-                    name=f"inbound|http|{number}",
-                    domains=["*"],
-                    routes=[
-                        Route(
-                            name="default",
-                            match=RouteMatch(prefix="/"),
-                            route=RouteAction(cluster=cluster, timeout=Duration(seconds=0)),
-                        )
-                    ],
-                )
-            ],
-            validate_clusters=BoolValue(value=False),
-        )
+    routes = catch_all_routes(
+        cluster, f"inbound|http|{number}", RouteAction(cluster=cluster, timeout=Duration(seconds=0))
     )
-    return [Filter(name=HCM_FILTER, typed_config=pack(hcm))]
-
-
-def _hcm(stat_prefix: str) -> HttpConnectionManager:
-    return HttpConnectionManager(
-        stat_prefix=stat_prefix,
-        codec_type=HttpConnectionManager.AUTO,
-        # In mode NONE the peer is the local app (outbound) or another sidecar (inbound);
-        # neither is the edge, so trust no client address and append none, as Istio does.
-        use_remote_address=BoolValue(value=False),
-        normalize_path=BoolValue(value=True),
-        upgrade_configs=[HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
-        # The router must be last: filters after it never run.
-        http_filters=[HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router()))],
-    )
+    routes.validate_clusters.CopyFrom(BoolValue(value=False))
+    hcm.route_config.CopyFrom(routes)
+    return [hcm_filter(hcm)]
 
 
 def _weighted_tcp_proxy(
     targets: tuple[tuple[str, int], ...], source_ip: bool, number: int
 ) -> Filter:
     if len(targets) == 1 and not source_ip:
-        return _tcp_proxy(targets[0][0])
+        return tcp_proxy(targets[0][0])
     proxy = TcpProxy()
     if len(targets) == 1:
         proxy.stat_prefix = proxy.cluster = targets[0][0]
@@ -350,9 +316,3 @@ def _weighted_tcp_proxy(
     if source_ip:
         proxy.hash_policy.append(HashPolicy(source_ip=HashPolicy.SourceIp()))
     return Filter(name=TCP_PROXY_FILTER, typed_config=pack(proxy))
-
-
-def _tcp_proxy(cluster: str) -> Filter:
-    return Filter(
-        name=TCP_PROXY_FILTER, typed_config=pack(TcpProxy(stat_prefix=cluster, cluster=cluster))
-    )

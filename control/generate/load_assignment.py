@@ -1,0 +1,90 @@
+"""How endpoints become Envoy load assignments: what of an endpoint reaches the bytes (the cache
+key `EndpointKey`), the auto-mTLS label Envoy matches `transport_socket_matches` against,
+grouping by locality, and which addresses each kind of cluster (EDS, DNS) can use.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from envoy.config.core.v3.base_pb2 import Locality, Metadata
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    Endpoint as EnvoyEndpoint,
+)
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from google.protobuf.wrappers_pb2 import UInt32Value
+
+from control.generate.addresses import Upstream, is_ip, socket_address
+from control.generate.warn import warn_once
+from control.model.types import (
+    Endpoint,
+)
+
+# What a load assignment reads from an endpoint; the cache key of CLAs and DNS clusters. Labels
+# and service account do not reach these bytes, so they stay out of the key and a relabelled
+# workload does not cost a re-serialization.
+EndpointKey = tuple[str, int, int, str, bool]  # address, port, weight, locality, mTLS
+
+# Endpoint metadata that Envoy matches a cluster's `transport_socket_matches` against, and the
+# label an endpoint reached with Istio mTLS carries there (auto mTLS, as Istio's EDS).
+TRANSPORT_SOCKET_MATCH: Final = "envoy.transport_socket_match"
+MTLS_ENDPOINT_LABEL: Final = {"tlsMode": "istio"}
+
+
+def endpoint_keys(endpoints: tuple[Endpoint, ...]) -> tuple[EndpointKey, ...]:
+    return tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in endpoints)
+
+
+_MTLS_METADATA = Metadata()
+_MTLS_METADATA.filter_metadata[TRANSPORT_SOCKET_MATCH].update(MTLS_ENDPOINT_LABEL)
+
+
+def parse_locality(value: str) -> Locality:
+    region, _, rest = value.partition("/")
+    zone, _, sub_zone = rest.partition("/")
+    return Locality(region=region, zone=zone, sub_zone=sub_zone)
+
+
+def locality_endpoints(
+    cluster: str, endpoints: tuple[EndpointKey, ...], *, dns: bool
+) -> list[LocalityLbEndpoints]:
+    """Group endpoints by locality (sorted, so equal inputs give equal bytes).
+
+    An address Envoy cannot use for the cluster's kind is left out with a warning instead of
+    being sent: Envoy rejects the whole resource for one bad address, which would take every
+    other endpoint of the cluster down with it. EDS takes IPs and Unix sockets; a DNS cluster
+    takes IPs and hostnames (to resolve) but no sockets.
+    """
+    groups: dict[str, list[LbEndpoint]] = {}
+    for address, port, weight, locality, mtls in sorted(endpoints):
+        if address.startswith("unix://"):
+            usable = not dns
+            addr = Upstream(pipe=address.removeprefix("unix://")).address()
+        else:
+            usable = dns or is_ip(address)
+            addr = socket_address(address, port)
+        if not usable:
+            warn_once(
+                ("unusable-endpoint", cluster, address),
+                "cluster %s: endpoint address %s cannot be used by a%s cluster; left out",
+                cluster,
+                address,
+                " DNS" if dns else "n EDS",
+            )
+            continue
+        lb = LbEndpoint(endpoint=EnvoyEndpoint(address=addr))
+        if weight > 0:
+            lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+        if mtls:
+            lb.metadata.CopyFrom(_MTLS_METADATA)
+        groups.setdefault(locality, []).append(lb)
+    out = []
+    for locality in sorted(groups):
+        group = LocalityLbEndpoints(lb_endpoints=groups[locality])
+        if locality:
+            group.locality.CopyFrom(parse_locality(locality))
+        out.append(group)
+    return out

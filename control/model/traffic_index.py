@@ -1,0 +1,89 @@
+"""TrafficIndex: which VirtualService and which DestinationRule apply to a host, as clients of
+one namespace see them (exportTo), and which client namespaces can see them differently from
+the rest. Built from the rules alone, so an index derived for a workload-only change shares it
+with its parent, memos included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from control.model.traffic import (
+    DestinationRule,
+    VirtualService,
+    pick_destination_rule,
+    pick_virtual_service,
+)
+from control.model.types import MeshConfig, Service
+
+
+class TrafficIndex:
+    """Per-host lookups over the snapshot's VirtualServices and DestinationRules."""
+
+    def __init__(self, config: MeshConfig, service_by_host: Mapping[str, Service]) -> None:
+        self._service_by_host = service_by_host
+        self.virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
+        self.destination_rules = tuple(sorted(config.destination_rules, key=lambda r: r.key))
+        # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
+        self._vs_by_host: dict[str, list[VirtualService]] = {}
+        self._vs_wild: list[VirtualService] = []
+        for vs in self.virtual_services:
+            for host in vs.hosts:
+                if host.startswith("*"):
+                    if not self._vs_wild or self._vs_wild[-1] is not vs:
+                        self._vs_wild.append(vs)
+                else:
+                    self._vs_by_host.setdefault(host, []).append(vs)
+        self._dr_by_host: dict[str, list[DestinationRule]] = {}
+        self._dr_wild: list[DestinationRule] = []
+        for dr in self.destination_rules:
+            if dr.host.startswith("*"):
+                self._dr_wild.append(dr)
+            else:
+                self._dr_by_host.setdefault(dr.host, []).append(dr)
+        # Namespaces whose clients may see traffic rules differently from everyone else: they
+        # hold rules of their own, or rules are exported to them by name.
+        self._rule_namespaces: set[str] = set()
+        owners = [(v.namespace, v.export_to) for v in self.virtual_services]
+        owners += [(r.namespace, r.export_to) for r in self.destination_rules]
+        for namespace, exports in owners:
+            self._rule_namespaces.add(namespace)
+            self._rule_namespaces.update(n for n in exports if n not in ("*", "."))
+        self._vs_for: dict[tuple[str, str], VirtualService | None] = {}
+        self._dr_for: dict[tuple[str, str], DestinationRule | None] = {}
+
+    def traffic_scope(self, client_namespace: str) -> str:
+        """The namespace that traffic rules are resolved for: the client's own when it could
+        see them differently from other namespaces, else "" (shared by all such clients, so
+        their clusters and routes are computed once)."""
+        return client_namespace if client_namespace in self._rule_namespaces else ""
+
+    def virtual_service(self, host: str, scope: str) -> VirtualService | None:
+        """The VirtualService routing `host` for clients of `scope` (see traffic_scope)."""
+        key = (host, scope)
+        if key in self._vs_for:
+            return self._vs_for[key]
+        candidates = tuple(
+            sorted({*self._vs_by_host.get(host, ()), *self._vs_wild}, key=lambda v: v.key)
+        )
+        found = pick_virtual_service(candidates, host, scope) if candidates else None
+        self._vs_for[key] = found
+        return found
+
+    def destination_rule(self, host: str, scope: str) -> DestinationRule | None:
+        """The DestinationRule for `host` as clients of `scope` see it."""
+        key = (host, scope)
+        if key in self._dr_for:
+            return self._dr_for[key]
+        candidates = (*self._dr_by_host.get(host, ()), *self._dr_wild)
+        found = None
+        if candidates:
+            service = self._service_by_host.get(host)
+            found = pick_destination_rule(
+                tuple(sorted(candidates, key=lambda r: r.key)),
+                host,
+                scope,
+                service.namespace if service else "",
+            )
+        self._dr_for[key] = found
+        return found
