@@ -99,6 +99,13 @@ class Agent(Lifecycle):
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:
             tls = UpstreamTls(cfg.ca_root_cert, cfg.token_file)
+        else:
+            # Said once up front: otherwise the first sign of it is a refused certificate.
+            logger.warning(
+                "control plane %s over plaintext: it signs no certificate and registers no "
+                "workload there; use its TLS port (15012) with a token and --ca-root-cert",
+                ",".join(cfg.control_plane),
+            )
         self.upstream = UpstreamChannel(
             list(cfg.control_plane),
             tls=tls,

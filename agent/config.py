@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from pilotfish_common import logsetup
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
 # the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
 LOCAL_ROOT_CERT = Path("pilotfish-state/root-cert.pem")
+
+# An Istio object name (the WorkloadGroup named by --workload-group).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class AgentConfigError(ValueError):
@@ -35,6 +39,10 @@ class AgentConfig:
     namespace: str = "default"
     service_account: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
+    # The WorkloadGroup to register the workload in (node metadata WORKLOAD_GROUP); the
+    # control plane admits it only when this agent's token or certificate is the group's
+    # service account. "" = not registered (a client-only proxy).
+    workload_group: str = ""
     token_file: Path | None = None
     proxy_only: bool = False
     dns_upstream: tuple[str, ...] = ()
@@ -114,6 +122,8 @@ class AgentConfig:
             # may use it (agent and app streams must say the same, they are one workload).
             meta["CERTIFICATE_PROVIDER"] = "default"
         meta.update(self.extra_metadata)
+        if self.workload_group:
+            meta["WORKLOAD_GROUP"] = self.workload_group
         return meta
 
 
@@ -201,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--labels",
         default=env("ISTIO_META_LABELS", ""),
         help="workload labels k=v,... (ISTIO_META_LABELS)",
+    )
+    p.add_argument(
+        "--workload-group",
+        default=env("ISTIO_META_WORKLOAD_GROUP", ""),
+        metavar="NAME",
+        help="register this workload in the WorkloadGroup NAME of its namespace (needs a "
+        "token or certificate of the group's service account, on the TLS port; env "
+        "ISTIO_META_WORKLOAD_GROUP)",
     )
     p.add_argument("--token-file", default=None, help="bearer token file (default <workdir>/token)")
     p.add_argument(
@@ -318,6 +336,11 @@ def config_from_args(
         raise AgentConfigError(
             f"--interception-mode: {args.interception_mode!r} is not NONE or REDIRECT"
         )
+    if args.workload_group and not _DNS_SUBDOMAIN.fullmatch(args.workload_group):
+        raise AgentConfigError(
+            f"--workload-group: {args.workload_group!r} is not a valid object name "
+            "(lowercase letters, digits, '-' and '.')"
+        )
     return AgentConfig(
         control_plane=addresses,
         workdir=workdir,
@@ -326,6 +349,7 @@ def config_from_args(
         namespace=args.namespace,
         service_account=args.service_account,
         labels=parse_labels(args.labels),
+        workload_group=args.workload_group,
         token_file=Path(args.token_file) if args.token_file else workdir / "token",
         proxy_only=args.proxy_only,
         dns_upstream=upstream or resolv_conf_servers(),

@@ -129,7 +129,10 @@ class ControlPlane:
         self.options = options
         self.metrics = metrics or Metrics()
         self.cache = ResourceCache()
-        self.registry = WorkloadRegistry(grace=options.workload_grace)
+        self.registry = WorkloadRegistry(
+            grace=options.workload_grace,
+            on_refused=lambda reason: self.metrics.registrations_refused.labels(reason).inc(),
+        )
         self.watcher: ConfigSource = _config_source(options)  # KubeConfigError: bad kubeconfig
         access = debug_policy(options)  # who may read the debug views
         self.security = SecurityStack(options.security(), self.metrics, self.watcher.kube_client)
@@ -171,6 +174,7 @@ class ControlPlane:
             config=self.watcher,
             pushes=self.pipeline,
             resources=self.current.resources,
+            registered=self.registry.workload_entries,
             access=debug_middleware(access, lambda: self.security.call_auth),
         )
         self._grpc: grpc.aio.Server | None = None

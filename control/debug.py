@@ -108,6 +108,7 @@ class DebugServer:
         config: ConfigView,
         pushes: PushesView,
         resources: ResourcesFor,
+        registered: Callable[[], list[dict[str, Any]]] = list,
         access: Middleware | None = None,
     ) -> None:
         self._ready_now = ready
@@ -116,6 +117,9 @@ class DebugServer:
         self._config = config
         self._pushes = pushes
         self._resources = resources
+        # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
+        # objects (WorkloadRegistry.workload_entries); read-only, cheap.
+        self._registered = registered
         # Who may read /debug/* (control/debugaccess.py); None: everyone.
         self._access = access
         self._runner: web.AppRunner | None = None
@@ -179,6 +183,8 @@ class DebugServer:
                 "objects": objects,
                 "errors": errors,
                 "warnings": warnings,
+                # Workloads auto-registered through WorkloadGroups, as WorkloadEntries.
+                "registered": self._registered(),
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
                 "source": self._config.status(),

@@ -106,6 +106,12 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.registrations_refused = Counter(
+            "pilotfish_auto_registrations_refused",
+            "Proxies that named a WorkloadGroup and were not registered, by reason.",
+            ["reason"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -66,11 +66,12 @@ class PushRecord:
 class WorkloadSource(Protocol):
     """The workloads connected proxies registered (control/registry/keeper.py).
 
-    Contract: `workloads()` is a cheap read on the event loop; a handler given to `subscribe`
+    Contract: `workloads(config)` is a cheap read on the event loop (the set as the
+    WorkloadGroups of the snapshot being built admit it); a handler given to `subscribe`
     is called with no arguments, on the event loop, each time that set changed, and must
     return at once (the pipeline only notes that a push is due)."""
 
-    def workloads(self) -> tuple[Workload, ...]: ...
+    def workloads(self, config: MeshConfig) -> tuple[Workload, ...]: ...
 
     def subscribe(self, handler: Callable[[], None]) -> None: ...
 
@@ -244,7 +245,8 @@ class PushPipeline:
         return streams
 
     def _rebuild(self, started: float | None = None) -> MeshIndex:
-        previous = self._current.advance(self._config, self._workloads.workloads(), started)
+        workloads = self._workloads.workloads(self._config)
+        previous = self._current.advance(self._config, workloads, started)
         self._metrics.services.set(len(self._current.index.services))
         self._metrics.config_errors.set(len(self._source.errors))
         return previous

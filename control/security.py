@@ -44,6 +44,7 @@ from control.kube.client import KubeClient
 from control.kube.tokenreview import KubeTokenReviewer
 from control.metrics import Metrics
 from control.model.proxy import Proxy
+from control.xds.server import StreamRefused
 
 logger = logging.getLogger(__name__)
 
@@ -175,10 +176,12 @@ class SecurityStack:
 
     async def authorize_stream(
         self, context: grpc.aio.ServicerContext, proxy: Proxy
-    ) -> tuple[grpc.StatusCode, str] | Identity | None:
+    ) -> Identity | None:
         """Streams on the TLS ports: the caller must authenticate and may only claim its own
-        identity, which is returned (syncz over xDS shows it what --debug-allow lets it see).
-        The plaintext port serves anyone (local use and tests, as DESIGN says)."""
+        identity, which is returned (auto-registration is bound to it, and syncz over xDS
+        shows it what --debug-allow lets it see); otherwise StreamRefused. The plaintext
+        port serves anyone (local use and tests, as DESIGN says) but vouches for no one:
+        None, even when a token is sent (over plaintext it can be read and replayed)."""
         if not is_secure(context):
             return None
         assert self._call_auth is not None
@@ -187,7 +190,7 @@ class SecurityStack:
             check_claim(identity, proxy.namespace, proxy.service_account)
         except AuthError as e:
             self._metrics.xds_auth_failures.labels(e.denial.value).inc()
-            return STATUS[e.denial], e.message
+            raise StreamRefused(STATUS[e.denial], e.message) from None
         return identity
 
     # --- the webhook -----------------------------------------------------------------------

@@ -88,7 +88,12 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
         delta=cfg.envoy_delta,
         admin_port=cfg.envoy_admin_port,
         cluster_domain=cfg.cluster_domain,
-        extra_metadata=dict(cfg.extra_metadata),
+        # Envoy's stream names the agent's group too: every stream of the pod is the same
+        # workload (the control plane registers it while any of them is open).
+        extra_metadata={
+            **cfg.extra_metadata,
+            **({"WORKLOAD_GROUP": cfg.workload_group} if cfg.workload_group else {}),
+        },
         interception_mode=cfg.interception_mode,
         sds_address=str(cfg.sds_socket.absolute()),
         status_port=cfg.status_port,

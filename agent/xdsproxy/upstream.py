@@ -30,6 +30,10 @@ from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
 
 logger = logging.getLogger(__name__)
 
+# The name in every control-plane replica's serving certificate (control/app.py issues it, as
+# istiod's carries it): what TLS verifies when the agent is given several addresses.
+REPLICA_NAME = "istiod.istio-system.svc"
+
 
 def channel_target(addresses: Sequence[str]) -> str:
     """A gRPC target that fails over between addresses (IP literals use the ipv4:/ipv6:
@@ -118,6 +122,11 @@ class UpstreamChannel(Lifecycle):
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.lb_policy_name", "pick_first"),
         ]
+        if self.target.startswith(("ipv4:", "ipv6:")):
+            # The authority of an `ipv4:a,b` target is the whole address list, which no
+            # certificate names: TLS would fail hostname verification on every replica. The
+            # name all of them carry (ours as istiod's) is checked instead.
+            self._options.append(("grpc.ssl_target_name_override", REPLICA_NAME))
         self._channel: grpc.aio.Channel | None = None
         self._token = ""
         self._token_task: asyncio.Task[None] | None = None

@@ -1,7 +1,9 @@
 """`istio.v1.auth.IstioCertificateService/CreateCertificate` as a grpc.aio service: a thin
 adapter that authenticates the caller, has the signing worker process sign (control/ca/signer.py)
-and records Istio's citadel_server_* metrics. It is served on every gRPC port; it always
-requires credentials, even on the plaintext one."""
+and records Istio's citadel_server_* metrics. It is registered on every gRPC port but signs
+only over TLS: on the plaintext port a bearer token can be read and replayed by anyone on the
+path, and the certificate it would buy is an identity, so calls there are refused
+(UNAUTHENTICATED) whatever credentials they carry."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from google.protobuf.message import DecodeError
 
 from control.ca.authn import AuthError
 from control.ca.authority import CertificateAuthority, CsrError
-from control.ca.grpcauth import STATUS, CallAuthenticator
+from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
 from control.ca.signer import ProcessSigner, SignerFailed, SignerUnavailable
 from control.metrics import Metrics
 from pilotfish_common.lifecycle import Lifecycle
@@ -86,6 +88,13 @@ class CertificateService(Lifecycle):
     ) -> ca_pb2.IstioCertificateResponse:
         m = self.metrics
         m.csr_count.inc()
+        if not is_secure(context):
+            m.csr_auth_errors.inc()
+            logger.info("CreateCertificate from %s refused: plaintext port", context.peer())
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "certificates are not issued on the plaintext port; use the TLS port (15012)",
+            )
         try:
             identity = await self.auth.identity_async(context)
         except AuthError as e:

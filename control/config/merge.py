@@ -86,6 +86,7 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         authorization_policies=tuple(ap for obj in objects for ap in obj.authorization_policies),
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
+        workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

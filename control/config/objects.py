@@ -16,6 +16,7 @@ from control.model.types import (
     SourceRef,
     Workload,
 )
+from control.model.workloadgroup import WorkloadGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,7 @@ class ConfigObject:
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
+    workload_groups: tuple[WorkloadGroup, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -32,8 +32,12 @@ class Proxy:
     generator: str = ""  # "" (Envoy sidecar) or "grpc" (proxyless)
     cluster_id: str = ""
     dns_domain: str = ""
-    # When true, the proxy registers itself as a workload (auto-registration).
+    # False (node metadata AUTO_REGISTER=false) opts out of auto-registration.
     auto_register: bool = True
+    # The WorkloadGroup this proxy asks to join (node metadata WORKLOAD_GROUP, or Istio's
+    # AUTO_REGISTER_GROUP); "" = none. Only a request: control/registry/autoregister.py
+    # admits it when the stream's identity is the group's.
+    workload_group: str = ""
     # The proxy can fetch certificates over SDS (node metadata `SDS`, as Istio's agents once
     # announced it): only then is it sent config that needs the `default`/`ROOTCA` secrets
     # (auto mTLS out, PeerAuthentication in). Envoy waits for a referenced secret forever, so
@@ -49,7 +53,8 @@ class Proxy:
         return self.generator == "grpc"
 
     def as_workload(self) -> Workload:
-        """The workload this proxy stands for (WorkloadGroup-style auto-registration)."""
+        """The workload this proxy's node describes, as claimed (generator tests use it; the
+        registry builds registered workloads from their WorkloadGroup instead)."""
         return Workload(
             name=self.pod_name,
             namespace=self.namespace,
@@ -113,6 +118,7 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         cluster_id=intern(_str(metadata, "CLUSTER_ID")),
         dns_domain=intern(domain),
         auto_register=_str(metadata, "AUTO_REGISTER").lower() != "false",
+        workload_group=_str(metadata, "WORKLOAD_GROUP") or _str(metadata, "AUTO_REGISTER_GROUP"),
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
     )

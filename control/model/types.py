@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from control.model.traffic import DestinationRule, VirtualService
+    from control.model.workloadgroup import WorkloadGroup
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -356,6 +357,7 @@ class MeshConfig:
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
+    workload_groups: tuple[WorkloadGroup, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

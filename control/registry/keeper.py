@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from control.ca.identity import Identity
 from control.model.proxy import Proxy
-from control.model.types import Workload
+from control.model.types import MeshConfig, Workload
 from control.registry.autoregister import WorkloadRegistry
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,12 @@ class WorkloadKeeper:
 
     # --- the pipeline's view (control.pipeline.WorkloadSource) -----------------------------
 
-    def workloads(self) -> tuple[Workload, ...]:
+    def workloads(self, config: MeshConfig) -> tuple[Workload, ...]:
+        """The registered workloads as the WorkloadGroups of `config` (the snapshot being
+        built) admit them: a deleted group, or a changed template, changes its members here.
+        Subscribers are not told (they are building this snapshot); the new set is saved."""
+        if self.registry.set_groups(config.workload_groups):
+            self._save_wake.set()
         return self.registry.workloads()
 
     def subscribe(self, handler: Callable[[], None]) -> None:
@@ -83,17 +89,19 @@ class WorkloadKeeper:
 
     # --- stream events (the xDS server's on_connect / on_disconnect hooks) -----------------
 
-    def proxy_connected(self, proxy: Proxy) -> None:
-        """A stream of `proxy` was admitted: its workload joins (or stays in) the set."""
+    def proxy_connected(self, proxy: Proxy, identity: Identity | None) -> None:
+        """A stream of `proxy`, authenticated as `identity` (None: the plaintext port), was
+        admitted: its workload joins (or stays in) the set if its WorkloadGroup admits that
+        identity (control/registry/autoregister.py)."""
         if not self._register:
             return
-        if self.registry.connect(proxy):
+        if self.registry.connect(proxy, identity):
             self._changed()
 
-    def proxy_disconnected(self, proxy: Proxy) -> None:
+    def proxy_disconnected(self, proxy: Proxy, identity: Identity | None) -> None:
         """A stream of `proxy` ended: its workload goes after the grace period unless the
         proxy opens another stream."""
-        self.registry.disconnect(proxy, self._clock())
+        self.registry.disconnect(proxy, identity, self._clock())
         self._expiry_wake.set()
 
     # --- internals -------------------------------------------------------------------------

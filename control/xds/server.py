@@ -56,18 +56,30 @@ from protos.ads import raw_ads_handler
 logger = logging.getLogger(__name__)
 
 
-# Decides whether a stream may go on once its node is known: None to allow, or the status
-# and message to end it with (the TLS port authenticates the caller and checks that the node
-# claims the caller's own identity), or the caller's Identity to allow it as that caller.
-# Contract: called once per stream, before admission and before `on_connect`; it may be async
-# (Kubernetes mode asks the API server about tokens) and must not call back into the server.
-_Refusal = tuple[grpc.StatusCode, str] | Identity | None
-StreamAuthorizer = Callable[[grpc.aio.ServicerContext, Proxy], _Refusal | Awaitable[_Refusal]]
-# `on_connect(proxy)` / `on_disconnect(proxy)`: a stream of that proxy was admitted / ended.
+class StreamRefused(Exception):
+    """Raised by a StreamAuthorizer to end a stream with this status and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Decides whether a stream may go on once its node is known, and who the caller is: returns
+# the authenticated identity (None: an unauthenticated stream, the plaintext port) or raises
+# StreamRefused (the TLS port authenticates the caller and checks that the node claims the
+# caller's own identity). Contract: called once per stream, before admission and before
+# `on_connect`; it may be async (Kubernetes mode asks the API server about tokens) and must
+# not call back into the server.
+StreamAuthorizer = Callable[
+    [grpc.aio.ServicerContext, Proxy], Identity | Awaitable[Identity | None] | None
+]
+# `on_connect(proxy, identity)` / `on_disconnect(proxy, identity)`: a stream of that proxy was
+# admitted / ended; `identity` is what the authorizer returned for it (None: unauthenticated).
 # Contract: called on the event loop, once each per admitted stream, in that order; they
 # must return at once (no I/O) and must not call back into the server: a change they cause
 # reaches the streams as a later push (`push_all`).
-StreamHook = Callable[[Proxy], None]
+StreamHook = Callable[[Proxy, Identity | None], None]
 
 
 class ResourceSource(Protocol):
@@ -189,7 +201,11 @@ class XdsServer:
         if not conn.queued:
             conn.queued = True
             self._push_queue.append(conn)
-        if self._workers < self._options.max_concurrent_pushes and self._workers < len(
+        # Workers blocked in a write (a client that does not read) cannot take the queue:
+        # counting them as available left a new stream unanswered until a stuck write timed
+        # out, whenever nothing else (a push to every stream) happened to queue more work.
+        available = self._workers - len(self._writing)
+        if self._workers < self._options.max_concurrent_pushes and available < len(
             self._push_queue
         ):
             self._workers += 1
@@ -216,14 +232,15 @@ class XdsServer:
             return
         identity: Identity | None = None
         if self._authorize is not None:
-            verdict = self._authorize(context, proxy)
-            refused = await verdict if inspect.isawaitable(verdict) else verdict
-            del verdict  # the finished coroutine would otherwise live as long as the stream
-            if isinstance(refused, Identity):
-                identity, refused = refused, None
-            if refused is not None:
-                logger.info("stream from %s (%s) refused: %s", context.peer(), proxy.id, refused[1])
-                await context.abort(*refused)
+            try:
+                verdict = self._authorize(context, proxy)
+                identity = await verdict if inspect.isawaitable(verdict) else verdict
+                del verdict  # the finished coroutine would otherwise live as long as the stream
+            except StreamRefused as refused:
+                logger.info(
+                    "stream from %s (%s) refused: %s", context.peer(), proxy.id, refused.message
+                )
+                await context.abort(refused.code, refused.message)
                 return
         wait = self._admission.take(self._clock())
         if wait > 0:
@@ -236,7 +253,7 @@ class XdsServer:
         self.connections[conn_id] = conn
         self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
         if self._on_connect is not None:
-            self._on_connect(proxy)
+            self._on_connect(proxy, identity)
         conn.context = context
         if logger.isEnabledFor(logging.INFO):
             logger.info(
@@ -278,7 +295,7 @@ class XdsServer:
             self.connections.pop(conn_id, None)
             self._metrics.xds_clients.labels("delta" if delta else "sotw").dec()
             if self._on_disconnect is not None:
-                self._on_disconnect(proxy)
+                self._on_disconnect(proxy, identity)
             logger.info("stream %s closed", conn_id)
         if conn.error is not None:
             if not timed_out(conn):

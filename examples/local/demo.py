@@ -6,8 +6,10 @@ loopback IP: a client at 127.0.1.1, and reviews and ratings at 127.0.1.2 / 127.0
 small HTTP app next to their agent. Each agent gets a token from `pilotfish-ctl token`,
 talks to the control plane over its TLS port (15012, verified against the root in the state
 dir), and gets a workload certificate for its service account, which its Envoy uses for mTLS
-(the mesh is STRICT). Requests go to the client's outbound listener 127.0.1.1:9080, are routed
-by Host header, and reach each app through its own Envoy; the apps print the caller's SPIFFE
+(the mesh is STRICT). The reviews and ratings agents register their pods through the
+WorkloadGroups of mesh.yaml (`--workload-group`), which admit only their own service
+account. Requests go to the client's outbound listener 127.0.1.1:9080, are routed by Host
+header, and reach each app through its own Envoy; the apps print the caller's SPIFFE
 identity from `x-forwarded-client-cert`. Ctrl-C stops everything cleanly; `--once` exits after
 the traffic check (used by the e2e test).
 """
@@ -192,8 +194,8 @@ async def main() -> int:
             say(f"control plane did not become ready; see {work / 'control.log'}")
             return 1
         say(
-            "control plane ready: ADS+CA on 127.0.0.1:15010 and TLS 127.0.0.1:15012, "
-            "debug on http://127.0.0.1:15014"
+            "control plane ready: agents on TLS 127.0.0.1:15012 (ADS + CA, tokens), "
+            "plaintext 127.0.0.1:15010 for debugging only, debug on http://127.0.0.1:15014"
         )
         for name, ip in APPS.items():
             runners.append(await start_app(name, ip))
@@ -224,6 +226,8 @@ async def main() -> int:
                         str(work / pod),
                         "--drain-duration",
                         "1",
+                        # The apps' pods join their WorkloadGroup; the client registers nothing.
+                        *(["--workload-group", pod] if pod in APPS else []),
                         *(["--envoy-delta"] if args.delta else []),
                     ],
                     cwd=ROOT,
@@ -259,6 +263,7 @@ async def main() -> int:
         say(f"plaintext GET http://{APPS['reviews']}:9080/ without a mesh certificate: {refused}")
         if refused.startswith("HTTP 2"):
             ok = False
+        say("registered through WorkloadGroups: " + json.dumps(await registered_summary()))
         say("syncz: " + json.dumps(await syncz_summary()))
         if not ok:
             rc = 1
@@ -277,6 +282,14 @@ async def main() -> int:
                     p.kill()
         say("stopped")
     return rc
+
+
+async def registered_summary() -> list[str]:
+    async with aiohttp.ClientSession() as s, s.get("http://127.0.0.1:15014/debug/configz") as r:
+        data = await r.json()
+    return [
+        f"{e['metadata']['name']} ({e['status']['identity']})" for e in data.get("registered", [])
+    ]
 
 
 async def syncz_summary() -> list[dict[str, str]]:

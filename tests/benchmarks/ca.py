@@ -55,6 +55,7 @@ from control.ca.authn import TokenIssuer, load_or_create_token_key
 from control.ca.authority import authority_from_state_dir
 from control.ca.identity import Identity
 from protos import ca_pb2, ca_pb2_grpc
+from tests.support.mesh import backend_yaml
 from tests.support.net import free_port, pod_ip
 
 
@@ -237,22 +238,7 @@ kind: PeerAuthentication
 metadata: {name: default, namespace: istio-system}
 spec: {mtls: {mode: STRICT}}
 ---
-apiVersion: v1
-kind: Service
-metadata: {name: backend, namespace: default}
-spec:
-  selector: {app: backend}
-  ports: [{name: http, port: 9080, targetPort: 9080}]
----
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: backend, namespace: default}
-spec:
-  workloadSelector: {labels: {app: backend}}
-  ingress:
-  - port: {number: 9080, protocol: HTTP, name: http}
-    defaultEndpoint: 0.0.0.0:8080
-"""
+""" + backend_yaml()
 
 POLL = 0.005  # seconds between readiness probes: small next to what is measured
 

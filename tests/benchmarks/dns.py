@@ -154,12 +154,15 @@ async def main() -> None:
         ControlPlaneOptions(
             config_paths=(str(tmp / "mesh.yaml"),),
             xds_address="127.0.0.1:0",
+            secure_xds_address="127.0.0.1:0",
             http_address="127.0.0.1:0",
         )
     )
     await cp.start()
-    # A token so the agent gets its certificate and turns ready, as a real one does.
-    assert cp.tokens is not None
+    # The TLS port and a token, so the agent gets its certificate and turns ready, as a real
+    # one does (the plaintext port signs no certificates).
+    assert cp.tokens is not None and cp.ca is not None
+    (tmp / "root-cert.pem").write_text(cp.ca.root_pem)
     (tmp / "agent").mkdir()
     (tmp / "agent" / "token").write_text(
         cp.tokens.issue(Identity("default", "default"), 3600, time.time())
@@ -173,7 +176,9 @@ async def main() -> None:
                 "agent",
                 "--proxy-only",
                 "--control-plane",
-                f"127.0.0.1:{cp.xds_port}",
+                f"127.0.0.1:{cp.secure_xds_port}",
+                "--ca-root-cert",
+                str(tmp / "root-cert.pem"),
                 "--workdir",
                 str(tmp / "agent"),
                 "--ip",

@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 
 from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
 from control.app import ControlPlane, ControlPlaneOptions
-from control.ca.identity import Identity
 from protos import typeurls
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.envoy import EnvoyProcess
@@ -65,12 +64,10 @@ def rss_of(pid: int) -> int:
 class Agent:
     def __init__(self, cp: ControlPlane, workdir: Path, ip: str) -> None:
         self.workdir = workdir
-        # A token, so the agent holds its workload certificate like a real one does.
+        # The plaintext port, as the direct clients it is compared with: what is measured is
+        # the relay. That port signs no certificates, so the agent holds none (it logs the
+        # refusal and retries a minute later); the idle RSS is without a workload certificate.
         workdir.mkdir(parents=True, exist_ok=True)
-        assert cp.tokens is not None
-        (workdir / "token").write_text(
-            cp.tokens.issue(Identity("default", "default"), 3600, time.time())
-        )
         cp_port = cp.xds_port
         self.proc = subprocess.Popen(
             [

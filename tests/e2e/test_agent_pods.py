@@ -7,39 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import textwrap
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
 
-MESH = textwrap.dedent(
-    """\
-    apiVersion: v1
-    kind: Service
-    metadata: {name: backend, namespace: default}
-    spec:
-      selector: {app: backend}
-      ports: [{name: http, port: 9080, targetPort: 9080}]
-    ---
-    apiVersion: networking.istio.io/v1
-    kind: Sidecar
-    metadata: {name: backend, namespace: default}
-    spec:
-      workloadSelector: {labels: {app: backend}}
-      ingress:
-      - port: {number: 9080, protocol: HTTP, name: http}
-        defaultEndpoint: 0.0.0.0:8080
-    """
-)
+MESH = backend_yaml()
 
 
 async def get(url: str, host: str | None = None) -> tuple[int, str]:
@@ -61,20 +42,10 @@ async def test_two_pods_through_agents(tmp_path: Path) -> None:
     app = EchoApp("backend", backend_ip, 8080)
     await app.start()
     async with running_control_plane(cfg) as cp:
-        target = f"127.0.0.1:{cp.xds_port}"
-        token = agent_token(cp)
-        backend = AgentProcess(
-            target, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
-        )
-        client = AgentProcess(
-            target,
-            tmp_path / "c",
-            client_ip,
-            "client",
-            "app=client",
-            "--drain-duration",
-            "2",
-            token=token,
+        # On the TLS port with tokens; the backend registers through its WorkloadGroup.
+        backend = mesh_agent(cp, tmp_path, backend_ip, "backend", "app=backend", group="backend")
+        client = mesh_agent(
+            cp, tmp_path, client_ip, "client", "app=client", "--drain-duration", "2"
         )
         backend.start()
         client.start()

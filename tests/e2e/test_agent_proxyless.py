@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tests.integration.test_agent_xdsproxy import established_to
 from tests.integration.test_proxyless_grpc import backend, grpc_client, mesh_yaml
-from tests.support.agentproc import AgentProcess
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 
 
@@ -25,14 +25,8 @@ async def test_proxyless_client_through_agent(tmp_path: Path) -> None:
         backend("second", second_ip),
         running_control_plane(cfg) as cp,
     ):
-        agent = AgentProcess(
-            f"127.0.0.1:{cp.xds_port}",
-            tmp_path / "pod",
-            pod,
-            "grpcapp",
-            "app=grpcapp",
-            "--proxy-only",
-            token=agent_token(cp),
+        agent = mesh_agent(
+            cp, tmp_path, pod, "grpcapp", "app=grpcapp", "--proxy-only", workdir=tmp_path / "pod"
         )
         agent.start()
         try:
@@ -49,7 +43,7 @@ async def test_proxyless_client_through_agent(tmp_path: Path) -> None:
                 await client.wait_for("first", timeout=15)
                 assert first.calls > 0
                 # Every stream of the pod rides the agent's single upstream connection.
-                assert established_to(cp.xds_port) == 1
+                assert established_to(cp.secure_xds_port) == 1
                 assert {e["proxy"].split("~")[1] for e in cp.views.syncz()} == {pod}
                 ready = await _ready(pod)
                 assert ready == 200
@@ -75,14 +69,8 @@ async def test_proxy_only_agent_is_ready_before_any_client(tmp_path: Path) -> No
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(mesh_yaml(pod_ip()))
     async with running_control_plane(cfg) as cp:
-        agent = AgentProcess(
-            f"127.0.0.1:{cp.xds_port}",
-            tmp_path / "pod",
-            pod,
-            "lonely",
-            "",
-            "--proxy-only",
-            token=agent_token(cp),
+        agent = mesh_agent(
+            cp, tmp_path, pod, "lonely", "", "--proxy-only", workdir=tmp_path / "pod"
         )
         agent.start()
         try:

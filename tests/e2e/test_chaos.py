@@ -41,6 +41,7 @@ from tests.support.controlplane import (
 )
 from tests.support.controlproc import ControlProcess
 from tests.support.envoy import EnvoyProcess
+from tests.support.mesh import mesh_agent, root_file, tls_agent
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -109,15 +110,31 @@ async def test_control_plane_kill_9_and_restart_under_load(tmp_path: Path) -> No
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(MESH)
     state = tmp_path / "state"
-    token = state_dir_token(state)  # the state dir's key signs it; it survives the kill
+    # Tokens from the state dir's key, and its root: both survive the kill. The agents are
+    # on the TLS port; the backend registers through its WorkloadGroup.
     cp = ControlProcess(cfg, state, tmp_path / "control.log")
     client_ip, backend_ip = pod_ip(), pod_ip()
     app = EchoApp("backend", backend_ip, 8080)
     await app.start()
-    backend = AgentProcess(
-        cp.target, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
+    backend = tls_agent(
+        cp.secure_target,
+        cp.root,
+        state_dir_token(state, "default", "backend"),
+        tmp_path / "b",
+        backend_ip,
+        "backend",
+        "app=backend",
+        group="backend",
     )
-    client = AgentProcess(cp.target, tmp_path / "c", client_ip, "client", "app=client", token=token)
+    client = tls_agent(
+        cp.secure_target,
+        cp.root,
+        state_dir_token(state),
+        tmp_path / "c",
+        client_ip,
+        "client",
+        "app=client",
+    )
     load = HttpLoad(f"http://{client_ip}:9080/", "backend")
     try:
         cp.start()
@@ -183,14 +200,9 @@ async def test_agent_kill_9_takes_envoy_along_and_restart_recovers(tmp_path: Pat
     url = f"http://{client_ip}:9080/"
     ready = f"http://{backend_ip}:15020/healthz/ready"
     async with running_control_plane(cfg) as cp:
-        target = f"127.0.0.1:{cp.xds_port}"
-        token = agent_token(cp)
-        args = (target, tmp_path / "b", backend_ip, "backend", "app=backend")
-        backend = AgentProcess(*args, token=token)
-        client = AgentProcess(
-            target, tmp_path / "c", client_ip, "client", "app=client", token=token
-        )
-        restarted = AgentProcess(*args, token=token)
+        backend = mesh_agent(cp, tmp_path, backend_ip, "backend", "app=backend", group="backend")
+        client = mesh_agent(cp, tmp_path, client_ip, "client", "app=client")
+        restarted = mesh_agent(cp, tmp_path, backend_ip, "backend", "app=backend", group="backend")
         try:
             backend.start()
             client.start()
@@ -283,10 +295,12 @@ async def test_frozen_control_plane_is_detected_by_keepalive(tmp_path: Path) -> 
     (cfg / "mesh.yaml").write_text(MESH)
     ip = pod_ip()
     async with running_control_plane(cfg) as cp:
-        proxy = FreezingProxy(cp.xds_port)
+        proxy = FreezingProxy(cp.secure_xds_port)  # TLS passes through it untouched
         await proxy.start()
-        agent = AgentProcess(
+        agent = tls_agent(
             f"127.0.0.1:{proxy.port}",
+            root_file(cp, tmp_path),
+            agent_token(cp),
             tmp_path / "a",
             ip,
             "client",
@@ -296,7 +310,6 @@ async def test_frozen_control_plane_is_detected_by_keepalive(tmp_path: Path) -> 
             "10",
             "--keepalive-timeout",
             "2",
-            token=agent_token(cp),
         )
         try:
             agent.start()

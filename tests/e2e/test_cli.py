@@ -133,6 +133,9 @@ def test_make_demo_routes_traffic_and_stops_cleanly() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "'app': 'reviews'" in r.stdout and "'app': 'ratings'" in r.stdout
+    # Registered through their WorkloadGroups, bound to their tokens' identities.
+    assert "reviews-127.0.1.2 (default/reviews)" in r.stdout, r.stdout
+    assert "ratings-127.0.1.3 (default/ratings)" in r.stdout, r.stdout
     assert "SYNCED" in r.stdout
     assert "[demo] stopped" in r.stdout
 

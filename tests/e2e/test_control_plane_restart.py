@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from tests.e2e.test_agent_pods import MESH, get
-from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane, state_dir_token
+from tests.support.mesh import tls_agent
 from tests.support.net import free_port, pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -25,16 +25,27 @@ async def test_control_plane_restart_under_load(tmp_path: Path) -> None:
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(MESH)
     state = tmp_path / "state"
-    port = free_port()
+    port, secure = free_port(), free_port()
     client_ip, backend_ip = pod_ip(), pod_ip()
     app = EchoApp("backend", backend_ip, 8080)
     await app.start()
-    target = f"127.0.0.1:{port}"
-    token = state_dir_token(state)
-    backend = AgentProcess(
-        target, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
+    # The TLS port, verified by the state dir's root (it survives the restart, as the token
+    # key does); the backend registers through its WorkloadGroup, and is restored from
+    # workloads.json after the restart.
+    target, root = f"127.0.0.1:{secure}", state / "root-cert.pem"
+    backend = tls_agent(
+        target,
+        root,
+        state_dir_token(state, "default", "backend"),
+        tmp_path / "b",
+        backend_ip,
+        "backend",
+        "app=backend",
+        group="backend",
     )
-    client = AgentProcess(target, tmp_path / "c", client_ip, "client", "app=client", token=token)
+    client = tls_agent(
+        target, root, state_dir_token(state), tmp_path / "c", client_ip, "client", "app=client"
+    )
     url = f"http://{client_ip}:9080/"
     results: list[int] = []
     stop = asyncio.Event()
@@ -51,7 +62,7 @@ async def test_control_plane_restart_under_load(tmp_path: Path) -> None:
                 await asyncio.sleep(0.02)  # ~50 requests/s, bounded by the test's length
 
     try:
-        async with running_control_plane(cfg, xds_port=port, state_dir=state):
+        async with running_control_plane(cfg, xds_port=port, secure_port=secure, state_dir=state):
             backend.start()
             client.start()
             await eventually(
@@ -63,7 +74,9 @@ async def test_control_plane_restart_under_load(tmp_path: Path) -> None:
         # The control plane is gone; traffic keeps flowing on Envoy's last config.
         down_since = len(results)
         await asyncio.sleep(2.0)
-        async with running_control_plane(cfg, xds_port=port, state_dir=state) as cp2:
+        async with running_control_plane(
+            cfg, xds_port=port, secure_port=secure, state_dir=state
+        ) as cp2:
             t0 = time.monotonic()
 
             def synced() -> bool:

@@ -8,40 +8,21 @@ import asyncio
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import free_port, pod_ip
 
 pytestmark = pytest.mark.envoy
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MESH = textwrap.dedent(
-    """\
-    apiVersion: v1
-    kind: Service
-    metadata: {name: backend, namespace: default}
-    spec:
-      selector: {app: backend}
-      ports: [{name: http, port: 9080, targetPort: 9080}]
-    ---
-    apiVersion: networking.istio.io/v1
-    kind: Sidecar
-    metadata: {name: backend, namespace: default}
-    spec:
-      workloadSelector: {labels: {app: backend}}
-      ingress:
-      - port: {number: 9080, protocol: HTTP, name: http}
-        defaultEndpoint: 0.0.0.0:8080
-    """
-)
+MESH = backend_yaml()
 
 
 async def ctl(*args: str) -> tuple[int, str, str]:
@@ -90,11 +71,9 @@ async def test_proxy_status_and_proxy_config(tmp_path: Path) -> None:
     async with running_control_plane(cfg) as cp:
         xds = f"127.0.0.1:{cp.xds_port}"
         http = f"127.0.0.1:{cp.http_port}"
-        token = agent_token(cp)
-        backend = AgentProcess(
-            xds, tmp_path / "b", backend_ip, "backend", "app=backend", token=token
-        )
-        client = AgentProcess(xds, tmp_path / "c", client_ip, "client", "app=client", token=token)
+        # Agents on the TLS port with tokens; the backend registers through its group.
+        backend = mesh_agent(cp, tmp_path, backend_ip, "backend", "app=backend", group="backend")
+        client = mesh_agent(cp, tmp_path, client_ip, "client", "app=client")
         backend.start()
         client.start()
         try:

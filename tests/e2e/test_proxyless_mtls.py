@@ -26,8 +26,8 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from tests.support.agentproc import AgentProcess
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.proxyless import (
     CLIENT,
@@ -156,30 +156,28 @@ async def test_envoy_sidecar_client_calls_a_strict_proxyless_server(tmp_path: Pa
     (cfg / "mesh.yaml").write_text(MESH)
     (cfg / "peer.yaml").write_text(peer_authentication("STRICT"))
     async with running_control_plane(cfg) as cp:
-        sidecar = AgentProcess(
-            f"127.0.0.1:{cp.xds_port}",
-            tmp_path / "envoy-caller",
+        sidecar = mesh_agent(
+            cp,
+            tmp_path,
             client_ip,
             "envoy-caller-1",
             "app=envoy-caller",
-            "--service-account",
-            "envoy-caller",
             "--dns-port",
             "0",
-            token=agent_token(cp, service_account="envoy-caller"),
+            service_account="envoy-caller",
+            workdir=tmp_path / "envoy-caller",
         )
         sidecar.start()
         try:
             async with (
                 agent(
-                    cp.xds_port,
-                    agent_token(cp, service_account="echo"),
+                    cp,
                     tmp_path / "server",
                     server_ip,
                     "echo-1",
                     "app=echo",
-                    "--service-account",
-                    "echo",
+                    service_account="echo",
+                    group="echo",
                 ),
                 python(
                     SERVER,

@@ -19,11 +19,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
 from tests.support.dns import UpstreamDns
 from tests.support.iptables import nat_lines
+from tests.support.mesh import mesh_agent, workload_group_yaml
 from tests.support.netns import Pod, PodNetwork, pod_network
 
 pytestmark = pytest.mark.envoy
@@ -44,8 +46,9 @@ MESH = textwrap.dedent(
     metadata: {{name: default, namespace: istio-system}}
     spec:
       mtls: {{mode: STRICT}}
+    ---
     """
-)
+) + workload_group_yaml("backend")
 REGISTRY_ONLY = textwrap.dedent(
     """\
     apiVersion: networking.istio.io/v1
@@ -110,20 +113,22 @@ async def workdirs() -> AsyncIterator[Path]:
 
 
 def start_sidecar(
-    pod: Pod, control_plane: str, workdir: Path, log_dir: Path, app: str, token: str
+    pod: Pod, cp: ControlPlane, host: str, workdir: Path, log_dir: Path, app: str, group: str
 ) -> AgentProcess:
+    """The pod's agent, on the control plane's TLS port at `host` with a token of service
+    account `app`; `group`: the WorkloadGroup it registers in ("" = a client only)."""
     pod.run(sys.executable, "-m", "agent", "iptables", "--capture-dns", check=True)
-    agent = AgentProcess(
-        control_plane,
-        workdir / pod.name,
+    agent = mesh_agent(
+        cp,
+        workdir,
         pod.ip,
         pod.name,
         f"app={app}",
         "--interception-mode",
         "REDIRECT",
-        "--service-account",
-        app,
-        token=token,
+        group=group,
+        service_account=app,
+        host=host,
         wrap=pod.command(),
         log_path=log_dir / f"{pod.name}-agent.log",
     )
@@ -152,12 +157,9 @@ async def test_redirect_pods_mtls_policy_and_no_loops(tmp_path: Path, workdirs: 
             await outside_http.start()
             await dns.start()
             try:
-                target = f"{net.gateway}:{cp.xds_port}"
-                for pod, app in ((client, "client"), (backend, "backend")):
+                for pod, app, group in ((client, "client", ""), (backend, "backend", "backend")):
                     agents.append(
-                        start_sidecar(
-                            pod, target, workdirs, tmp_path, app, agent_token(cp, "default", app)
-                        )
+                        start_sidecar(pod, cp, net.gateway, workdirs, tmp_path, app, group)
                     )
                 for pod, agent in zip((client, backend), agents, strict=True):
                     await eventually(

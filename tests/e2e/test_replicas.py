@@ -86,25 +86,31 @@ async def test_two_replicas_spread_fail_over_and_proxy_status(tmp_path: Path) ->
     await app.start()
     # Each agent lists both replicas, its own first: pick_first spreads them, and the other
     # address is where it fails over to.
+    # On the replicas' TLS ports, verified by the shared state dir's root.
+    root = str(state / "root-cert.pem")
     client = AgentProcess(
-        f"{cp_a.xds},{cp_b.xds}",
+        f"{cp_a.secure_xds},{cp_b.secure_xds}",
         tmp_path / "c",
         client_ip,
         "client",
         "app=client",
         "--service-account",
         "client",
+        "--ca-root-cert",
+        root,
         token=client_token,
         env=NO_AUTO_REGISTER,
     )
     backend = AgentProcess(
-        f"{cp_b.xds},{cp_a.xds}",
+        f"{cp_b.secure_xds},{cp_a.secure_xds}",
         tmp_path / "b",
         backend_ip,
         "backend",
         "app=backend",
         "--service-account",
         "backend",
+        "--ca-root-cert",
+        root,
         token=backend_token,
         env=NO_AUTO_REGISTER,
     )

@@ -34,32 +34,15 @@ import pytest
 from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
-from tests.support.controlplane import agent_token, eventually, running_control_plane
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
 
 BACKEND_HOST = "backend.default.svc.cluster.local"
 
-MESH = textwrap.dedent(
-    """\
-    apiVersion: v1
-    kind: Service
-    metadata: {name: backend, namespace: default}
-    spec:
-      selector: {app: backend}
-      ports: [{name: http, port: 9080, targetPort: 9080}]
-    ---
-    apiVersion: networking.istio.io/v1
-    kind: Sidecar
-    metadata: {name: backend, namespace: default}
-    spec:
-      workloadSelector: {labels: {app: backend}}
-      ingress:
-      - port: {number: 9080, protocol: HTTP, name: http}
-        defaultEndpoint: 0.0.0.0:8080
-    """
-)
+MESH = backend_yaml()
 
 
 def peer_authentication(mode: str) -> str:
@@ -147,30 +130,24 @@ async def running_mesh(
     pods: list[Pod] = []
     try:
         async with running_control_plane(cfg, **cp_opts) as cp:
-            assert cp.ca is not None
-            root = tmp_path / "root.pem"
-            root.write_text(cp.ca.root_pem)
-            target = f"127.0.0.1:{cp.secure_xds_port}"
 
-            def pod(name: str, ip: str, account: str) -> Pod:
-                agent = AgentProcess(
-                    target,
-                    tmp_path / name,
+            def pod(name: str, ip: str, account: str, group: str = "") -> Pod:
+                agent = mesh_agent(
+                    cp,
+                    tmp_path,
                     ip,
                     name,
                     f"app={account}",
-                    "--service-account",
-                    account,
-                    "--ca-root-cert",
-                    str(root),
                     *agent_args,
-                    token=agent_token(cp, "default", account),
+                    group=group,
+                    service_account=account,
                 )
                 pods.append(Pod(name, ip, agent))
                 agent.start()
                 return pods[-1]
 
-            backend = pod("backend", backend_ip, "backend")
+            # The backend registers through its WorkloadGroup (service account backend).
+            backend = pod("backend", backend_ip, "backend", group="backend")
             clients = [pod(f"{account}-0", pod_ip(), account) for account in client_accounts]
             for p in pods:
                 await eventually(

@@ -23,6 +23,7 @@ from control.app import ControlPlane
 from protos import nds_pb2, typeurls
 from tests.support.controlplane import agent_token, eventually, running_control_plane
 from tests.support.dns import UpstreamDns, addresses, query, rcode, require_tool
+from tests.support.mesh import root_file
 from tests.support.net import free_port, pod_ip
 
 MESH = textwrap.dedent(
@@ -78,7 +79,9 @@ def agent_config(
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "token").write_text(agent_token(cp))
     return AgentConfig(
-        control_plane=(f"127.0.0.1:{cp.xds_port}",),
+        # The TLS port: certificates are not issued on the plaintext one.
+        control_plane=(f"127.0.0.1:{cp.secure_xds_port}",),
+        ca_root_cert=root_file(cp, tmp),
         workdir=workdir,
         token_file=workdir / "token",
         ip=ip,

@@ -98,9 +98,9 @@ def metric(cp: ControlPlane, name: str) -> float:
     return value or 0.0
 
 
-async def test_csr_for_another_identity_gets_the_callers_on_both_ports(cp: ControlPlane) -> None:
+async def test_csr_for_another_identity_gets_the_callers(cp: ControlPlane) -> None:
     csr = make_csr(san="spiffe://cluster.local/ns/kube-system/sa/admin", cn="admin")
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+    async with tls_channel(cp, cp.secure_xds_port) as plain:
         chain = await create(plain, csr, token(cp))
     assert spiffe_ids(chain[0]) == ["spiffe://cluster.local/ns/default/sa/sleep"]
     assert chain[-1].public_bytes(
@@ -128,7 +128,7 @@ async def test_bad_credentials_are_unauthenticated(cp: ControlPlane, case: str) 
         tok = cp.tokens.issue(SLEEP, 60, time.time() - 3600)
     else:
         tok = "not-a-token"
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+    async with tls_channel(cp, cp.secure_xds_port) as plain:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await create(plain, make_csr(), tok)
     assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED, e.value.details()
@@ -136,7 +136,7 @@ async def test_bad_credentials_are_unauthenticated(cp: ControlPlane, case: str) 
 
 
 async def test_bad_csr_is_invalid_argument(cp: ControlPlane) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+    async with tls_channel(cp, cp.secure_xds_port) as plain:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await create(plain, b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n", token(cp))
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -149,7 +149,7 @@ async def test_a_killed_signing_worker_answers_unavailable_then_a_new_one_signs(
     those); the next calls are signed by its successor."""
     assert cp.ca_service is not None
     signer = cp.ca_service.signer
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+    async with tls_channel(cp, cp.secure_xds_port) as plain:
         await create(plain, make_csr(), token(cp))
         pid = signer.pid
         assert pid is not None
@@ -181,7 +181,7 @@ async def test_state_dir_keys_are_private_and_the_root_survives_a_restart(
     async with running_control_plane(cfg, state_dir=state) as cp:
         assert root(cp) == first_root
         # A token minted before the restart is still accepted (same token key).
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+        async with tls_channel(cp, cp.secure_xds_port) as plain:
             chain = await create(plain, make_csr(), tok)
         assert spiffe_ids(chain[0]) == ["spiffe://cluster.local/ns/default/sa/sleep"]
 
@@ -191,7 +191,7 @@ async def test_plugged_in_intermediate_and_capped_validity(cfg: Path, tmp_path: 
     async with running_control_plane(
         cfg, ca_files=(cert, key, chain_file), max_workload_cert_ttl=300
     ) as cp:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+        async with tls_channel(cp, cp.secure_xds_port) as plain:
             chain = await create(plain, make_csr(), token(cp), ttl=7 * 86400)
             short = await create(plain, make_csr(), token(cp), ttl=60)
         # The TLS port's own certificate chains to the plugged-in root too.
@@ -242,7 +242,8 @@ async def test_xds_on_the_tls_port_is_authenticated_and_bound_to_the_caller(
             == "PERMISSION_DENIED"
         )
         assert await ads_outcome(tls, sotw_request("default", "sleep"), None) == "UNAUTHENTICATED"
-    # The plaintext port stays open for local use and tests.
+    # The plaintext port stays open for local use and tests (it authenticates no one, so
+    # it registers nothing: tests/security/test_registration.py).
     async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
         assert await ads_outcome(plain, sotw_request("default", "admin"), None) == "ok"
     assert (
@@ -255,7 +256,7 @@ async def test_xds_on_the_tls_port_is_authenticated_and_bound_to_the_caller(
 
 async def test_client_certificate_authentication(cp: ControlPlane) -> None:
     key = ec_key()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
+    async with tls_channel(cp, cp.secure_xds_port) as plain:
         chain = await create(plain, make_csr(key), token(cp, Identity("shop", "cart")))
     chain_pem = b"".join(cert_pem(c) for c in chain[:-1])
     async with tls_channel(
@@ -311,11 +312,18 @@ async def test_agent_channel_over_tls_carries_xds_and_ca_on_one_connection(
             await stream.close()
 
 
-async def test_ca_client_over_plaintext_and_its_error_classes(
-    cp: ControlPlane, tmp_path: Path
-) -> None:
+async def test_ca_client_and_its_error_classes(cp: ControlPlane, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
+    (tmp_path / "root.pem").write_bytes(root(cp))
+    # The plaintext port issues no certificates, whatever the token: not retryable.
+    token_file.write_text(token(cp))
     async with UpstreamChannel([f"127.0.0.1:{cp.xds_port}"]) as upstream:
+        with pytest.raises(CaClientError) as e:
+            await CaClient(upstream, token_file).sign(make_csr(), 600)
+        assert e.value.code is grpc.StatusCode.UNAUTHENTICATED and not e.value.retryable
+    token_file.unlink()
+    tls = UpstreamTls(tmp_path / "root.pem", token_file)
+    async with UpstreamChannel([f"127.0.0.1:{cp.secure_xds_port}"], tls=tls) as upstream:
         ca = CaClient(upstream, token_file)
         with pytest.raises(CaClientError) as e:
             await ca.sign(make_csr(), 600)  # no token file yet

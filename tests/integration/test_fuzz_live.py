@@ -117,7 +117,7 @@ def test_csr_fuzz_gets_clean_statuses(
     text, expected = csr
     md = (("authorization", f"Bearer {live.token()}"),) if with_token else ()
     opts = [("grpc.max_send_message_length", 64 << 20)]
-    with grpc.insecure_channel(live.target, options=opts) as ch:
+    with grpc.secure_channel(live.secure_target, live.tls_credentials(), options=opts) as ch:
         stub = ca_pb2_grpc.IstioCertificateServiceStub(ch)
         try:
             stub.CreateCertificate(

@@ -19,10 +19,10 @@ from control.kube.client import from_kubeconfig
 from control.kube.source import KubeSource
 from control.model.types import MeshConfig
 from control.xds.server import XdsOptions
-from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import agent_token, bounded_teardown, eventually
 from tests.support.kubeapi import FakeKubeApi, pod
+from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 
 
@@ -149,6 +149,7 @@ async def test_pods_and_services_reach_envoy_through_an_agent(tmp_path: Path) ->
                 kubernetes=True,
                 kubeconfig=str(kubeconfig),
                 xds_address="127.0.0.1:0",
+                secure_xds_address="127.0.0.1:0",
                 http_address="127.0.0.1:0",
                 id="kube-cp",
                 debounce_quiet=0.05,
@@ -157,14 +158,8 @@ async def test_pods_and_services_reach_envoy_through_an_agent(tmp_path: Path) ->
             )
         )
         await cp.start()
-        client = AgentProcess(
-            f"127.0.0.1:{cp.xds_port}",
-            tmp_path / "c",
-            client_ip,
-            "client",
-            "app=client",
-            token=agent_token(cp),
-        )
+        # The TLS port: the agent's certificate is signed only there.
+        client = mesh_agent(cp, tmp_path, client_ip, "client", "app=client", workdir=tmp_path / "c")
         client.start()
         admin = f"http://{client_ip}:15000/config_dump?include_eds"
 

@@ -59,8 +59,11 @@ async def agent(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
     # AgentProcess creates the directory it is given (and writes the token there) from this
     # process, with this process's umask; the workdir the agent gets (the last --workdir
     # wins) is left for the agent itself to create.
+    # The TLS port: only there is its certificate signed.
+    assert cp.ca is not None
+    (base / "root-cert.pem").write_text(cp.ca.root_pem)
     process = AgentProcess(
-        f"127.0.0.1:{cp.xds_port}",
+        f"127.0.0.1:{cp.secure_xds_port}",
         base,
         ip,
         "attacked-0",
@@ -76,6 +79,8 @@ async def agent(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
         str(workdir),
         "--token-file",
         str(base / "token"),
+        "--ca-root-cert",
+        str(base / "root-cert.pem"),
         token=token(cp),
         wrap=("sh", "-c", 'umask 000 && exec "$@"', "agent"),
         log_path=base / "agent.log",

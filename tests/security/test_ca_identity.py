@@ -9,7 +9,7 @@ from cryptography.x509.oid import NameOID
 
 from control.app import ControlPlane
 from control.ca.identity import Identity
-from tests.security.common import create_cert, plain_channel, tls_channel, token
+from tests.security.common import create_cert, tls_channel, token
 from tests.support.pki import cert_pem, ec_key, key_pem, make_csr, spiffe_ids, verify_chain
 
 ADMIN = "spiffe://cluster.local/ns/kube-system/sa/admin"
@@ -45,9 +45,10 @@ def _only_identity(cert: x509.Certificate, want: str) -> None:
 
 async def test_csr_naming_another_spiffe_id_gets_the_callers_identity(cp: ControlPlane) -> None:
     csr = _greedy_csr()
-    # A bearer token on the plaintext port and on the TLS port.
-    async with plain_channel(cp.xds_port) as plain:
-        chain = await create_cert(plain, csr, token(cp))
+    # A bearer token on the TLS port (the plaintext port signs nothing:
+    # tests/security/test_registration.py).
+    async with tls_channel(cp, cp.secure_xds_port) as tls:
+        chain = await create_cert(tls, csr, token(cp))
     verify_chain(chain)
     _only_identity(chain[0], "spiffe://cluster.local/ns/default/sa/sleep")
     async with tls_channel(cp, cp.secure_xds_port) as tls:
@@ -56,8 +57,8 @@ async def test_csr_naming_another_spiffe_id_gets_the_callers_identity(cp: Contro
 
     # A client certificate on the mTLS port (no token): the certificate names the caller.
     key = ec_key()
-    async with plain_channel(cp.xds_port) as plain:
-        own = await create_cert(plain, make_csr(key), token(cp, CART))
+    async with tls_channel(cp, cp.secure_xds_port) as tls:
+        own = await create_cert(tls, make_csr(key), token(cp, CART))
     chain_pem = b"".join(cert_pem(c) for c in own[:-1])
     async with tls_channel(
         cp, cp.mtls_xds_port, private_key=key_pem(key), certificate_chain=chain_pem

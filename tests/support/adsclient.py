@@ -25,20 +25,27 @@ def node_id(ip: str, pod: str = "client", ns: str = "default") -> str:
 class AdsStream:
     """One ADS stream (SotW or delta) with a response queue."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, delta: bool = False) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        delta: bool = False,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> None:
+        """`metadata`: call metadata, e.g. (("authorization", "Bearer <token>"),)."""
         self.delta = delta
         if delta:
             self.call: Any = channel.stream_stream(
                 DELTA,
                 request_serializer=DeltaDiscoveryRequest.SerializeToString,
                 response_deserializer=DeltaDiscoveryResponse.FromString,
-            )()
+            )(metadata=metadata)
         else:
             self.call = channel.stream_stream(
                 SOTW,
                 request_serializer=DiscoveryRequest.SerializeToString,
                 response_deserializer=DiscoveryResponse.FromString,
-            )()
+            )(metadata=metadata)
         self.responses: asyncio.Queue[Any] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read())
         self.error: grpc.aio.AioRpcError | None = None

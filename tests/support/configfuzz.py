@@ -17,6 +17,7 @@ from tests.unit.test_config_service import REVIEWS
 from tests.unit.test_config_serviceentry import EXTERNAL_API
 from tests.unit.test_config_sidecar import RATINGS
 from tests.unit.test_config_workloadentry import VM
+from tests.unit.test_config_workloadgroup import GROUP
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +62,7 @@ CORPUS: dict[str, str] = {
     "serviceentry": EXTERNAL_API.lstrip("\n"),
     "sidecar": RATINGS.lstrip("\n"),
     "workloadentry": VM.lstrip("\n"),
+    "workloadgroup": GROUP.lstrip("\n"),
     "security": SECURITY,
     "demo": (ROOT / "examples/local/mesh.yaml").read_text(),
     "sample-app": (ROOT / "examples/kubernetes/sample-app.yaml").read_text(),

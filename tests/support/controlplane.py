@@ -20,6 +20,7 @@ async def running_control_plane(
     *,
     grace: float = 10.0,
     xds_port: int = 0,
+    secure_port: int = 0,
     state_dir: Path | None = None,
     secure: bool = True,
     mtls: bool = False,
@@ -30,14 +31,15 @@ async def running_control_plane(
     **xds: Any,
 ) -> AsyncIterator[ControlPlane]:
     """A control plane on ephemeral ports: plaintext xDS, the TLS port (`secure`, on by
-    default; `cp.secure_xds_port`) and the client-certificate port (`mtls`). Without
+    default; `cp.secure_xds_port`, fixed with `secure_port` for restarts) and the
+    client-certificate port (`mtls`). Without
     `state_dir` the CA root and token key live in memory (`cp.ca`, `cp.tokens`). `host`: where
     the xDS ports listen (a network-namespace pod reaches the root namespace's gateway)."""
     ca_cert, ca_key, ca_chain = ca_files or ("", "", None)
     opts = ControlPlaneOptions(
         config_paths=(str(config_dir),),
         xds_address=f"{host}:{xds_port}",
-        secure_xds_address=f"{host}:0" if secure else "",
+        secure_xds_address=f"{host}:{secure_port}" if secure else "",
         mtls_xds_address=f"{host}:0" if mtls else "",
         ca_cert=str(ca_cert),
         ca_key=str(ca_key),

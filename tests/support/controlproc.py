@@ -24,7 +24,9 @@ class ControlProcess:
     ) -> None:
         """Fixed ports (picked now, kept across restarts) so agents dial the same address."""
         self.xds_port = xds_port or free_port()
+        self.secure_port = free_port()
         self.http_port = free_port()
+        self.state_dir = state_dir
         self.log_path = log_path
         self.args = [
             sys.executable,
@@ -37,7 +39,7 @@ class ControlProcess:
             "--xds-address",
             f"127.0.0.1:{self.xds_port}",
             "--secure-xds-address",
-            "off",
+            f"127.0.0.1:{self.secure_port}",
             # Its default port is fixed (15017): another control plane on this machine would
             # make the start fail.
             "--webhook-address",
@@ -56,7 +58,18 @@ class ControlProcess:
 
     @property
     def target(self) -> str:
+        """The plaintext port (debugging: syncz, proxy-status; it registers nothing)."""
         return f"127.0.0.1:{self.xds_port}"
+
+    @property
+    def secure_target(self) -> str:
+        """The TLS port, where agents connect (verified by `root`)."""
+        return f"127.0.0.1:{self.secure_port}"
+
+    @property
+    def root(self) -> Path:
+        """The state dir's root certificate (written on the first start, kept after)."""
+        return self.state_dir / "root-cert.pem"
 
     def start(self) -> None:
         log = self.log_path.open("ab")

@@ -16,11 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ControlPlaneProcess:
-    """One replica: plaintext xDS and HTTP on fresh ports of 127.0.0.1, TLS port off."""
+    """One replica: plaintext xDS (debugging: proxy-status), the TLS port (agents) and HTTP
+    on fresh ports of 127.0.0.1."""
 
     def __init__(self, replica_id: str, log_dir: Path, *args: str) -> None:
         self.id = replica_id
         self.xds_port = free_port()
+        self.secure_port = free_port()
         self.http_port = free_port()
         self.log_path = log_dir / f"{replica_id}.log"
         self.args = [
@@ -34,7 +36,7 @@ class ControlPlaneProcess:
             "--webhook-address",
             "off",
             "--secure-xds-address",
-            "off",
+            f"127.0.0.1:{self.secure_port}",
             "--http-address",
             f"127.0.0.1:{self.http_port}",
             "--debounce-after",
@@ -48,6 +50,10 @@ class ControlPlaneProcess:
     @property
     def xds(self) -> str:
         return f"127.0.0.1:{self.xds_port}"
+
+    @property
+    def secure_xds(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def http(self) -> str:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 from hypothesis import HealthCheck, settings
 
 from control.app import ControlPlane
@@ -68,6 +69,16 @@ class ControlPlaneThread:
     def target(self) -> str:
         assert self.cp is not None
         return f"127.0.0.1:{self.cp.xds_port}"
+
+    @property
+    def secure_target(self) -> str:
+        assert self.cp is not None
+        return f"127.0.0.1:{self.cp.secure_xds_port}"
+
+    def tls_credentials(self) -> grpc.ChannelCredentials:
+        """For the TLS port (the CA signs nothing on the plaintext one)."""
+        assert self.cp is not None and self.cp.ca is not None
+        return grpc.ssl_channel_credentials(root_certificates=self.cp.ca.root_pem.encode())
 
     def token(self) -> str:
         assert self.cp is not None and self.cp.tokens is not None

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.agentproc import AgentProcess
-from tests.support.controlplane import agent_token, eventually
+from tests.support.controlplane import eventually
+from tests.support.mesh import mesh_agent, workload_group_yaml
 
 PORT = 8080
 METHOD = "/test.Echo/Who"
@@ -36,8 +37,9 @@ MESH = textwrap.dedent(
     spec:
       selector: {{app: echo}}
       ports: [{{name: grpc, port: 7070, targetPort: {PORT}}}]
+    ---
     """
-)
+) + workload_group_yaml("echo")  # the echo server's agent registers through it
 
 
 def peer_authentication(mode: str) -> str:
@@ -167,11 +169,20 @@ async def python(script: str, boot: Path, *args: str) -> AsyncIterator[Proc]:
 
 @contextlib.asynccontextmanager
 async def agent(
-    cp_port: int, token: str, workdir: Path, ip: str, pod: str, labels: str, *extra: str
+    cp: Any,
+    workdir: Path,
+    ip: str,
+    pod: str,
+    labels: str,
+    *extra: str,
+    service_account: str,
+    group: str = "",
 ) -> AsyncIterator[AgentProcess]:
-    proc = AgentProcess(
-        f"127.0.0.1:{cp_port}",
-        workdir,
+    """A proxy-only agent on the TLS port with a token of `service_account`; `group`: the
+    WorkloadGroup it registers in ("" = a client only)."""
+    proc = mesh_agent(
+        cp,
+        workdir.parent,
         ip,
         pod,
         labels,
@@ -179,7 +190,9 @@ async def agent(
         "--dns-port",
         "0",
         *extra,
-        token=token,
+        group=group,
+        service_account=service_account,
+        workdir=workdir,
     )
     proc.start()
     try:
@@ -211,26 +224,23 @@ async def echo_and_caller(
     its caller (`caller`, tmp_path/client), both proxy-only, each with its own token."""
     async with (
         agent(
-            cp.xds_port,
-            agent_token(cp, service_account="echo"),
+            cp,
             tmp_path / "server",
             server_ip,
             "echo-1",
             "app=echo",
-            "--service-account",
-            "echo",
             *extra,
+            service_account="echo",
+            group="echo",
         ),
         agent(
-            cp.xds_port,
-            agent_token(cp, service_account="caller"),
+            cp,
             tmp_path / "client",
             client_ip,
             "caller-1",
             "app=caller",
-            "--service-account",
-            "caller",
             *extra,
+            service_account="caller",
         ),
     ):
         yield

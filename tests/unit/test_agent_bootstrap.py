@@ -236,3 +236,26 @@ def test_interception_mode_flag_reaches_node_metadata(tmp_path: Path) -> None:
         config_from_args(args, {})
     env_cfg = parse(env={"ISTIO_META_INTERCEPTION_MODE": "NONE"})
     assert "INTERCEPTION_MODE" not in env_cfg.extra_metadata
+
+
+def test_workload_group_flag_reaches_node_metadata(tmp_path: Path) -> None:
+    from agent.config import AgentConfigError, build_parser, config_from_args
+
+    def parse(*argv: str, env: dict[str, str] | None = None) -> AgentConfig:
+        args = build_parser().parse_args(["--workdir", str(tmp_path), *argv])
+        return config_from_args(args, env or {})
+
+    assert "WORKLOAD_GROUP" not in parse().node_metadata()
+    cfg = parse("--workload-group", "reviews")
+    assert cfg.node_metadata()["WORKLOAD_GROUP"] == "reviews"
+    boot = build_bootstrap(from_agent_config(cfg))
+    assert boot["node"]["metadata"]["WORKLOAD_GROUP"] == "reviews"
+    # Istio's environment variable becomes node metadata by the ISTIO_META_* rule; the flag
+    # wins over it.
+    env = {"ISTIO_META_WORKLOAD_GROUP": "ratings"}
+    assert parse(env=env).node_metadata()["WORKLOAD_GROUP"] == "ratings"
+    assert parse("--workload-group", "reviews", env=env).node_metadata()["WORKLOAD_GROUP"] == (
+        "reviews"
+    )
+    with pytest.raises(AgentConfigError, match="--workload-group: 'Bad/Name'"):
+        parse("--workload-group", "Bad/Name")

@@ -19,6 +19,7 @@ from control.config.kinds import (
     sidecar,
     virtualservice,
     workloadentry,
+    workloadgroup,
 )
 from control.config.manifest import RawObject
 from control.config.objects import ConfigObject, Converted
@@ -29,6 +30,7 @@ Converter = Callable[[Context, str], ConfigObject]
 CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
     "Service": (service.API_VERSIONS, service.convert),
     "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
+    "WorkloadGroup": (workloadgroup.API_VERSIONS, workloadgroup.convert),
     "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
     "Sidecar": (sidecar.API_VERSIONS, sidecar.convert),
     "VirtualService": (virtualservice.API_VERSIONS, virtualservice.convert),
