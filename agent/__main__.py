@@ -7,10 +7,8 @@ from agent.startup import StartupTimeline
 # First: the clock of the start timeline (logged when the agent is first ready).
 TIMELINE = StartupTimeline()
 
-import asyncio  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 
 # gRPC's fork handlers are for children that go on using gRPC; ours only exec Envoy. With them
@@ -25,8 +23,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 # from ~0.85 ms to ~0.55 ms (tests/benchmarks/relay.py). An operator's own setting wins.
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_listener")
 
-from agent import logsetup  # noqa: E402
 from agent.config import AgentConfigError, build_parser, config_from_args  # noqa: E402
+from pilotfish_common import logsetup, signals  # noqa: E402
 
 logger = logging.getLogger("agent")
 
@@ -50,9 +48,7 @@ async def _run(args: object) -> int:
         os.setgid(cfg.proxy_gid)
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
     agent = Agent(cfg, log_level=getattr(args, "log_level", "info"), timeline=TIMELINE)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.request_stop)
+    signals.on_stop(agent.request_stop)
     try:
         await agent.start()
     except (OSError, RuntimeError, EnvoyError) as e:

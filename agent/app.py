@@ -38,6 +38,7 @@ from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
+from pilotfish_common.lifecycle import Lifecycle
 from protos.typeurls import NAME_TABLE
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
     }
 
 
-class Agent:
+class Agent(Lifecycle):
     def __init__(
         self,
         cfg: AgentConfig,
@@ -272,13 +273,6 @@ class Agent:
             await self.cert_files.close()
         await self.secrets.close()
         await self.upstream.close()
-
-    async def __aenter__(self) -> Agent:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _setup_dns(self, cfg: AgentConfig) -> None:
         """The DNS server and the NameTable handler that feeds it (through the registry,

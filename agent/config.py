@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.dns.forwarder import parse_upstream
+from pilotfish_common import logsetup
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
 # the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
@@ -176,6 +177,14 @@ def resolv_conf_servers(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
     return tuple(out)
 
 
+def _seconds(p: argparse.ArgumentParser, flag: str, env_var: str, default: str, help: str) -> None:
+    """A duration flag in seconds whose default an environment variable can set (read when
+    the parser is built, as the other env-backed defaults are)."""
+    p.add_argument(
+        flag, type=float, default=os.environ.get(env_var, default), metavar="SECONDS", help=help
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pilotfish-agent",
@@ -231,12 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="ec-p256",
         help="workload key type (default %(default)s)",
     )
-    p.add_argument(
+    _seconds(
+        p,
         "--workload-cert-ttl",
-        type=float,
-        default=env("SECRET_TTL_SECONDS", "86400"),
-        metavar="SECONDS",
-        help="lifetime asked for the workload certificate; renewed at half of it "
+        "SECRET_TTL_SECONDS",
+        "86400",
+        "lifetime asked for the workload certificate; renewed at half of it "
         "(env SECRET_TTL_SECONDS; default %(default)s)",
     )
     p.add_argument(
@@ -253,21 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(`pilotfish-agent iptables`); as root, Envoy then runs as UID/GID 1337 and the "
         "agent joins GID 1337 (env ISTIO_META_INTERCEPTION_MODE; default %(default)s)",
     )
-    p.add_argument(
+    _seconds(
+        p,
         "--keepalive-time",
-        type=float,
-        default=env("PILOTFISH_KEEPALIVE_TIME", "30"),
-        metavar="SECONDS",
-        help="ping the control plane after this much silence on the upstream connection "
+        "PILOTFISH_KEEPALIVE_TIME",
+        "30",
+        "ping the control plane after this much silence on the upstream connection "
         "(env PILOTFISH_KEEPALIVE_TIME; default %(default)s; the control plane refuses pings "
         "more often than every 10 s)",
     )
-    p.add_argument(
+    _seconds(
+        p,
         "--keepalive-timeout",
-        type=float,
-        default=env("PILOTFISH_KEEPALIVE_TIMEOUT", "10"),
-        metavar="SECONDS",
-        help="an unanswered ping closes the connection after this long, and the agent "
+        "PILOTFISH_KEEPALIVE_TIMEOUT",
+        "10",
+        "an unanswered ping closes the connection after this long, and the agent "
         "reconnects (env PILOTFISH_KEEPALIVE_TIMEOUT; default %(default)s)",
     )
     p.add_argument("--status-port", type=int, default=15020)
@@ -284,8 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long listeners drain on SIGTERM (default %(default)s)",
     )
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    logsetup.add_arguments(p)
     return p
 
 

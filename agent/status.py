@@ -18,10 +18,10 @@ import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 
 from agent.httpio import HttpClientError, HttpServer, Request, Response, fetch
 from agent.metrics import CONTENT_TYPE, AgentMetrics
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def is_local_caller(remote: str | None, pod_ip: str) -> bool:
         return False
 
 
-class StatusServer:
+class StatusServer(Lifecycle):
     def __init__(
         self,
         ip: str,
@@ -100,18 +100,6 @@ class StatusServer:
 
     async def close(self) -> None:
         await self._server.close()
-
-    async def __aenter__(self) -> StatusServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def _ready(self, request: Request) -> Response:
         try:

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
@@ -14,11 +13,9 @@ import sys
 # only exec Python. Set before anything imports grpc, as the agent does.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from control import logsetup
+from pilotfish_common import logsetup, signals
 
 logger = logging.getLogger("control")
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _address(value: str) -> str:
@@ -233,8 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=200.0,
         help="new xDS streams admitted per second after a burst of twice as many",
     )
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    logsetup.add_arguments(p)
     return p
 
 
@@ -285,9 +281,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"pilotfish-control: {e}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals.on_stop(stop.set)
     try:
         await cp.start()
     except (ConfigError, CaError, TemplateError) as e:

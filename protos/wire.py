@@ -56,38 +56,29 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _tag(field_number: int) -> bytes:
+def tag(field_number: int) -> bytes:
+    """The key of a length-delimited field (field number and wire type)."""
     if not 1 <= field_number <= _MAX_FIELD:
         raise ValueError(f"invalid protobuf field number {field_number}")
     return varint((field_number << 3) | _LEN)
 
 
-_T_ANY_TYPE_URL: Final = _tag(ANY_TYPE_URL)
-_T_ANY_VALUE: Final = _tag(ANY_VALUE)
-_T_DR_VERSION_INFO: Final = _tag(DR_VERSION_INFO)
-_T_DR_RESOURCES: Final = _tag(DR_RESOURCES)
-_T_DR_TYPE_URL: Final = _tag(DR_TYPE_URL)
-_T_DR_NONCE: Final = _tag(DR_NONCE)
-_T_DR_CONTROL_PLANE: Final = _tag(DR_CONTROL_PLANE)
-_T_DDR_SYSTEM_VERSION_INFO: Final = _tag(DDR_SYSTEM_VERSION_INFO)
-_T_DDR_RESOURCES: Final = _tag(DDR_RESOURCES)
-_T_DDR_TYPE_URL: Final = _tag(DDR_TYPE_URL)
-_T_DDR_NONCE: Final = _tag(DDR_NONCE)
-_T_DDR_REMOVED_RESOURCES: Final = _tag(DDR_REMOVED_RESOURCES)
-_T_DDR_CONTROL_PLANE: Final = _tag(DDR_CONTROL_PLANE)
-_T_RES_VERSION: Final = _tag(RES_VERSION)
-_T_RES_RESOURCE: Final = _tag(RES_RESOURCE)
-_T_RES_NAME: Final = _tag(RES_NAME)
-
-
-def field_bytes(field_number: int, payload: bytes) -> bytes:
-    """One length-delimited field (always written, even when payload is empty)."""
-    return b"".join((_tag(field_number), varint(len(payload)), payload))
-
-
-def field_string(field_number: int, s: str) -> bytes:
-    """One UTF-8 string field (always written, even when s is empty)."""
-    return field_bytes(field_number, s.encode())
+_T_ANY_TYPE_URL: Final = tag(ANY_TYPE_URL)
+_T_ANY_VALUE: Final = tag(ANY_VALUE)
+_T_DR_VERSION_INFO: Final = tag(DR_VERSION_INFO)
+_T_DR_RESOURCES: Final = tag(DR_RESOURCES)
+_T_DR_TYPE_URL: Final = tag(DR_TYPE_URL)
+_T_DR_NONCE: Final = tag(DR_NONCE)
+_T_DR_CONTROL_PLANE: Final = tag(DR_CONTROL_PLANE)
+_T_DDR_SYSTEM_VERSION_INFO: Final = tag(DDR_SYSTEM_VERSION_INFO)
+_T_DDR_RESOURCES: Final = tag(DDR_RESOURCES)
+_T_DDR_TYPE_URL: Final = tag(DDR_TYPE_URL)
+_T_DDR_NONCE: Final = tag(DDR_NONCE)
+_T_DDR_REMOVED_RESOURCES: Final = tag(DDR_REMOVED_RESOURCES)
+_T_DDR_CONTROL_PLANE: Final = tag(DDR_CONTROL_PLANE)
+_T_RES_VERSION: Final = tag(RES_VERSION)
+_T_RES_RESOURCE: Final = tag(RES_RESOURCE)
+_T_RES_NAME: Final = tag(RES_NAME)
 
 
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
@@ -113,19 +104,6 @@ def any_bytes(type_url: str, value: bytes) -> bytes:
     if value:
         _put(parts, _T_ANY_VALUE, value)
     return b"".join(parts)
-
-
-def discovery_response(
-    version_info: str,
-    resources: Iterable[bytes],
-    type_url: str,
-    nonce: str,
-    control_plane: bytes | None = None,
-) -> bytes:
-    """A serialized ``DiscoveryResponse``; each resource is a serialized ``Any``."""
-    return discovery_response_block(
-        version_info, resources_block(resources), type_url, nonce, control_plane
-    )
 
 
 def resources_block(resources: Iterable[bytes]) -> bytes:
@@ -172,22 +150,6 @@ def delta_resource_field(name: str, version: str, any_payload: bytes) -> bytes:
     response's resources are such elements joined (``delta_discovery_response_block``)."""
     payload = delta_resource(name, version, any_payload)
     return b"".join((_T_DDR_RESOURCES, varint(len(payload)), payload))
-
-
-def delta_discovery_response(
-    system_version_info: str,
-    resources: Iterable[bytes],
-    type_url: str,
-    removed_resources: Iterable[str],
-    nonce: str,
-    control_plane: bytes | None = None,
-) -> bytes:
-    """A serialized ``DeltaDiscoveryResponse``; each resource is a serialized ``Resource``."""
-    parts: list[bytes] = []
-    _put_repeated(parts, _T_DDR_RESOURCES, resources)
-    return delta_discovery_response_block(
-        system_version_info, b"".join(parts), type_url, removed_resources, nonce, control_plane
-    )
 
 
 def delta_discovery_response_block(

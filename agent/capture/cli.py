@@ -21,6 +21,7 @@ from agent.capture.rules import (
     parse_ports,
 )
 from agent.config import resolv_conf_servers
+from pilotfish_common import logsetup
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IPS",
         help="resolvers whose traffic is captured (default: /etc/resolv.conf's)",
     )
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    logsetup.add_arguments(p)
     return p
 
 

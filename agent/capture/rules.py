@@ -21,7 +21,7 @@ installed line by line.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -144,13 +144,8 @@ def chain_rules(settings: CaptureSettings) -> tuple[str, ...]:
     """The rules inside our own chains, in order."""
     r: list[str] = []
     # Inbound: excluded ports first, then what is included.
-    for port in settings.exclude_inbound_ports:
-        r.append(f"-A {INBOUND} -p tcp -m tcp --dport {port} -j RETURN")
-    if settings.include_inbound_ports == (ALL,):
-        r.append(f"-A {INBOUND} -p tcp -j {IN_REDIRECT}")
-    else:
-        for port_text in settings.include_inbound_ports:
-            r.append(f"-A {INBOUND} -p tcp -m tcp --dport {port_text} -j {IN_REDIRECT}")
+    r += (f"-A {INBOUND} {_tcp_port(port)} -j RETURN" for port in settings.exclude_inbound_ports)
+    r += _included(INBOUND, IN_REDIRECT, settings.include_inbound_ports, _tcp_port, "-p tcp ")
     r.append(f"-A {IN_REDIRECT} -p tcp -j REDIRECT --to-ports {settings.inbound_port}")
 
     # Outbound: the proxy's own traffic is never captured (that is what prevents loops) ...
@@ -170,17 +165,29 @@ def chain_rules(settings: CaptureSettings) -> tuple[str, ...]:
         # ... and no other UDP is touched (the jump for UDP exists only for DNS).
         r.append(f"-A {OUTPUT} -p udp -j RETURN")
     r.append(f"-A {OUTPUT} -d 127.0.0.1/32 -j RETURN")
-    for port in settings.exclude_outbound_ports:
-        r.append(f"-A {OUTPUT} -p tcp -m tcp --dport {port} -j RETURN")
-    for cidr in settings.exclude_outbound_ip_ranges:
-        r.append(f"-A {OUTPUT} -d {cidr} -j RETURN")
-    if settings.include_outbound_ip_ranges == (ALL,):
-        r.append(f"-A {OUTPUT} -j {REDIRECT}")
-    else:
-        for cidr in settings.include_outbound_ip_ranges:
-            r.append(f"-A {OUTPUT} -d {cidr} -j {REDIRECT}")
+    r += (f"-A {OUTPUT} {_tcp_port(port)} -j RETURN" for port in settings.exclude_outbound_ports)
+    r += (f"-A {OUTPUT} {_to(cidr)} -j RETURN" for cidr in settings.exclude_outbound_ip_ranges)
+    r += _included(OUTPUT, REDIRECT, settings.include_outbound_ip_ranges, _to, "")
     r.append(f"-A {REDIRECT} -p tcp -j REDIRECT --to-ports {settings.outbound_port}")
     return tuple(r)
+
+
+def _tcp_port(port: int | str) -> str:
+    return f"-p tcp -m tcp --dport {port}"
+
+
+def _to(cidr: str) -> str:
+    return f"-d {cidr}"
+
+
+def _included(
+    chain: str, target: str, values: tuple[str, ...], match: Callable[[str], str], all_match: str
+) -> list[str]:
+    """Jumps from `chain` to `target`: one per included value (`match` spells its match), or
+    a single one (matching `all_match`) when `*` includes everything."""
+    if values == (ALL,):
+        return [f"-A {chain} {all_match}-j {target}"]
+    return [f"-A {chain} {match(v)} -j {target}" for v in values]
 
 
 def installed_rules(settings: CaptureSettings) -> tuple[str, ...]:
@@ -230,25 +237,6 @@ def parse_save(text: str) -> NatState:
             if "-j" in words and words[words.index("-j") + 1].startswith(PREFIX):
                 jumps.append(line)
     return NatState(tuple(chains), tuple(jumps))
-
-
-def nat_lines(text: str) -> list[str]:
-    """The nat table's declaration and rule lines of an `iptables-save` dump, counters
-    zeroed: what tests compare before and after."""
-    out: list[str] = []
-    table = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("*"):
-            table = line[1:]
-            continue
-        if table != TABLE or not line or line.startswith("#") or line == "COMMIT":
-            continue
-        if line.startswith(":"):
-            name, policy = line[1:].split()[:2]
-            line = f":{name} {policy} [0:0]"
-        out.append(line)
-    return out
 
 
 # --- scripts for iptables-restore --noflush ----------------------------------------------------

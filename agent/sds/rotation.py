@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agent.xdsproxy.backoff import Backoff
+from pilotfish_common.backoff import Backoff
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,8 @@ from agent.sds.resources import (
 )
 from agent.sds.rotation import RotationPolicy, RotationSchedule
 from agent.sds.signer import CertificateSigner, SigningError, is_retryable
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +184,7 @@ class _WatchedFile:
     error: str = ""  # the last failure, logged once until it changes
 
 
-class SecretManager:
+class SecretManager(Lifecycle):
     """Holds the served secrets and keeps them fresh. One task drives each loop; watchers
     and `entries()` are used from the event loop only."""
 
@@ -219,19 +221,8 @@ class SecretManager:
         ]
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel(*self._tasks)
         self._tasks = []
-
-    async def __aenter__(self) -> SecretManager:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- state -----------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
 from agent.unixsocket import UnixGrpcServer
+from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 # The longest path a Unix socket address holds (sun_path, with its terminating NUL).
 
 
-class SdsServer:
+class SdsServer(Lifecycle):
     def __init__(
         self,
         socket_path: Path,
@@ -58,13 +59,6 @@ class SdsServer:
 
     async def close(self, grace: float = 0.5) -> None:
         await self._server.close(grace)
-
-    async def __aenter__(self) -> SdsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(

@@ -9,7 +9,6 @@ handler's error when it raises.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -17,16 +16,19 @@ import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import struct_pb2
 
-from agent.xdsproxy.backoff import Backoff, classify
+from agent.xdsproxy.errors import classify
 from agent.xdsproxy.handlers import HandlerError, HandlerRegistry
 from agent.xdsproxy.handlers import serialize as _serialize
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
+from pilotfish_common.backoff import Backoff
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
 
-class AgentStream:
+class AgentStream(Lifecycle):
     def __init__(
         self,
         upstream: UpstreamChannel,
@@ -52,18 +54,8 @@ class AgentStream:
             self._task = asyncio.create_task(self._run(), name="agent-stream")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def __aenter__(self) -> AgentStream:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await cancel(self._task)
+        self._task = None
 
     def _initial_requests(self) -> list[bytes]:
         out = []

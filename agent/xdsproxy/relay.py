@@ -28,7 +28,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
     DiscoveryResponse,
 )
 
-from agent.xdsproxy.backoff import classify
+from agent.xdsproxy.errors import classify
 from agent.xdsproxy.handlers import HandlerError, HandlerRegistry
 from agent.xdsproxy.handlers import serialize as _serialize
 from agent.xdsproxy.upstream import UpstreamChannel

@@ -14,12 +14,13 @@ from agent.unixsocket import UnixGrpcServer
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
+from pilotfish_common.lifecycle import Lifecycle
 from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
 
 
-class DownstreamServer:
+class DownstreamServer(Lifecycle):
     def __init__(
         self,
         socket_path: Path,
@@ -49,13 +50,6 @@ class DownstreamServer:
 
     async def close(self, grace: float = 0.5) -> None:
         await self._server.close(grace)
-
-    async def __aenter__(self) -> DownstreamServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def _sotw(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

@@ -14,7 +14,6 @@ again for each call (tokens are rotated by whoever writes the file).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Sequence
@@ -25,6 +24,8 @@ from typing import Any
 import grpc
 from cryptography import x509
 
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 from protos.ads import DELTA_METHOD, SOTW_METHOD, identity
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def _load_root(path: Path) -> bytes:
     return data
 
 
-class UpstreamChannel:
+class UpstreamChannel(Lifecycle):
     """Owns the grpc.aio channel; hands out raw-bytes ADS calls on it."""
 
     def __init__(
@@ -175,21 +176,11 @@ class UpstreamChannel:
         logger.info("upstream channel to %s%s", self.target, " (TLS)" if self.tls else "")
 
     async def close(self) -> None:
-        if self._token_task is not None:
-            self._token_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._token_task
-            self._token_task = None
+        await cancel(self._token_task)
+        self._token_task = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def __aenter__(self) -> UpstreamChannel:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @property
     def channel(self) -> grpc.aio.Channel:

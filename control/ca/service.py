@@ -19,6 +19,7 @@ from control.ca.authority import CertificateAuthority, CsrError
 from control.ca.grpcauth import STATUS, CallAuthenticator, is_secure
 from control.ca.signer import ProcessSigner, SignerFailed, SignerUnavailable
 from control.metrics import Metrics
+from pilotfish_common.lifecycle import Lifecycle
 from protos import ca_pb2
 
 SERVICE = "istio.v1.auth.IstioCertificateService"
@@ -30,7 +31,7 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class CertificateService:
+class CertificateService(Lifecycle):
     """Owns the signing worker: `start()` before serving, `close()` after the gRPC server
     has stopped (calls still being signed then finish first)."""
 
@@ -52,13 +53,6 @@ class CertificateService:
 
     async def close(self) -> None:
         await self.signer.close()
-
-    async def __aenter__(self) -> CertificateService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         # Requests arrive as bytes and are decoded in `_create_raw`: a request protobuf cannot

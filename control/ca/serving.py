@@ -19,7 +19,6 @@ swaps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -33,6 +32,8 @@ import grpc
 from cryptography import x509
 
 from control.ca.authority import SERVING_VALIDITY, CertificateAuthority
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def ssl_context_for(cert: ServingCert) -> ssl.SSLContext:
     return ctx
 
 
-class ServingCertificates:
+class ServingCertificates(Lifecycle):
     """One serving identity (a set of DNS names and IPs), re-issued at half its lifetime.
 
     `async with ServingCertificates(ca, names, ips)` or start() / close(). After start(),
@@ -118,18 +119,8 @@ class ServingCertificates:
         self._task = asyncio.create_task(self._renew_forever(), name="serving-cert-renewal")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def __aenter__(self) -> ServingCertificates:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await cancel(self._task)
+        self._task = None
 
     # --- credentials that follow renewals ----------------------------------------------------
 

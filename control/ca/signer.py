@@ -37,6 +37,7 @@ from control.ca.signwire import (
     parse_outcomes,
     sign_frame,
 )
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def restart_pause(early_deaths: int) -> float:
     return float(min(_MAX_PAUSE, 0.05 * 2 ** (early_deaths - 1)))
 
 
-class ProcessSigner:
+class ProcessSigner(Lifecycle):
     """`sign()` from the event loop; the signature is made in the worker process."""
 
     def __init__(
@@ -139,13 +140,6 @@ class ProcessSigner:
             await _kill(self._proc)
             self._proc = None
         self._fail(self._queue.drain(), "the CA is shutting down")
-
-    async def __aenter__(self) -> ProcessSigner:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def sign(
         self, csr_pem: bytes, identity: Identity, ttl_seconds: float, now: dt.datetime

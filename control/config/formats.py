@@ -46,14 +46,6 @@ def dns1123_subdomain(value: str) -> str | None:
     )
 
 
-def is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
-
-
 def is_cidr(value: str) -> bool:
     if "/" not in value:
         return False

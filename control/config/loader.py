@@ -14,26 +14,15 @@ from collections.abc import Iterable
 
 from control.config import kinds
 from control.config.discovery import discover
-from control.config.errors import ConfigError, DuplicateObjectError
+from control.config.errors import ConfigError
 from control.config.manifest import objects_of
 from control.config.merge import check_duplicates, merge
 from control.config.objects import ConfigObject, FileConfig
 from control.config.yamlsource import parse_yaml
 from control.model.types import ConfigWarning, MeshConfig
 
-__all__ = [
-    "DEFAULT_DOMAIN",
-    "ConfigError",
-    "DuplicateObjectError",
-    "FileConfig",
-    "discover",
-    "load_bytes",
-    "load_file",
-    "load_paths",
-    "load_text",
-    "merge",
-    "read_file",
-]
+# The package (control/config/__init__.py) re-exports the config API; these are this module's.
+__all__ = ["DEFAULT_DOMAIN", "load_bytes", "load_file", "load_paths", "load_text", "read_file"]
 
 logger = logging.getLogger(__name__)
 

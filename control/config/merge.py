@@ -6,7 +6,8 @@ services with the same hostname the first one wins (and a warning names both).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from control.config.conflicts import (
     destination_rule_conflicts,
@@ -18,9 +19,7 @@ from control.config.objects import ConfigObject, FileConfig
 from control.model.types import (
     ConfigWarning,
     MeshConfig,
-    PeerAuthentication,
     Service,
-    SidecarScope,
     SourceRef,
 )
 
@@ -61,9 +60,19 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
                 )
             )
     sidecars = [sc for obj in objects for sc in obj.sidecars]
-    warnings.extend(_namespace_wide_sidecars(sidecars))
+    warnings.extend(
+        _namespace_wide(
+            [sc for sc in sidecars if sc.workload_selector is None], "Sidecar", "workloadSelector"
+        )
+    )
     peer_authentications = [pa for obj in objects for pa in obj.peer_authentications]
-    warnings.extend(_namespace_wide_peer_authentications(peer_authentications))
+    warnings.extend(
+        _namespace_wide(
+            [pa for pa in peer_authentications if pa.selector is None],
+            "PeerAuthentication",
+            "selector",
+        )
+    )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
     warnings.extend(virtual_service_conflicts(virtual_services))
@@ -102,47 +111,34 @@ def check_duplicates(objects: Sequence[ConfigObject]) -> None:
         )
 
 
-def _namespace_wide_sidecars(sidecars: Sequence[SidecarScope]) -> list[ConfigWarning]:
-    """Istio allows one Sidecar without workloadSelector per namespace; the first by name is
-    used (as MeshIndex picks it), the others are reported."""
-    by_namespace: dict[str, list[SidecarScope]] = {}
-    for sc in sidecars:
-        if sc.workload_selector is None:
-            by_namespace.setdefault(sc.namespace, []).append(sc)
-    out: list[ConfigWarning] = []
-    for scopes in by_namespace.values():
-        used = min(scopes, key=lambda s: s.name)
-        out.extend(
-            ConfigWarning(
-                sc.source,
-                f"namespace {sc.namespace} has more than one Sidecar without workloadSelector; "
-                f"only {used.source} is used",
-            )
-            for sc in scopes
-            if sc is not used
-        )
-    return out
+class _Scoped(Protocol):
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> SourceRef: ...
 
 
-def _namespace_wide_peer_authentications(
-    policies: Sequence[PeerAuthentication],
+def _namespace_wide(
+    unselected: Iterable[_Scoped], kind: str, selector_field: str
 ) -> list[ConfigWarning]:
-    """One PeerAuthentication without selector counts per namespace (the mesh-wide one in the
-    root namespace); the first by name is used, as MeshIndex picks it, the others reported."""
-    by_namespace: dict[str, list[PeerAuthentication]] = {}
-    for pa in policies:
-        if pa.selector is None:
-            by_namespace.setdefault(pa.namespace, []).append(pa)
+    """Istio counts one object of `kind` without a selector per namespace (for
+    PeerAuthentication, the mesh-wide one in the root namespace); the first by name is used,
+    as MeshIndex picks it, and the others are reported."""
+    by_namespace: dict[str, list[_Scoped]] = {}
+    for obj in unselected:
+        by_namespace.setdefault(obj.namespace, []).append(obj)
     out: list[ConfigWarning] = []
     for group in by_namespace.values():
-        used = min(group, key=lambda p: p.name)
+        used = min(group, key=lambda o: o.name)
         out.extend(
             ConfigWarning(
-                pa.source,
-                f"namespace {pa.namespace} has more than one PeerAuthentication without "
-                f"selector; only {used.source} is used",
+                obj.source,
+                f"namespace {obj.namespace} has more than one {kind} without "
+                f"{selector_field}; only {used.source} is used",
             )
-            for pa in group
-            if pa is not used
+            for obj in group
+            if obj is not used
         )
     return out

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import shutil
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from importlib import metadata
 from typing import Any, TypeVar
 
 from control.ctl.configdump import KINDS
+from pilotfish_common.addresses import is_ip
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -45,6 +45,10 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _proxy_status(args: argparse.Namespace) -> int:
+    """Ask every control-plane replica for its syncz (over xDS, type
+    istio.io/debug/syncz) and print one row per proxy: the replica it is connected to
+    and the state of each xDS type (SYNCED, NOT SENT, STALE, ERROR; - when not
+    subscribed). Exits 1 when a replica could not be asked (the others still print)."""
     from control.ctl import status, table
 
     def fail(message: str, code: int = 1) -> int:
@@ -111,6 +115,9 @@ async def _find_replicas(args: argparse.Namespace, port: int) -> list[str]:
 
 
 def _proxy_config(args: argparse.Namespace) -> int:
+    """Show what a proxy holds. TARGET is a pod IP (read from that pod's Envoy admin,
+    http://IP:15000/config_dump: what Envoy accepted) or a proxy id / pod.namespace
+    (read from the control plane's /debug/config_dump: what it generates)."""
     from control.ctl import configdump, table
 
     token = ""
@@ -143,7 +150,7 @@ async def _dump_resources(args: argparse.Namespace, token: str) -> list[dict[str
 
     from control.ctl import configdump
 
-    if _is_ip(args.target):
+    if is_ip(args.target):
         host = f"[{args.target}]" if ":" in args.target else args.target
         query = "?include_eds" if args.kind == "endpoints" else ""
         url = f"http://{host}:{args.admin_port}/config_dump{query}"
@@ -162,15 +169,10 @@ async def _dump_resources(args: argparse.Namespace, token: str) -> list[dict[str
     raise configdump.DumpError("; ".join(errors))
 
 
-def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
-
-
 def _token(args: argparse.Namespace) -> int:
+    """Print a bearer token (ES256 JWT) signed with the control plane's token key
+    (<state-dir>/token-key.pem, created when missing). Agents read it from --token-file;
+    the control plane accepts it on both gRPC ports."""
     import time
 
     from control.ca.authn import TokenIssuer, load_or_create_token_key
@@ -195,6 +197,10 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _kube_inject(args: argparse.Namespace) -> int:
+    """Manual sidecar injection: the same patch the control plane's webhook makes,
+    applied to every Pod and pod template (Deployment, StatefulSet, DaemonSet, Job,
+    CronJob, ...) in the input; other objects pass through. Pods that opt out
+    (sidecar.istio.io/inject: "false") or already have the sidecar are left alone."""
     from control.ctl.kubeinject import KubeInjectError, inject_documents
     from control.webhook.inject import InjectionValues
     from control.webhook.template import DEFAULT_TEMPLATE, TemplateError, load_template
@@ -217,21 +223,32 @@ def _kube_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    func: Callable[[argparse.Namespace], int],
+    name: str,
+    help: str,
+) -> argparse.ArgumentParser:
+    """Subcommand `name` running `func`; its --help description is `func`'s docstring (argparse
+    re-wraps it, so the docstring's line breaks do not show)."""
+    parser = sub.add_parser(name, help=help, description=func.__doc__)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _output_and_timeout(parser: argparse.ArgumentParser, timeout_help: str) -> None:
+    """The two flags of the commands that ask the mesh and print what it answers."""
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.add_argument("--timeout", type=float, default=5.0, help=timeout_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pilotfish-ctl", description="Operator CLI for a Pilotfish mesh."
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("version", help="print the version").set_defaults(func=_version)
-    tok = sub.add_parser(
-        "token",
-        help="print a bearer token for a namespace and service account",
-        description=(
-            "Print a bearer token (ES256 JWT) signed with the control plane's token key "
-            "(<state-dir>/token-key.pem, created when missing). Agents read it from "
-            "--token-file; the control plane accepts it on both gRPC ports."
-        ),
-    )
+    tok = _command(sub, _token, "token", "print a bearer token for a namespace and service account")
     tok.add_argument(
         "--state-dir",
         default="./pilotfish-state",
@@ -240,16 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--namespace", "-n", required=True)
     tok.add_argument("--service-account", "-s", required=True)
     tok.add_argument("--ttl", default="1h", help="lifetime, e.g. 90s, 30m, 1h, 2d (default 1h)")
-    tok.set_defaults(func=_token)
-    ps = sub.add_parser(
+    ps = _command(
+        sub,
+        _proxy_status,
         "proxy-status",
-        help="sync status of every proxy on every control-plane replica",
-        description=(
-            "Ask every control-plane replica for its syncz (over xDS, type "
-            "istio.io/debug/syncz) and print one row per proxy: the replica it is connected "
-            "to and the state of each xDS type (SYNCED, NOT SENT, STALE, ERROR; - when not "
-            "subscribed). Exits 1 when a replica could not be asked (the others still print)."
-        ),
+        "sync status of every proxy on every control-plane replica",
     )
     ps.add_argument(
         "--xds-address",
@@ -306,17 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="istiod.istio-system.svc",
         help="name expected in the replicas' certificate (default %(default)s)",
     )
-    ps.add_argument("--output", "-o", choices=("table", "json"), default="table")
-    ps.add_argument("--timeout", type=float, default=5.0, help="seconds per replica")
-    ps.set_defaults(func=_proxy_status)
-    pc = sub.add_parser(
+    _output_and_timeout(ps, "seconds per replica")
+    pc = _command(
+        sub,
+        _proxy_config,
         "proxy-config",
-        help="a proxy's clusters, listeners, routes, endpoints or secrets",
-        description=(
-            "Show what a proxy holds. TARGET is a pod IP (read from that pod's Envoy admin, "
-            "http://IP:15000/config_dump: what Envoy accepted) or a proxy id / pod.namespace "
-            "(read from the control plane's /debug/config_dump: what it generates)."
-        ),
+        "a proxy's clusters, listeners, routes, endpoints or secrets",
     )
     pc.add_argument("kind", choices=KINDS, metavar="{" + ",".join(KINDS) + "}")
     pc.add_argument("target", metavar="TARGET", help="pod IP, proxy id or pod.namespace")
@@ -339,18 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
         "loopback: an identity in its --debug-allow (`pilotfish-ctl token -n istio-system "
         "-s ... --ttl 10m`); plain HTTP carries it readable, so keep it short-lived",
     )
-    pc.add_argument("--output", "-o", choices=("table", "json"), default="table")
-    pc.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
-    pc.set_defaults(func=_proxy_config)
-    ki = sub.add_parser(
-        "kube-inject",
-        help="print Kubernetes YAML with the agent sidecar injected",
-        description=(
-            "Manual sidecar injection: the same patch the control plane's webhook makes, "
-            "applied to every Pod and pod template (Deployment, StatefulSet, DaemonSet, Job, "
-            "CronJob, ...) in the input; other objects pass through. Pods that opt out "
-            '(sidecar.istio.io/inject: "false") or already have the sidecar are left alone.'
-        ),
+    _output_and_timeout(pc, "seconds per request")
+    ki = _command(
+        sub, _kube_inject, "kube-inject", "print Kubernetes YAML with the agent sidecar injected"
     )
     ki.add_argument(
         "-f", "--filename", required=True, metavar="FILE", help="YAML to inject ('-': stdin)"
@@ -369,7 +367,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="control plane address for the agent (default: the template's)",
     )
-    ki.set_defaults(func=_kube_inject)
     return p
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from pilotfish_common.lifecycle import Lifecycle
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -166,7 +168,7 @@ def _temp_file(data: bytes) -> str:
     return name
 
 
-class KubeClient:
+class KubeClient(Lifecycle):
     """One aiohttp session to the API server; `async with KubeClient(cfg)`."""
 
     def __init__(self, config: KubeConfig) -> None:
@@ -182,13 +184,6 @@ class KubeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def __aenter__(self) -> KubeClient:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -213,17 +208,15 @@ class KubeClient:
             return await _json_or_raise(r)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> Any:
-        async with self.session.post(
-            self.config.server + path,
-            data=json.dumps(body),
-            headers={**self._headers(), "Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as r:
-            return await _json_or_raise(r)
+        return await self._send("POST", path, body)
 
     async def replace(self, path: str, body: Mapping[str, Any]) -> Any:
         """PUT: an update, conditional on body.metadata.resourceVersion (409 when stale)."""
-        async with self.session.put(
+        return await self._send("PUT", path, body)
+
+    async def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
+        async with self.session.request(
+            method,
             self.config.server + path,
             data=json.dumps(body),
             headers={**self._headers(), "Content-Type": "application/json"},

@@ -15,10 +15,11 @@ first complete list, which is what the source's readiness waits for.
 from __future__ import annotations
 
 import enum
-import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pilotfish_common import backoff
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 
@@ -92,22 +93,9 @@ class Reflector:
 
 
 @dataclass
-class Backoff:
-    """Jittered exponential delays between failed list/watch attempts; reset on success."""
+class Backoff(backoff.Backoff):
+    """Delays between failed list/watch attempts: the shared backoff with the Kubernetes
+    source's own defaults, which start sooner and cap lower than the agent's reconnects."""
 
     initial: float = 0.2
     maximum: float = 10.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-    rng: random.Random = field(default_factory=random.Random)
-    _next: float = -1.0
-
-    def next_delay(self) -> float:
-        if self._next < 0:
-            self._next = self.initial
-        base = self._next
-        self._next = min(self.maximum, self._next * self.multiplier)
-        return max(0.0, base * (1 + self.rng.uniform(-self.jitter, self.jitter)))
-
-    def reset(self) -> None:
-        self._next = -1.0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import copy
 import enum
 import logging
@@ -29,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.kube.client import ApiError, KubeClient
+from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class ConflictRetry:
         self.conflicts = 0
 
 
-class CaBundlePatcher:
+class CaBundlePatcher(Lifecycle):
     """`async with CaBundlePatcher(client, root_pem)`: syncs at start, then every `resync`."""
 
     def __init__(
@@ -149,17 +150,7 @@ class CaBundlePatcher:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def __aenter__(self) -> CaBundlePatcher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await cancel(task)
 
     async def _loop(self) -> None:
         while True:

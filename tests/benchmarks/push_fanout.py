@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from control.app import ControlPlane, ControlPlaneOptions
 from control.xds.server import XdsOptions, grpc_stream_options
-from protos import typeurls, wire
+from protos import typeurls
 from tests.benchmarks.xds_load import LoadClients, LoadOptions
+from tests.support.wire import discovery_response
 
 
 def rss_bytes() -> int:
@@ -230,7 +231,7 @@ def eds_response_bytes(services: int, endpoints: int) -> bytes:
     # for EDS, see control/xds/sotw.py).
     moved = [after[n].any_bytes for n in sorted(after) if after[n].version != before[n].version]
     assert moved, "the change must move an endpoint"
-    return wire.discovery_response("v", moved, typeurls.ENDPOINT, "n")
+    return discovery_response("v", moved, typeurls.ENDPOINT, "n")
 
 
 async def role(args: argparse.Namespace) -> dict[str, object]:
@@ -239,7 +240,7 @@ async def role(args: argparse.Namespace) -> dict[str, object]:
             args.streams, args.services, args.endpoints, args.rounds
         )
         return {"times": times, "serialized": serialized, "rss_per_stream": rss}
-    cds = wire.discovery_response("v", [], typeurls.CLUSTER, "c")
+    cds = discovery_response("v", [], typeurls.CLUSTER, "c")
     eds = eds_response_bytes(args.services, args.endpoints)
     times, rss = await run_floor(args.streams, cds, eds, args.rounds)
     return {"times": times, "rss_per_stream": rss}

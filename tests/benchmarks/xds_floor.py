@@ -41,6 +41,7 @@ from control.xds.server import XdsOptions, grpc_stream_options
 from protos import typeurls, wire
 from protos.ads import raw_ads_handler
 from tests.benchmarks.xds_sim import marker_address, proxy_identity
+from tests.support.wire import delta_discovery_response, discovery_response
 
 TYPES = (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE)
 
@@ -71,11 +72,11 @@ class Floor:
     def __init__(self, resources: dict[str, list[tuple[str, str, bytes]]]) -> None:
         self.resources = resources
         self.sotw = {
-            t: wire.discovery_response("v0", [a for _, _, a in rs], t, "n0")
+            t: discovery_response("v0", [a for _, _, a in rs], t, "n0")
             for t, rs in resources.items()
         }
         self.delta = {
-            t: wire.delta_discovery_response(
+            t: delta_discovery_response(
                 "v0", [wire.delta_resource(n, v, a) for n, v, a in rs], t, [], "n0"
             )
             for t, rs in resources.items()
@@ -149,8 +150,8 @@ class Floor:
             moved[k] = new
         if not moved:
             return 0
-        sotw = wire.discovery_response(f"m{j}", list(moved.values()), typeurls.ENDPOINT, f"m{j}")
-        delta = wire.delta_discovery_response(
+        sotw = discovery_response(f"m{j}", list(moved.values()), typeurls.ENDPOINT, f"m{j}")
+        delta = delta_discovery_response(
             f"m{j}",
             [wire.delta_resource(self._eds[k][0], self._eds[k][1], a) for k, a in moved.items()],
             typeurls.ENDPOINT,

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pilotfish_common.lifecycle import Lifecycle
 from tests.benchmarks.xds_sim import (
     Decoder,
     Encoder,
@@ -318,7 +319,7 @@ class LoadOptions:
     timeout: float = 3600.0  # workers exit after this long whatever happens
 
 
-class LoadClients:
+class LoadClients(Lifecycle):
     """Simulated proxies in worker processes; `async with LoadClients(opts) as load:`."""
 
     def __init__(self, opts: LoadOptions) -> None:
@@ -487,13 +488,6 @@ class LoadClients:
         for t in self._readers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 5)
-
-    async def __aenter__(self) -> LoadClients:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -39,6 +39,7 @@ from envoy.service.discovery.v3.discovery_pb2 import (
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 
 from protos import typeurls, wire
+from tests.support.wire import delta_discovery_response, discovery_response, field_string
 
 CDS, EDS, LDS, RDS = typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE
 SHORT = {CDS: "CDS", EDS: "EDS", LDS: "LDS", RDS: "RDS"}
@@ -328,7 +329,7 @@ class Encoder:
         key = (str(field_number), *names)
         found = self._names.get(key)
         if found is None:
-            found = b"".join(wire.field_string(field_number, n) for n in names)
+            found = b"".join(field_string(field_number, n) for n in names)
             if len(self._names) > 10_000:
                 self._names.clear()
             self._names[key] = found
@@ -532,7 +533,7 @@ def sotw_response(
 ) -> bytes:
     """A DiscoveryResponse from (type, serialized resource) pairs (for tests)."""
     anys = [wire.any_bytes(t, v) for t, v in resources]
-    return wire.discovery_response(version, anys, type_url, nonce)
+    return discovery_response(version, anys, type_url, nonce)
 
 
 def delta_response(
@@ -543,4 +544,4 @@ def delta_response(
 ) -> bytes:
     """A DeltaDiscoveryResponse from (name, version, serialized resource) triples."""
     rs = [wire.delta_resource(n, v, wire.any_bytes(type_url, b)) for n, v, b in resources]
-    return wire.delta_discovery_response("1", rs, type_url, list(removed), nonce)
+    return delta_discovery_response("1", rs, type_url, list(removed), nonce)

@@ -19,12 +19,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.capture.rules import nat_lines
 from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.dns import UpstreamDns
+from tests.support.iptables import nat_lines
 from tests.support.mesh import mesh_agent, workload_group_yaml
 from tests.support.netns import Pod, PodNetwork, pod_network
 

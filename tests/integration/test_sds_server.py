@@ -21,6 +21,7 @@ from agent.sds.rotation import RotationPolicy
 from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.server import SERVICE, SdsServer
 from agent.sds.signer import SigningError
+from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 from tests.support.controlplane import eventually
 from tests.support.testca import TestCA
@@ -37,7 +38,7 @@ def secrets_of(resp: DiscoveryResponse) -> dict[str, Secret]:
     return out
 
 
-class Agent:
+class Agent(Lifecycle):
     """A secret manager and its SDS server on `<dir>/SDS`, plus client stubs."""
 
     def __init__(self, directory: Path, ca: TestCA, *, ttl: float = 3600, fetch: float = 5):
@@ -48,13 +49,12 @@ class Agent:
         self.server = SdsServer(self.socket, self.manager, fetch_timeout=fetch)
         self.channel: grpc.aio.Channel | None = None
 
-    async def __aenter__(self) -> Agent:
+    async def start(self) -> None:
         await self.manager.start()
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"unix:{self.socket}")
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
         assert self.channel is not None
         await self.channel.close()
         await self.server.close()

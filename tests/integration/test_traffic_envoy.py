@@ -20,36 +20,18 @@ from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
 from tests.support.net import pod_ip
+from tests.support.traffic import (
+    HTTP_PORT,
+    header_route,
+    service,
+    subsets_rule,
+    tcp_split,
+    workload_entry,
+)
 
 pytestmark = pytest.mark.envoy
 
-HTTP_PORT = 9080
 TCP_PORT = 9000
-
-
-def service(
-    name: str, app: str, port: int = HTTP_PORT, target: int = 8080, proto: str = "http"
-) -> str:
-    return f"""
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  selector: {{app: {app}}}
-  ports: [{{name: {proto}, port: {port}, targetPort: {target}}}]
-"""
-
-
-def workload(name: str, ip: str, **labels: str) -> str:
-    shown = ", ".join(f"{k}: {v}" for k, v in labels.items())
-    return f"""
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: {name}, namespace: default}}
-spec: {{address: "{ip}", labels: {{{shown}}}}}
-"""
 
 
 def mesh_yaml(ips: dict[str, str]) -> str:
@@ -62,44 +44,23 @@ def mesh_yaml(ips: dict[str, str]) -> str:
         service("flaky", "flaky"),
         service("outlier", "outlier"),
         service("tcpecho", "tcpecho", TCP_PORT, TCP_PORT, "tcp"),
-        workload("reviews-v1", ips["v1"], app="reviews", version="v1"),
-        workload("reviews-v2", ips["v2"], app="reviews", version="v2"),
-        workload("flaky-1", ips["flaky"], app="flaky"),
-        workload("outlier-good", ips["good"], app="outlier"),
-        workload("outlier-bad", ips["bad"], app="outlier"),
-        workload("tcp-v1", ips["tcp1"], app="tcpecho", version="v1"),
-        workload("tcp-v2", ips["tcp2"], app="tcpecho", version="v2"),
+        workload_entry("reviews-v1", ips["v1"], app="reviews", version="v1"),
+        workload_entry("reviews-v2", ips["v2"], app="reviews", version="v2"),
+        workload_entry("flaky-1", ips["flaky"], app="flaky"),
+        workload_entry("outlier-good", ips["good"], app="outlier"),
+        workload_entry("outlier-bad", ips["bad"], app="outlier"),
+        workload_entry("tcp-v1", ips["tcp1"], app="tcpecho", version="v1"),
+        workload_entry("tcp-v2", ips["tcp2"], app="tcpecho", version="v2"),
     ]
-    rules = """
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: reviews, namespace: default}
-spec:
-  host: reviews
-  subsets:
-  - {name: v1, labels: {version: v1}}
-  - {name: v2, labels: {version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: split, namespace: default}
-spec:
-  host: split.default.svc.cluster.local
-  trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}
-  subsets:
-  - {name: v1, labels: {version: v1}}
-  - {name: v2, labels: {version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: reviews, namespace: default}
-spec:
-  hosts: [reviews]
-  http:
-  - match: [{headers: {end-user: {exact: jason}}}]
-    route: [{destination: {host: reviews, subset: v2}}]
-  - route: [{destination: {host: reviews, subset: v1}}]
+    rules = [
+        subsets_rule("reviews"),
+        subsets_rule(
+            "split",
+            host="split.default.svc.cluster.local",
+            policy="{loadBalancer: {simple: ROUND_ROBIN}}",
+        ),
+        header_route("reviews"),
+        """
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -173,25 +134,10 @@ spec:
       interval: 1s
       baseEjectionTime: 5m
       maxEjectionPercent: 100
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: tcpecho, namespace: default}
-spec:
-  host: tcpecho
-  subsets:
-  - {name: v1, labels: {version: v1}}
-  - {name: v2, labels: {version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: tcpecho, namespace: default}
-spec:
-  hosts: [tcpecho]
-  tcp:
-  - route:
-    - {destination: {host: tcpecho, subset: v1}, weight: 80}
-    - {destination: {host: tcpecho, subset: v2}, weight: 20}
+""".replace("CLIENT_IP", ips["client"]),
+        subsets_rule("tcpecho"),
+        tcp_split("tcpecho", {"v1": 80, "v2": 20}),
+        """
 ---
 apiVersion: networking.istio.io/v1
 kind: Sidecar
@@ -200,8 +146,9 @@ spec:
   workloadSelector: {labels: {app: scoped}}
   egress:
   - hosts: [./reviews.default.svc.cluster.local]
-"""
-    return "".join(docs) + rules.replace("CLIENT_IP", ips["client"])
+""",
+    ]
+    return "".join(docs + rules)
 
 
 class Client:

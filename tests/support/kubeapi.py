@@ -39,6 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
+from pilotfish_common.lifecycle import Lifecycle
+
 # plural -> (Kind, apiVersion) for the resources this fake serves.
 RESOURCES: dict[str, tuple[str, str]] = {
     "services": ("Service", "v1"),
@@ -74,7 +76,7 @@ class TokenInfo:
     audiences: tuple[str, ...] = ("istio-ca",)
 
 
-class FakeKubeApi:
+class FakeKubeApi(Lifecycle):
     def __init__(self, token: str = "admin-token", *, bookmark_interval: float = 0.5) -> None:
         self.token = token
         self.bookmark_interval = bookmark_interval
@@ -120,13 +122,6 @@ class FakeKubeApi:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    async def __aenter__(self) -> FakeKubeApi:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def kubeconfig(self) -> str:
         return json.dumps(

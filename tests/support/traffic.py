@@ -1,13 +1,111 @@
-"""Traffic-management manifests shared by unit and validate tests: every supported field of
-VirtualService and DestinationRule, against the services of the validate mesh."""
+"""Traffic-management manifests shared by unit, validate and Envoy tests: builders for the
+documents every traffic test starts from (a Service, its WorkloadEntries, version subsets, a
+header route, a weighted TCP split), and TRAFFIC_YAML with every supported field of
+VirtualService and DestinationRule, against the services of the validate mesh.
+
+Each builder returns one YAML document led by `---`, so a mesh is their concatenation."""
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 
 from control.config.loader import load_text
 from control.config.merge import merge
 from control.model.types import MeshConfig
+
+HTTP_PORT = 9080
+
+
+def _document(kind: str, name: str, namespace: str, *spec: str) -> str:
+    """One document; `spec` are the lines below `spec:`."""
+    api = "v1" if kind == "Service" else "networking.istio.io/v1"
+    lines = ["---", f"apiVersion: {api}", f"kind: {kind}"]
+    lines += [f"metadata: {{name: {name}, namespace: {namespace}}}", "spec:", *spec]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def service(
+    name: str,
+    app: str,
+    port: int = HTTP_PORT,
+    target: int | None = 8080,
+    proto: str = "http",
+    namespace: str = "default",
+) -> str:
+    """A Kubernetes Service selecting `app`, with one port (named `proto`); `target` None
+    leaves targetPort out (the port itself)."""
+    target_port = "" if target is None else f", targetPort: {target}"
+    return _document(
+        "Service",
+        name,
+        namespace,
+        f"  selector: {{app: {app}}}",
+        f"  ports: [{{name: {proto}, port: {port}{target_port}}}]",
+    )
+
+
+def workload_entry(name: str, ip: str, namespace: str = "default", **labels: str) -> str:
+    shown = ", ".join(f"{k}: {v}" for k, v in labels.items())
+    return _document(
+        "WorkloadEntry", name, namespace, f'  address: "{ip}"', f"  labels: {{{shown}}}"
+    )
+
+
+def subsets_rule(
+    name: str,
+    subsets: tuple[str, ...] = ("v1", "v2"),
+    *,
+    host: str = "",
+    label: str = "version",
+    policy: str = "",
+    namespace: str = "default",
+) -> str:
+    """A DestinationRule for `host` (default: `name`) with one subset per value of `label`,
+    and `policy` (flow YAML) as its trafficPolicy when given."""
+    spec = [f"  host: {host or name}"]
+    if policy:
+        spec.append(f"  trafficPolicy: {policy}")
+    spec.append("  subsets:")
+    spec += (f"  - {{name: {s}, labels: {{{label}: {s}}}}}" for s in subsets)
+    return _document("DestinationRule", name, namespace, *spec)
+
+
+def header_route(name: str, marked: str = "v2", default: str = "v1") -> str:
+    """A VirtualService for host `name`: requests with `end-user: jason` go to subset
+    `marked`, all others to `default` (Istio's bookinfo example)."""
+    return _document(
+        "VirtualService",
+        name,
+        "default",
+        f"  hosts: [{name}]",
+        "  http:",
+        "  - match: [{headers: {end-user: {exact: jason}}}]",
+        f"    route: [{{destination: {{host: {name}, subset: {marked}}}}}]",
+        f"  - route: [{{destination: {{host: {name}, subset: {default}}}}}]",
+    )
+
+
+def tcp_split(name: str, weights: Mapping[str, int]) -> str:
+    """A VirtualService sending host `name`'s TCP traffic to its subsets by weight."""
+    return _document(
+        "VirtualService",
+        name,
+        "default",
+        f"  hosts: [{name}]",
+        "  tcp:",
+        "  - route:",
+        *(
+            f"    - {{destination: {{host: {name}, subset: {subset}}}, weight: {weight}}}"
+            for subset, weight in weights.items()
+        ),
+    )
+
+
+def mesh_config(*parts: str, file: str = "mesh.yaml") -> MeshConfig:
+    """The merged config of one file made of `parts` (dedented together)."""
+    return merge([load_text(textwrap.dedent("".join(parts)), file)])
+
 
 TRAFFIC_YAML = textwrap.dedent(
     """
@@ -160,4 +258,4 @@ TRAFFIC_YAML = textwrap.dedent(
 
 
 def traffic_config() -> MeshConfig:
-    return merge([load_text(TRAFFIC_YAML, "traffic.yaml")])
+    return mesh_config(TRAFFIC_YAML, file="traffic.yaml")

@@ -17,12 +17,12 @@ from agent.capture.rules import (
     installed_rules,
     ipv4_servers,
     jump_rules,
-    nat_lines,
     parse_cidrs,
     parse_include_ports,
     parse_ports,
     parse_save,
 )
+from tests.support.iptables import nat_lines
 
 
 def test_defaults_capture_all_tcp_and_exclude_the_proxy() -> None:

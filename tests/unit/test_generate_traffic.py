@@ -4,7 +4,6 @@ endpoints, policies on clusters, routes, TCP weights; which resources a change t
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
@@ -15,8 +14,6 @@ from envoy.extensions.transport_sockets.tls.v3.tls_pb2 import UpstreamTlsContext
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from control.config.loader import load_text
-from control.config.merge import merge
 from control.generate import GENERATORS
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
@@ -25,44 +22,34 @@ from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import MeshConfig, Workload
 from control.pipeline import _shape
 from control.xds.cache import ResourceCache, ResourceSet
+from tests.support.traffic import (
+    header_route,
+    service,
+    subsets_rule,
+    tcp_split,
+    workload_entry,
+)
+from tests.support.traffic import mesh_config as config
 
-BASE = """
-apiVersion: v1
-kind: Service
-metadata: {name: reviews, namespace: default}
-spec:
-  selector: {app: reviews}
-  ports: [{name: http, port: 9080, targetPort: 8080}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: db, namespace: default}
-spec:
-  selector: {app: db}
-  ports: [{name: tcp, port: 3306}]
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: r1, namespace: default}
-spec: {address: 10.0.0.1, labels: {app: reviews, version: v1}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: r2, namespace: default}
-spec: {address: 10.0.0.2, labels: {app: reviews, version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: db1, namespace: default}
-spec: {address: 10.0.0.3, labels: {app: db, version: v1}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: db2, namespace: default}
-spec: {address: 10.0.0.4, labels: {app: db, version: v2}}
-"""
 
-RULES = """
+def base(r1_version: str = "v1") -> str:
+    """reviews (two versions) and db (two versions) behind their Services."""
+    return "".join(
+        (
+            service("reviews", "reviews"),
+            service("db", "db", 3306, None, "tcp"),
+            workload_entry("r1", "10.0.0.1", app="reviews", version=r1_version),
+            workload_entry("r2", "10.0.0.2", app="reviews", version="v2"),
+            workload_entry("db1", "10.0.0.3", app="db", version="v1"),
+            workload_entry("db2", "10.0.0.4", app="db", version="v2"),
+        )
+    )
+
+
+BASE = base()
+
+RULES = (
+    """
 ---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
@@ -75,39 +62,12 @@ spec:
   - name: v2
     labels: {version: v2}
     trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: db, namespace: default}
-spec:
-  host: db
-  subsets:
-  - {name: v1, labels: {version: v1}}
-  - {name: v2, labels: {version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: db, namespace: default}
-spec:
-  hosts: [db]
-  tcp:
-  - route:
-    - {destination: {host: db, subset: v1}, weight: 70}
-    - {destination: {host: db, subset: v2}, weight: 30}
 """
+    + subsets_rule("db")
+    + tcp_split("db", {"v1": 70, "v2": 30})
+)
 
-VS = """
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: reviews, namespace: default}
-spec:
-  hosts: [reviews]
-  http:
-  - match: [{headers: {end-user: {exact: jason}}}]
-    route: [{destination: {host: reviews, subset: v2}}]
-  - route: [{destination: {host: reviews, subset: v1}}]
-"""
+VS = header_route("reviews")
 
 # A DestinationRule in the client's namespace wins over the service's (Istio's lookup order).
 CLIENT_SIDE_RULE = """
@@ -119,10 +79,6 @@ spec:
   host: reviews.default.svc.cluster.local
   trafficPolicy: {loadBalancer: {simple: RANDOM}}
 """
-
-
-def config(*parts: str) -> MeshConfig:
-    return merge([load_text(textwrap.dedent("".join(parts)), "mesh.yaml")])
 
 
 def proxy(ns: str = "default") -> Proxy:
@@ -215,14 +171,7 @@ def test_a_change_touches_what_it_affects() -> None:
     assert after_vs[ENDPOINT_TYPE].versions() == before[ENDPOINT_TYPE].versions()
     assert after_vs[ROUTE_TYPE]["9080"].version != before[ROUTE_TYPE]["9080"].version
     # A workload relabelled v1 -> v2 moves between subset assignments: EDS only.
-    moved = config(
-        BASE.replace(
-            "10.0.0.1, labels: {app: reviews, version: v1}",
-            "10.0.0.1, labels: {app: reviews, version: v2}",
-        ),
-        RULES,
-        VS,
-    )
+    moved = config(base(r1_version="v2"), RULES, VS)
     after_move = generate(moved, proxy(), cache)
     assert after_move[CLUSTER_TYPE].versions() == after_vs[CLUSTER_TYPE].versions()
     assert after_move[ROUTE_TYPE].versions() == after_vs[ROUTE_TYPE].versions()

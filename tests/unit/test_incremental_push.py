@@ -8,11 +8,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
-import textwrap
 import weakref
 
-from control.config.loader import load_text
-from control.config.merge import merge
 from control.generate import generators_for
 from control.generate.context import GenContext, next_context
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
@@ -20,6 +17,7 @@ from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import TLS_MODE_LABEL, MeshConfig, SourceRef, Workload, labels_of
 from control.xds.cache import ResourceCache, ResourceSet
+from tests.support.traffic import mesh_config, service, subsets_rule
 
 TYPES = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 
@@ -28,13 +26,9 @@ TYPES = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 # that takes its endpoints from workloads, one with static endpoints; DestinationRule subsets,
 # a VirtualService, PeerAuthentication turning mTLS off on a port, and a Sidecar that scopes
 # the shop namespace.
-RULES = """
-apiVersion: v1
-kind: Service
-metadata: {name: reviews, namespace: default}
-spec:
-  selector: {app: reviews}
-  ports: [{name: http, port: 9080, targetPort: 8080}]
+RULES = (
+    service("reviews", "reviews")
+    + """
 ---
 apiVersion: v1
 kind: Service
@@ -42,13 +36,9 @@ metadata: {name: db, namespace: default}
 spec:
   selector: {app: db}
   ports: [{name: tcp, port: 3306}, {name: http-admin, port: 9090}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: cart, namespace: shop}
-spec:
-  selector: {app: cart}
-  ports: [{name: http, port: 9080}]
+"""
+    + service("cart", "cart", 9080, None, namespace="shop")
+    + """
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -88,24 +78,10 @@ spec:
   resolution: DNS
   ports: [{name: https, number: 443, protocol: TLS}]
   endpoints: [{address: api.example.com}]
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: reviews, namespace: default}
-spec:
-  host: reviews
-  trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}
-  subsets:
-  - {name: v1, labels: {version: v1}}
-  - {name: v2, labels: {version: v2}}
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: db, namespace: default}
-spec:
-  host: db
-  subsets:
-  - {name: v1, labels: {version: v1}}
+"""
+    + subsets_rule("reviews", policy="{loadBalancer: {simple: LEAST_REQUEST}}")
+    + subsets_rule("db", ("v1",))
+    + """
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -133,6 +109,7 @@ metadata: {name: default, namespace: shop}
 spec:
   egress: [{hosts: ["./*", "default/reviews.default.svc.cluster.local"]}]
 """
+)
 
 EXTRA_VS = """
 ---
@@ -149,7 +126,7 @@ NAMESPACES = ("default", "shop")
 
 
 def rules(*extra: str) -> MeshConfig:
-    return merge([load_text(textwrap.dedent(RULES + "".join(extra)), "mesh.yaml")])
+    return mesh_config(RULES, *extra)
 
 
 def proxies() -> list[Proxy]:

@@ -18,6 +18,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, descriptor, struct_pb2, wrappers_pb2
 
 from protos import ca_pb2, ca_pb2_grpc, nds_pb2, typeurls, wire
+from tests.support.wire import (
+    delta_discovery_response,
+    discovery_response,
+    field_bytes,
+    field_string,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIG = bytes(range(256)) * 80  # 20 KiB: lengths need 3-byte varints
@@ -181,13 +187,13 @@ def test_varint_negative_is_int64_twos_complement(n: int) -> None:
 
 def test_field_helpers() -> None:
     assert wire.varint(0) == b"\x00"
-    assert wire.field_bytes(1, b"") == b"\x0a\x00"
-    assert wire.field_string(2, "é") == b"\x12\x02\xc3\xa9"
-    assert wire.field_bytes(16, b"x") == b"\x82\x01\x01x"  # two-byte tag
-    big = wire.field_bytes(2, BIG)
+    assert field_bytes(1, b"") == b"\x0a\x00"
+    assert field_string(2, "é") == b"\x12\x02\xc3\xa9"
+    assert field_bytes(16, b"x") == b"\x82\x01\x01x"  # two-byte tag
+    big = field_bytes(2, BIG)
     assert big[:4] == b"\x12" + wire.varint(len(BIG)) and big[4:] == BIG
     with pytest.raises(ValueError):
-        wire.field_bytes(0, b"")
+        field_bytes(0, b"")
 
 
 @pytest.mark.parametrize(
@@ -233,7 +239,7 @@ def test_discovery_response_matches_protobuf(
     control_plane: base_pb2.ControlPlane | None,
 ) -> None:
     cp_bytes = None if control_plane is None else control_plane.SerializeToString()
-    ours = wire.discovery_response(
+    ours = discovery_response(
         version, [r.SerializeToString() for r in resources], type_url, nonce, cp_bytes
     )
     expected = discovery_pb2.DiscoveryResponse(
@@ -299,7 +305,7 @@ def test_delta_discovery_response_matches_protobuf(
     control_plane: base_pb2.ControlPlane | None,
 ) -> None:
     cp_bytes = None if control_plane is None else control_plane.SerializeToString()
-    ours = wire.delta_discovery_response(
+    ours = delta_discovery_response(
         version,
         [wire.delta_resource(n, v, packed(m).SerializeToString()) for n, v, m in resources],
         typeurls.CLUSTER,
@@ -326,7 +332,7 @@ def test_delta_discovery_response_matches_protobuf(
 
 def test_delta_discovery_response_rejects_str_for_removed() -> None:
     with pytest.raises(TypeError):
-        wire.delta_discovery_response("", [], typeurls.CLUSTER, "oops", "")
+        delta_discovery_response("", [], typeurls.CLUSTER, "oops", "")
 
 
 # --- typeurls.py --------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from control.xds.cache import Resource, ResourceCache, ResourceSet
 from control.xds.sotw import SotwResponse, SotwStream, names_of
 from control.xds.state import PUSH_ORDER, RequestKind, SyncStatus, TypeStatus, ordered
-from protos import typeurls, wire
+from protos import typeurls
 from tests.support.fuzz import fuzz_settings
+from tests.support.wire import discovery_response
 
 CDS, EDS, LDS, RDS = typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE
 
@@ -137,7 +138,7 @@ def test_rule8_response_carries_cached_resource_objects_and_decodes(b: Build) ->
     c = b.cluster("outbound|80||a.ns.svc.cluster.local")
     resp = start(s, CDS, rset(c))
     assert resp.resources[0] is c  # no copy, no re-encoding
-    raw = wire.discovery_response(
+    raw = discovery_response(
         resp.version_info, [r.any_bytes for r in resp.resources], CDS, resp.nonce, None
     )
     dr = DiscoveryResponse.FromString(raw)

@@ -11,6 +11,9 @@ is kept without it and so denies more. Nothing is half-applied in the permissive
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from control.config import formats
 from control.config.fields import Context, Fields
 from control.config.kinds.common import spec_of
@@ -29,6 +32,8 @@ from control.model.types import (
 API_VERSIONS = SECURITY_VERSIONS
 
 _ACTIONS = ("ALLOW", "DENY", "AUDIT", "CUSTOM")
+
+T = TypeVar("T")
 
 
 def convert(ctx: Context, domain: str) -> ConfigObject:
@@ -56,37 +61,45 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
 
 
 def _rule(rule: Fields, action: str) -> AuthzRule:
+    sources, bad_from = _clauses(rule, "from", "source", _source, action)
+    operations, bad_to = _clauses(rule, "to", "operation", _operation, action)
+    unsupported = _unsupported(rule, action)
+    return AuthzRule(tuple(sources), tuple(operations), bad_from or bad_to or unsupported)
+
+
+def _clauses(
+    rule: Fields, key: str, inner: str, build: Callable[[Fields], T], action: str
+) -> tuple[list[T], bool]:
+    """The `key` list of a rule (`from: [{source: ...}]`, `to: [{operation: ...}]`), and
+    whether any of its fields is unsupported."""
+    out: list[T] = []
     unsupported = False
-    sources: list[AuthzSource] = []
-    for item in rule.get_maps("from"):
-        source = item.need_map("source")
-        sources.append(
-            AuthzSource(
-                principals=_patterns(source, "principals"),
-                not_principals=_patterns(source, "notPrincipals"),
-                namespaces=_patterns(source, "namespaces"),
-                not_namespaces=_patterns(source, "notNamespaces"),
-            )
-        )
-        unsupported |= _unsupported(source, action)
+    for item in rule.get_maps(key):
+        clause = item.need_map(inner)
+        out.append(build(clause))
+        unsupported |= _unsupported(clause, action)
         unsupported |= _unsupported(item, action)
-    operations: list[AuthzOperation] = []
-    for item in rule.get_maps("to"):
-        operation = item.need_map("operation")
-        operations.append(
-            AuthzOperation(
-                paths=_patterns(operation, "paths"),
-                not_paths=_patterns(operation, "notPaths"),
-                methods=_patterns(operation, "methods"),
-                not_methods=_patterns(operation, "notMethods"),
-                ports=_ports(operation, "ports"),
-                not_ports=_ports(operation, "notPorts"),
-            )
-        )
-        unsupported |= _unsupported(operation, action)
-        unsupported |= _unsupported(item, action)
-    unsupported |= _unsupported(rule, action)
-    return AuthzRule(tuple(sources), tuple(operations), unsupported)
+    return out, unsupported
+
+
+def _source(source: Fields) -> AuthzSource:
+    return AuthzSource(
+        principals=_patterns(source, "principals"),
+        not_principals=_patterns(source, "notPrincipals"),
+        namespaces=_patterns(source, "namespaces"),
+        not_namespaces=_patterns(source, "notNamespaces"),
+    )
+
+
+def _operation(operation: Fields) -> AuthzOperation:
+    return AuthzOperation(
+        paths=_patterns(operation, "paths"),
+        not_paths=_patterns(operation, "notPaths"),
+        methods=_patterns(operation, "methods"),
+        not_methods=_patterns(operation, "notMethods"),
+        ports=_ports(operation, "ports"),
+        not_ports=_ports(operation, "notPorts"),
+    )
 
 
 def _unsupported(f: Fields, action: str) -> bool:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from control.config import formats
+from control.config import formats, protocols
 from control.config.fields import Context, Fields
-from control.model.types import Labels, labels_of
+from control.model.types import Labels, Protocol, labels_of
+from pilotfish_common.addresses import is_ip
 
 ISTIO_NETWORKING_VERSIONS = (
     "networking.istio.io/v1",
@@ -50,6 +51,15 @@ def spec_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
     return spec
 
 
+def istio_protocol(f: Fields, key: str, name: str, unknown: str = "unknown") -> Protocol:
+    """The protocol Istio calls `name` (the value of `f[key]`); fails `key`, naming the
+    protocols we serve, when we do not know or cannot serve it."""
+    protocol = protocols.from_istio_name(name)
+    if protocol is None:
+        f.fail(key, f"{unknown} protocol {name!r}; use one of {', '.join(protocols.ISTIO_NAMES)}")
+    return protocol
+
+
 def selector_labels(spec: Fields, key: str = "workloadSelector") -> Labels | None:
     """An Istio `workloadSelector: {labels: {...}}`; None when absent."""
     selector = spec.get_map(key)
@@ -62,7 +72,7 @@ def selector_labels(spec: Fields, key: str = "workloadSelector") -> Labels | Non
 
 def check_endpoint_address(f: Fields, key: str, value: str, *, allow_hostname: bool) -> None:
     """An endpoint address: an IP, a hostname (when allowed) or a `unix://` socket path."""
-    if formats.is_ip(value):
+    if is_ip(value):
         return
     if value.startswith("unix://"):
         if value.startswith(("unix:///", "unix://@")) and len(value) > len("unix:///"):

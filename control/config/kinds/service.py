@@ -9,6 +9,7 @@ from control.config.fields import PORT_RANGE, Context, Fields
 from control.config.kinds.common import spec_of
 from control.config.objects import ConfigObject
 from control.model.types import Resolution, Service, ServicePort, labels_of
+from pilotfish_common.addresses import is_ip
 
 API_VERSIONS = ("v1",)
 
@@ -65,14 +66,14 @@ def _addresses(spec: Fields) -> tuple[tuple[str, ...], bool]:
     cluster_ip = spec.get_str("clusterIP")
     headless = cluster_ip == "None"
     if cluster_ip and not headless:
-        if not formats.is_ip(cluster_ip):
+        if not is_ip(cluster_ip):
             spec.fail("clusterIP", f'must be an IP address or "None" (got {cluster_ip!r})')
         out.append(cluster_ip)
     for path, ip in spec.get_strs("clusterIPs"):
         if ip == "None":
             headless = True
             continue
-        if not formats.is_ip(ip):
+        if not is_ip(ip):
             spec.ctx.fail(path, f'must be an IP address or "None" (got {ip!r})')
         if ip not in out:
             out.append(ip)

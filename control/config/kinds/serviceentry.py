@@ -7,6 +7,7 @@ from control.config.fields import Context, Fields
 from control.config.kinds.common import (
     ISTIO_NETWORKING_VERSIONS,
     check_endpoint_address,
+    istio_protocol,
     selector_labels,
     spec_of,
 )
@@ -21,6 +22,7 @@ from control.model.types import (
     WorkloadEndpointSpec,
     labels_of,
 )
+from pilotfish_common.addresses import is_ip
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
@@ -91,7 +93,7 @@ def _hosts(spec: Fields) -> list[str]:
 def _addresses(spec: Fields) -> tuple[str, ...]:
     out: list[str] = []
     for path, address in spec.get_strs("addresses"):
-        if not (formats.is_ip(address) or formats.is_cidr(address)):
+        if not (is_ip(address) or formats.is_cidr(address)):
             spec.ctx.fail(path, f"must be an IP address or a CIDR range (got {address!r})")
         if address not in out:
             out.append(address)
@@ -120,13 +122,7 @@ def _ports(ctx: Context, spec: Fields) -> tuple[ServicePort, ...]:
             ctx.warn(f"{here}: protocol UDP is not supported; port {number} ignored")
             continue
         if protocol_name:
-            protocol = protocols.from_istio_name(protocol_name)
-            if protocol is None:
-                item.fail(
-                    "protocol",
-                    f"unknown protocol {protocol_name!r}; "
-                    f"use one of {', '.join(protocols.ISTIO_NAMES)}",
-                )
+            protocol = istio_protocol(item, "protocol", protocol_name)
         else:
             protocol = protocols.from_port_name(name) if name else Protocol.UNKNOWN
         out.append(ServicePort(name=name, port=number, protocol=protocol, target_port=target))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from control.config import formats, protocols
+from control.config import formats
 from control.config.fields import Context, Fields
-from control.config.kinds.common import ISTIO_NETWORKING_VERSIONS, selector_labels, spec_of
+from control.config.kinds.common import (
+    ISTIO_NETWORKING_VERSIONS,
+    istio_protocol,
+    selector_labels,
+    spec_of,
+)
 from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.types import (
@@ -14,6 +19,7 @@ from control.model.types import (
     SidecarPort,
     SidecarScope,
 )
+from pilotfish_common.addresses import is_ip
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
@@ -127,20 +133,14 @@ def _port(item: Fields, *, required: bool) -> SidecarPort | None:
     if name and (problem := formats.dns1123_label(name)):
         f.fail("name", problem)
     protocol_name = f.get_str("protocol", required=True)
-    protocol = protocols.from_istio_name(protocol_name)
-    if protocol is None:
-        f.fail(
-            "protocol",
-            f"unknown or unsupported protocol {protocol_name!r}; "
-            f"use one of {', '.join(protocols.ISTIO_NAMES)}",
-        )
+    protocol = istio_protocol(f, "protocol", protocol_name, "unknown or unsupported")
     f.finish()
     return SidecarPort(number=number, protocol=protocol, name=name)
 
 
 def _bind(item: Fields) -> str:
     bind = item.get_str("bind")
-    if bind and not formats.is_ip(bind):
+    if bind and not is_ip(bind):
         item.fail("bind", f"must be an IP address (got {bind!r})")
     return bind
 

@@ -1,36 +1,8 @@
-"""Jittered exponential backoff and error classification, sans-IO."""
+"""Classifying how a gRPC stream ended (expected vs unexpected), sans-IO."""
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, field
-
 import grpc
-
-
-@dataclass
-class Backoff:
-    """Delays grow by `multiplier` up to `maximum`, each randomized by +-`jitter` (a
-    fraction), so a fleet of agents that lost the same control plane does not reconnect in
-    lockstep. `reset()` after a success."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-    rng: random.Random = field(default_factory=random.Random)
-    _next: float = -1.0
-
-    def next_delay(self) -> float:
-        if self._next < 0:
-            self._next = self.initial
-        base = self._next
-        self._next = min(self.maximum, self._next * self.multiplier)
-        return max(0.0, base * (1 + self.rng.uniform(-self.jitter, self.jitter)))
-
-    def reset(self) -> None:
-        self._next = -1.0
-
 
 # Ends of a stream that are part of normal life: the peer went away or restarted, a
 # connection reached its maximum age, the stream was cancelled by us or the downstream.

@@ -1,11 +1,25 @@
-"""Logging for the agent: `--log-level`, `--log-format text|json`."""
+"""Logging for every command: `--log-level`, `--log-format text|json`."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 import time
+
+# Chatty at info; kept at warning unless debugging. (The agent never loads aiohttp, so
+# quieting its access log there changes nothing.)
+_QUIETED = ("aiohttp.access", "grpc")
+
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--log-level` and `--log-format`, which every command takes."""
+    parser.add_argument("--log-level", choices=LEVELS, default="info")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,6 +45,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # grpc is chatty at info; keep it at warning unless debugging.
     if level.upper() != "DEBUG":
-        logging.getLogger("grpc").setLevel(logging.WARNING)
+        for name in _QUIETED:
+            logging.getLogger(name).setLevel(logging.WARNING)
