@@ -23,6 +23,7 @@ from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.process import EnvoySupervisor
+from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
 from agent.sds.caclient import CaClient
@@ -39,7 +40,7 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
-from protos.typeurls import NAME_TABLE
+from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,15 @@ class Agent(Lifecycle):
             node_id=cfg.node_id,
             metadata={**cfg.node_metadata(), "AGENT_STREAM": "true"},
         )
+        # A WorkloadGroup member runs the group's probe (sent on the agent stream) and reports
+        # its health on that stream (agent/health/checker.py).
+        self.health: HealthChecker | None = None
+        if cfg.workload_group:
+            stream = self.agent_stream
+            self.health = HealthChecker(
+                cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
+            )
+            self.handlers.register(WORKLOAD_PROBE, self.health)
         self.envoy: EnvoySupervisor | None = None
         admin = f"http://{cfg.ip}:{cfg.envoy_admin_port}"
         self._admin = admin
@@ -215,6 +225,8 @@ class Agent(Lifecycle):
             await asyncio.to_thread(write_bootstrap, self.cfg.workdir / "envoy-rev.json", opts)
             await self.envoy.start()
             tl.mark("envoy started")
+        if self.health is not None:
+            await self.health.start()
         await self.agent_stream.start()
         if self.names is not None:
             self._timeline_tasks.append(
@@ -266,6 +278,8 @@ class Agent(Lifecycle):
             await self.dns_local.close()
         if self.dns is not None:
             await self.dns.close()
+        if self.health is not None:
+            await self.health.close()
         await self.agent_stream.close()
         await self.downstream.close()
         await self.sds.close()

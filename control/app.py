@@ -153,6 +153,7 @@ class ControlPlane:
             options.xds,
             on_connect=self.keeper.proxy_connected,
             on_disconnect=self.keeper.proxy_disconnected,
+            on_health=self.keeper.proxy_health,
             authorize=self.security.authorize_stream,
             trim=heap.malloc_trim(),
             syncz_filter=access.visible_syncz,

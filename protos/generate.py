@@ -14,9 +14,17 @@ import tempfile
 from pathlib import Path
 
 PROTOS_DIR = Path(__file__).resolve().parent
-SOURCES = ("ca.proto", "nds.proto")
+SOURCES = ("ca.proto", "nds.proto", "probe.proto")
 # Exactly the files we commit (protoc also writes an empty nds_pb2_grpc.py, which we drop).
-OUTPUTS = ("ca_pb2.py", "ca_pb2.pyi", "ca_pb2_grpc.py", "nds_pb2.py", "nds_pb2.pyi")
+OUTPUTS = (
+    "ca_pb2.py",
+    "ca_pb2.pyi",
+    "ca_pb2_grpc.py",
+    "nds_pb2.py",
+    "nds_pb2.pyi",
+    "probe_pb2.py",
+    "probe_pb2.pyi",
+)
 
 _MODULES = "|".join(re.escape(Path(s).stem + "_pb2") for s in SOURCES)
 # protoc assumes the output dir is on sys.path; we live in the package `protos`.

@@ -14,6 +14,11 @@ ROUTE: Final = _PREFIX + "envoy.config.route.v3.RouteConfiguration"
 SECRET: Final = _PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
 NAME_TABLE: Final = _PREFIX + "istio.networking.nds.v1.NameTable"
 PROXY_CONFIG: Final = _PREFIX + "istio.mesh.v1alpha1.ProxyConfig"
+# The readiness probe of a WorkloadGroup member, for its agent (protos/probe.proto).
+WORKLOAD_PROBE: Final = _PREFIX + "pilotfish.health.v1.WorkloadProbe"
+# Istio's health report: a DiscoveryRequest of this type from the agent (no error_detail:
+# healthy; error_detail: unhealthy, with the reason). Never subscribed to nor answered.
+HEALTH: Final = "istio.io/health"
 # Istio's debug type: not a protobuf type, so no type.googleapis.com/ prefix.
 DEBUG_SYNCZ: Final = "istio.io/debug/syncz"
 
@@ -31,4 +36,6 @@ SHORT_NAMES: Final[Mapping[str, str]] = {
     NAME_TABLE: "NDS",
     PROXY_CONFIG: "PCDS",
     DEBUG_SYNCZ: "SYNCZ",
+    WORKLOAD_PROBE: "PROBE",
+    HEALTH: "HEALTH",
 }

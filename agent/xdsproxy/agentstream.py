@@ -4,6 +4,12 @@ ProxyConfig, ...), on the shared upstream channel, answered by ResponseHandlers.
 It reconnects with jittered exponential backoff when the stream ends and re-subscribes to
 every handler type; a response is ACKed after its handler returns and NACKed with the
 handler's error when it raises.
+
+It also carries the workload's health reports (`report_health`, Istio's `istio.io/health`
+DiscoveryRequest: no error_detail when healthy, the reason in error_detail when not). The
+newest report is sent again after every reconnect, so a restarted control plane learns the
+current health without waiting for the next change. All writes go through one writer task
+per call (a gRPC stream takes one write at a time).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from agent.xdsproxy.upstream import UpstreamChannel
 from pilotfish_common.backoff import Backoff
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
+from protos.typeurls import HEALTH
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,19 @@ class AgentStream(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.received: dict[str, int] = {}  # responses handled per type (for readiness)
+        self._health: bytes | None = None  # the newest health report, re-sent on reconnect
+        self._outbox: asyncio.Queue[bytes] | None = None  # the current call's writes
+        self.health_reports = 0  # sent, reconnects included (tests)
+
+    def report_health(self, error: str | None) -> None:
+        """Tell the control plane the workload's health (`error` None: healthy)."""
+        req = DiscoveryRequest(type_url=HEALTH)
+        if error is not None:
+            req.error_detail.code = grpc.StatusCode.UNAVAILABLE.value[0]
+            req.error_detail.message = error
+        self._health = _serialize(req)
+        if self._outbox is not None:
+            self._outbox.put_nowait(self._health)
 
     async def start(self) -> None:
         if self._handlers.type_urls:
@@ -72,18 +92,25 @@ class AgentStream(Lifecycle):
     async def _run(self) -> None:
         while True:
             call = self._upstream.ads(delta=False)
+            outbox: asyncio.Queue[bytes] = asyncio.Queue()
+            for raw in self._initial_requests():
+                outbox.put_nowait(raw)
+            if self._health is not None:
+                outbox.put_nowait(self._health)
+            self._outbox = outbox
+            writer = asyncio.create_task(self._write(call, outbox), name="agent-stream-write")
             try:
-                for raw in self._initial_requests():
-                    await call.write(raw)
                 async for raw in call:
                     self.connected.set()
                     self._backoff.reset()
-                    await call.write(await self._answer(raw))
+                    outbox.put_nowait(await self._answer(raw))
                 code, details = grpc.StatusCode.UNAVAILABLE, "stream closed by the control plane"
             except grpc.aio.AioRpcError as e:
                 code, details = e.code(), e.details() or ""
             finally:
+                self._outbox = None
                 call.cancel()
+                await cancel(writer)
             self.connected.clear()
             kind = classify(code, details)
             self._stats.on_error(kind)
@@ -91,6 +118,17 @@ class AgentStream(Lifecycle):
             log = logger.info if kind == "expected" else logger.warning
             log("agent stream ended (%s: %s); retrying in %.1fs", code, details, delay)
             await asyncio.sleep(delay)
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[bytes]) -> None:
+        try:
+            while True:
+                raw = await outbox.get()
+                await call.write(raw)
+                if raw is self._health:
+                    self.health_reports += 1
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+            # The call ended; the reading side sees it too and reconnects.
+            logger.debug("agent stream write ended: %r", e)
 
     async def _answer(self, raw: bytes) -> bytes:
         resp = DiscoveryResponse.FromString(raw)

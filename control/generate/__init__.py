@@ -10,7 +10,7 @@ Where each decision is made:
 - per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
   interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
   implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
-  route_tables (RDS), names (NDS);
+  route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe);
 - proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
   (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
 - what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
@@ -33,13 +33,14 @@ from control.generate import (
     grpc_listeners,
     listeners_redirect,
     names,
+    probes,
     route_tables,
 )
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
-from protos.typeurls import NAME_TABLE
+from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 
 Generator = Callable[[GenContext, Proxy], ResourceSet]
 
@@ -50,6 +51,8 @@ GENERATORS: Final[dict[str, Generator]] = {
     LISTENER_TYPE: listeners_redirect.generate_listeners,
     ROUTE_TYPE: route_tables.generate,
     NAME_TABLE: names.generate,
+    # For the agent: the readiness probe of its WorkloadGroup.
+    WORKLOAD_PROBE: probes.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
@@ -59,6 +62,7 @@ GRPC_GENERATORS: Final[dict[str, Generator]] = {
     ROUTE_TYPE: grpc_listeners.generate_routes,
     # The agent of a proxyless pod serves DNS too; its table is the same as a sidecar's.
     NAME_TABLE: names.generate,
+    WORKLOAD_PROBE: probes.generate,
 }
 
 

@@ -203,6 +203,8 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.authorization_policies,
         config.virtual_services,
         config.destination_rules,
+        # What members register as and the probe their agents get (generate/probes.py).
+        config.workload_groups,
     )
 
 

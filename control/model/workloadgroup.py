@@ -14,8 +14,10 @@ GROUP_ANNOTATION = "istio.io/autoRegistrationGroup"
 
 @dataclass(frozen=True, slots=True)
 class WorkloadProbe:
-    """`spec.probe` (Istio's ReadinessProbe), parsed and validated. Not run yet: the loader
-    reports it as unsupported, and a registered workload counts as ready."""
+    """`spec.probe` (Istio's ReadinessProbe). Sent to the members' agents
+    (control/generate/probes.py), which run it and report health; a member serves only once
+    healthy (control/registry/autoregister.py). `exec` and `grpc` are not run (the loader
+    warns)."""
 
     kind: str  # "httpGet", "tcpSocket", "exec" or "grpc"
     port: int = 0

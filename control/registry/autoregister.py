@@ -13,6 +13,18 @@ blip) never flaps out of its services' endpoints. When the groups change (`set_g
 tracked proxy is decided again: a deleted group, or a template whose service account no longer
 matches, takes its workloads away; a changed template changes them.
 
+A group with a `probe` gates its members on health, as Istio's auto-registration does: the
+member's agent runs the probe (agent/health/) and reports on its own authenticated stream
+(a DiscoveryRequest of type `istio.io/health`, control/xds/hooks.py `HealthHook`). A report is
+recorded only for the entry of that proxy *and that identity*, and only while it is
+admitted: a stream of another identity has an entry of its own (the identity is part of the
+key) and can never change this one. Istio's WorkloadEntry starts with its health condition
+unset and counts as healthy only once a report says so; so here a member of a probed group is
+left out of EDS until its first healthy report, leaves it on an unhealthy one and comes back
+on the next healthy one (Istio's default: unhealthy endpoints are not sent, which is right
+for Envoy and proxyless gRPC alike). `exec` and `grpc` probes are not run by the agent:
+they gate nothing (the loader warns).
+
 The bookkeeping is sans-IO: decisions come from the proxy, the identity, the groups and `now`;
 `expire()` is called by a timer in the server adapter. A refusal is logged once per proxy and
 reason, and counted through `on_refused`.
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +59,27 @@ class Refusal(enum.StrEnum):
 class Refused:
     reason: Refusal
     message: str
+
+
+# Probe kinds the agent runs; a group whose probe is of another kind (exec, grpc) gates
+# nothing.
+RUN_PROBE_KINDS = frozenset({"httpGet", "tcpSocket"})
+# Istio's annotation on a WorkloadEntry whose health is reported by its agent.
+HEALTH_CHECK_ANNOTATION = "proxy.istio.io/health-checks-enabled"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The last health report of a member's agent."""
+
+    healthy: bool
+    message: str = ""  # why not, as the agent said
+    at: float = 0.0  # wall-clock time of the report (configz)
+
+
+def gates(group: WorkloadGroup | None) -> bool:
+    """Whether members of `group` serve only once their agent reports them healthy."""
+    return group is not None and group.probe is not None and group.probe.kind in RUN_PROBE_KINDS
 
 
 def decide(
@@ -95,6 +129,18 @@ def workload_of(proxy: Proxy, group: WorkloadGroup) -> Workload:
     )
 
 
+def health_condition(health: Health) -> dict[str, str]:
+    """Istio's `Healthy` condition of a WorkloadEntry."""
+    cond = {
+        "type": "Healthy",
+        "status": "True" if health.healthy else "False",
+        "lastProbeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(health.at)),
+    }
+    if health.message:
+        cond["message"] = health.message
+    return cond
+
+
 def entry_name(group: str, address: str) -> str:
     """Istio's name for an auto-registered WorkloadEntry: `<group>-<ip>`."""
     return f"{group}-{address.replace(':', '-')}"
@@ -111,6 +157,7 @@ class _Entry:
     closed_at: float | None = None
     workload: Workload | None = None  # None: not admitted (refused, or restored and undecided)
     refusal: str = ""  # the last refusal logged for this entry
+    health: Health | None = None  # None: never reported (Istio's unset condition)
 
 
 class WorkloadRegistry:
@@ -179,6 +226,46 @@ class WorkloadRegistry:
             else:
                 entry.closed_at = now
 
+    def _group_of(self, entry: _Entry) -> WorkloadGroup | None:
+        return self._groups.get((entry.proxy.namespace, entry.proxy.workload_group))
+
+    def _serves(self, entry: _Entry) -> bool:
+        """Whether an admitted entry's workload is in EDS: yes, unless its group gates on
+        health and no report, or an unhealthy one, is the last word."""
+        if not gates(self._group_of(entry)):
+            return True
+        return entry.health is not None and entry.health.healthy
+
+    def report_health(
+        self, proxy: Proxy, identity: Identity | None, error: str | None, wall: float
+    ) -> bool:
+        """A health report (`error` None: healthy) arrived on a stream of `proxy`
+        authenticated as `identity`. It counts only for that proxy's own admitted entry
+        under that identity, and only when its group has a probe the agent runs. Returns
+        True when the served workload set changed."""
+        if identity is None:
+            return False  # the plaintext port proves nobody
+        entry = self._by_key.get(self._key(proxy, identity))
+        if entry is None or entry.workload is None or entry.streams == 0:
+            return False
+        if not gates(self._group_of(entry)):
+            return False  # Istio ignores reports for entries without health checks
+        before = self._serves(entry)
+        old = entry.health
+        entry.health = Health(error is None, error or "", wall)
+        if old is None or old.healthy != entry.health.healthy:
+            logger.info(
+                "workload %s (%s) is %s%s",
+                entry.workload.name,
+                entry.workload.address,
+                "healthy" if error is None else "unhealthy",
+                f": {error}" if error else "",
+            )
+        changed = self._serves(entry) != before
+        if changed:
+            self.version += 1
+        return changed
+
     def set_groups(self, groups: Iterable[WorkloadGroup]) -> bool:
         """The WorkloadGroups of the current config. Every tracked proxy is decided again;
         returns True when the workload set changed."""
@@ -219,7 +306,8 @@ class WorkloadRegistry:
         return [(e, e.workload) for _, e in sorted(self._by_key.items(), key=order) if e.workload]
 
     def workloads(self) -> tuple[Workload, ...]:
-        return tuple(w for _, w in self._admitted())
+        """The admitted workloads that serve (see `_serves`): what EDS is built from."""
+        return tuple(w for e, w in self._admitted() if self._serves(e))
 
     def workload_entries(self) -> list[dict[str, Any]]:
         """The registered workloads as Istio WorkloadEntry objects naming their group (for
@@ -240,6 +328,17 @@ class WorkloadRegistry:
                 spec["weight"] = w.weight
             g = self._groups.get((w.namespace, group))
             annotations = {**dict(g.annotations if g else ()), GROUP_ANNOTATION: group}
+            status: dict[str, Any] = {
+                "proxy": e.proxy.id,
+                "identity": str(e.identity),
+                "connected": e.streams > 0,
+            }
+            if gates(g):
+                annotations[HEALTH_CHECK_ANNOTATION] = "true"
+                status["serving"] = self._serves(e)
+                if e.health is not None:
+                    # Istio's condition on the WorkloadEntry (absent until the first report).
+                    status["conditions"] = [health_condition(e.health)]
             out.append(
                 {
                     "apiVersion": "networking.istio.io/v1",
@@ -251,11 +350,7 @@ class WorkloadRegistry:
                         "annotations": annotations,
                     },
                     "spec": spec,
-                    "status": {
-                        "proxy": e.proxy.id,
-                        "identity": str(e.identity),
-                        "connected": e.streams > 0,
-                    },
+                    "status": status,
                 }
             )
         return out
@@ -281,6 +376,9 @@ class WorkloadRegistry:
                 "sds": e.proxy.sds,
                 "generator": e.proxy.generator,
                 "cert_provider": e.proxy.cert_provider,
+                # Kept so a restart does not take a healthy member out of EDS until its
+                # agent's next report; absent: never reported.
+                **({"healthy": e.health.healthy} if e.health is not None else {}),
             }
             for e, _ in self._admitted()
             if e.identity is not None
@@ -319,6 +417,8 @@ class WorkloadRegistry:
                 continue
             key = self._key(proxy, identity)
             if key not in self._by_key:
-                self._by_key[key] = _Entry(proxy, identity, 0, closed_at=now)
+                entry = self._by_key[key] = _Entry(proxy, identity, 0, closed_at=now)
+                if isinstance(item.get("healthy"), bool):
+                    entry.health = Health(item["healthy"], "restored")
                 restored += 1
         return restored

@@ -104,6 +104,12 @@ class WorkloadKeeper:
         self.registry.disconnect(proxy, identity, self._clock())
         self._expiry_wake.set()
 
+    def proxy_health(self, proxy: Proxy, identity: Identity | None, error: str | None) -> None:
+        """A health report (`error` None: healthy) on a stream of `proxy` authenticated as
+        `identity` (the server's on_health hook); a change of what serves is pushed."""
+        if self.registry.report_health(proxy, identity, error, time.time()):
+            self._changed()
+
     # --- internals -------------------------------------------------------------------------
 
     def _changed(self) -> None:

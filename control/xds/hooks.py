@@ -6,7 +6,7 @@ through `push_all`."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -39,6 +39,19 @@ StreamAuthorizer = Callable[
 # must return at once (no I/O) and must not call back into the server: a change they cause
 # reaches the streams as a later push (`push_all`).
 StreamHook = Callable[[Proxy, Identity | None], None]
+# `on_health(proxy, identity, error)`: the stream's agent reported its workload's health
+# (Istio's `istio.io/health` DiscoveryRequest; `error` None: healthy, else the reason).
+# `proxy` and `identity` are the stream's own (its first request's node, what the authorizer
+# returned), never anything the report claims. Same contract as StreamHook.
+HealthHook = Callable[[Proxy, Identity | None, str | None], None]
+
+
+def health_error(req: Any) -> str | None:
+    """The reason of a health report, or None when it says healthy (no error_detail)."""
+    if not req.HasField("error_detail"):
+        return None
+    detail = req.error_detail
+    return str(detail.message) or f"unhealthy (code {detail.code})"
 
 
 class ResourceSource(Protocol):

@@ -41,6 +41,7 @@ from control.xds.connection import (
 from control.xds.delta import DeltaStream
 
 # Re-exported: the hooks were defined here, and callers import them from here.
+from control.xds.hooks import HealthHook, health_error
 from control.xds.hooks import ResourceSource as ResourceSource
 from control.xds.hooks import StreamAuthorizer as StreamAuthorizer
 from control.xds.hooks import StreamHook as StreamHook
@@ -72,6 +73,7 @@ class XdsServer:
         *,
         on_connect: StreamHook | None = None,
         on_disconnect: StreamHook | None = None,
+        on_health: HealthHook | None = None,
         authorize: StreamAuthorizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
@@ -84,6 +86,7 @@ class XdsServer:
         self._options = options
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
+        self._on_health = on_health
         self._clock = clock
         self._ids = itertools.count(1)
         self._admission = TokenBucket(options.connection_rate, options.connection_burst)
@@ -267,6 +270,12 @@ class XdsServer:
     def _handle_request(self, conn: Connection, req: Any) -> None:
         if not req.type_url:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
+        if req.type_url == typeurls.HEALTH:
+            # A report, not a subscription: never answered (as Istio). Attributed to this
+            # stream's proxy and identity only.
+            if self._on_health is not None:
+                self._on_health(conn.proxy, conn.identity, health_error(req))
+            return
         outcome: RequestOutcome = conn.state.receive(req)
         short = typeurls.SHORT_NAMES.get(req.type_url, req.type_url)
         if outcome.kind is RequestKind.ACK:

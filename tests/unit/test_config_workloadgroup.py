@@ -74,7 +74,7 @@ def test_minimal_group_defaults_to_the_default_service_account() -> None:
     assert (group.namespace, group.service_account, group.labels) == ("default", "default", ())
 
 
-def test_probe_is_parsed_and_reported_as_not_run() -> None:
+def test_probe_is_parsed_and_run_kinds_are_not_warned_about() -> None:
     text = dedent(GROUP) + (
         "  probe:\n"
         "    periodSeconds: 5\n"
@@ -93,9 +93,17 @@ def test_probe_is_parsed_and_reported_as_not_run() -> None:
         headers=(("x-probe", "1"),),
         period_seconds=5,
     )
+    assert [str(w) for w in fc.warnings] == []
+
+
+def test_exec_probe_is_reported_as_not_run() -> None:
+    text = dedent(GROUP) + "  probe:\n    exec: {command: [cat, /ready]}\n"
+    fc = load_text(text, "wg.yaml")
+    (group,) = fc.objects[0].workload_groups
+    assert group.probe is not None and group.probe.command == ("cat", "/ready")
     assert [str(w) for w in fc.warnings] == [
-        "WorkloadGroup bookinfo/reviews (wg.yaml:1): spec.probe (health probes are not run "
-        "yet) is not supported; ignored"
+        "WorkloadGroup bookinfo/reviews (wg.yaml:1): spec.probe (exec probes are not run: "
+        "members count as healthy) is not supported; ignored"
     ]
 
 

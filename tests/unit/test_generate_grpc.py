@@ -25,6 +25,7 @@ from control.generate import (
     grpc_listeners,
     grpc_targets,
     names,
+    probes,
 )
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
@@ -40,7 +41,7 @@ from control.model.types import (
     WorkloadEndpointSpec,
 )
 from control.xds.cache import ResourceCache, ResourceSet
-from protos.typeurls import NAME_TABLE
+from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 from tests.unit.test_generate_sidecar import (
     CountingCache,
     client,
@@ -350,6 +351,7 @@ def test_grpc_proxies_get_the_grpc_table() -> None:
         LISTENER_TYPE: grpc_listeners.generate_listeners,
         ROUTE_TYPE: grpc_listeners.generate_routes,
         NAME_TABLE: names.generate,  # the agent's DNS table is the same for every proxy kind
+        WORKLOAD_PROBE: probes.generate,  # so is its WorkloadGroup probe
     }
     assert generators_for(grpc_client()) is GRPC_GENERATORS
     assert generators_for(client()) is GENERATORS

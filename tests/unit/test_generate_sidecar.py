@@ -30,6 +30,7 @@ from control.generate import (
     listeners_explicit,
     listeners_redirect,
     names,
+    probes,
     route_tables,
 )
 from control.generate.addresses import Upstream, parse_default_endpoint
@@ -54,7 +55,7 @@ from control.model.types import (
     labels_of,
 )
 from control.xds.cache import Resource, ResourceCache, ResourceSet
-from protos.typeurls import NAME_TABLE
+from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 
 M = TypeVar("M", bound=Message)
 
@@ -565,6 +566,7 @@ def test_generators_table() -> None:
         LISTENER_TYPE: listeners_redirect.generate_listeners,  # mode NONE: listeners_explicit
         ROUTE_TYPE: route_tables.generate,
         NAME_TABLE: names.generate,
+        WORKLOAD_PROBE: probes.generate,
     }
 
 

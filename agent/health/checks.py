@@ -1,0 +1,71 @@
+"""The probe checks themselves (asyncio): each returns None on success or the reason of the
+failure, and is bounded by the caller's timeout. HTTP GET succeeds on a status of 200 to 399
+and TCP on an accepted connection (Kubernetes' rules); HTTPS is not verified (Kubernetes
+does not verify probe certificates either). `exec` and `grpc` are not run (see
+checker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+
+_MAX_STATUS_LINE = 4096
+
+
+async def http_get(
+    host: str,
+    port: int,
+    path: str = "/",
+    *,
+    https: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> str | None:
+    context: ssl.SSLContext | None = None
+    if https:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        reader, writer = await asyncio.open_connection(host, port, ssl=context)
+    except OSError as e:
+        return f"HTTP GET {host}:{port}: {e.strerror or e}"
+    try:
+        names = {k.lower() for k, _ in headers}
+        lines = [f"GET {path or '/'} HTTP/1.1"]
+        if "host" not in names:
+            lines.append(f"Host: {_authority(host, port)}")
+        if "user-agent" not in names:
+            lines.append("User-Agent: pilotfish-probe/1")
+        lines += [f"{k}: {v}" for k, v in headers] + ["Connection: close", "", ""]
+        writer.write("\r\n".join(lines).encode("latin-1"))
+        await writer.drain()
+        status_line = await reader.readuntil(b"\n")
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+        return f"HTTP GET {host}:{port}{path}: {e}"
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+    parts = status_line[:_MAX_STATUS_LINE].decode("latin-1").split()
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        return f"HTTP GET {host}:{port}{path}: not an HTTP response"
+    status = int(parts[1])
+    if 200 <= status < 400:
+        return None
+    return f"HTTP GET {host}:{port}{path}: status {status}"
+
+
+async def tcp_connect(host: str, port: int) -> str | None:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError as e:
+        return f"TCP connect {host}:{port}: {e.strerror or e}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
+def _authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
