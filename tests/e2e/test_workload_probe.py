@@ -55,7 +55,7 @@ def probed_group(app_port: int) -> str:
         "  probe:\n"
         "    periodSeconds: 1\n"
         "    failureThreshold: 1\n"
-        "    httpGet: {path: /healthz, port: %d}\n" % app_port
+        f"    httpGet: {{path: /healthz, port: {app_port}}}\n"
     )
 
 
@@ -70,9 +70,8 @@ class App:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             await reader.readuntil(b"\r\n\r\n")
             self.hits += 1
-            writer.write(
-                f"HTTP/1.1 {self.status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
-            )
+            head = f"HTTP/1.1 {self.status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            writer.write(head.encode())
             await writer.drain()
         writer.close()
 
