@@ -22,10 +22,12 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel
 from control.app import ControlPlane
+from pilotfish_common.backoff import Backoff
 from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.controlplane import eventually, running_control_plane
+from tests.support.net import free_port
 
 CDS, EDS = typeurls.CLUSTER, typeurls.ENDPOINT
 
@@ -219,3 +221,56 @@ def test_entry_point_handlers_are_loaded(tmp_path: Path) -> None:
         assert "type.googleapis.com/test.Thing" in registry
     finally:
         sys.path.remove(str(tmp_path))
+
+
+async def test_health_reports_ride_the_agent_stream_and_are_resent_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The agent stream's health reports (issue 18): Istio's `istio.io/health` request, never
+    answered; the newest one is sent again when the stream reconnects (a restarted control
+    plane learns the current health without waiting for a change)."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(MESH)
+    port = free_port()
+    seen: list[tuple[str, str | None]] = []
+
+    def spy(cp: ControlPlane) -> None:
+        def record(proxy: object, identity: object, error: str | None, wall: float) -> bool:
+            seen.append((getattr(proxy, "id", ""), error))
+            return False
+
+        cp.keeper.registry.report_health = record  # type: ignore[method-assign]
+
+    handlers = HandlerRegistry()
+    handlers.register(typeurls.NAME_TABLE, lambda resources: None)
+    upstream = UpstreamChannel([f"127.0.0.1:{port}"], max_reconnect_backoff=0.5)
+    stream = AgentStream(
+        upstream,
+        handlers,
+        RelayStats(),
+        node_id=node_id("127.8.0.9", "agent"),
+        metadata={"AUTO_REGISTER": "false"},
+        backoff=Backoff(initial=0.1, maximum=0.5),
+    )
+    stream.report_health("status 500")  # before the stream exists: sent once it does
+    async with running_control_plane(cfg, xds_port=port) as cp:
+        spy(cp)
+        await upstream.start()
+        await stream.start()
+        try:
+            await eventually(lambda: seen, timeout=20, what="first report")
+            stream.report_health(None)
+            await eventually(lambda: seen[-1][1] is None, timeout=20, what="healthy report")
+            assert seen[0] == (node_id("127.8.0.9", "agent"), "status 500")
+            reports = len(seen)
+            async with running_control_plane(cfg, xds_port=port) as restarted:
+                spy(restarted)
+                await cp.close(0)
+                await eventually(
+                    lambda: len(seen) > reports, timeout=30, what="report after reconnect"
+                )
+                assert seen[-1][1] is None  # the newest report, not the first
+        finally:
+            await stream.close()
+            await upstream.close()

@@ -57,8 +57,8 @@ async def report(stream: AdsStream, error: str | None, *, claim: str = "") -> No
         req.error_detail.message = error
     await stream.send(req)
     await stream.send(DiscoveryRequest(type_url=typeurls.LISTENER))
-    while (await stream.recv(timeout=20)).type_url != typeurls.LISTENER:
-        pass
+    while (type_url := (await stream.recv(timeout=20)).type_url) != typeurls.LISTENER:
+        assert type_url != typeurls.HEALTH, "a health report is never answered"
 
 
 async def member(channel: grpc.aio.Channel, cp: ControlPlane) -> AdsStream:
