@@ -8,7 +8,7 @@ nothing is reported. Each change of health the prober decides (prober.py) is han
 `istio.io/health`, no error_detail when healthy, the reason in error_detail when not).
 
 Checks go to the probe's host, or the workload's own address when it names none. httpGet and
-tcpSocket run; `exec` and `grpc` do not (one warning; the control plane does not gate such
+tcpSocket and grpc run; `exec` does not (one warning; the control plane does not gate such
 members on health either).
 """
 
@@ -31,7 +31,7 @@ from protos import probe_pb2
 
 logger = logging.getLogger(__name__)
 
-RUN_KINDS = frozenset({"http_get", "tcp_socket"})
+RUN_KINDS = frozenset({"http_get", "tcp_socket", "grpc"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,8 @@ class ProbeSpec:
     host: str
     port: int
     schedule: Schedule
-    path: str = ""
+    path: str = ""  # http_get
+    service: str = ""  # grpc
     https: bool = False
     headers: tuple[tuple[str, str], ...] = ()
 
@@ -68,7 +69,9 @@ def spec_of(msg: probe_pb2.WorkloadProbe, default_host: str) -> ProbeSpec:
         )
     if kind == "tcp_socket":
         return ProbeSpec(kind, msg.tcp_socket.host or default_host, msg.tcp_socket.port, schedule)
-    return ProbeSpec(kind, default_host, msg.grpc.port if kind == "grpc" else 0, schedule)
+    if kind == "grpc":
+        return ProbeSpec(kind, default_host, msg.grpc.port, schedule, service=msg.grpc.service)
+    return ProbeSpec(kind, default_host, 0, schedule)
 
 
 async def run_check(spec: ProbeSpec) -> str | None:
@@ -79,6 +82,8 @@ async def run_check(spec: ProbeSpec) -> str | None:
                 return await checks.http_get(
                     spec.host, spec.port, spec.path, https=spec.https, headers=spec.headers
                 )
+            if spec.kind == "grpc":
+                return await checks.grpc_health(spec.host, spec.port, spec.service)
             return await checks.tcp_connect(spec.host, spec.port)
     except TimeoutError:
         return f"probe timed out after {spec.schedule.timeout:g}s"

@@ -1,8 +1,9 @@
 """The probe checks themselves (asyncio): each returns None on success or the reason of the
 failure, and is bounded by the caller's timeout. HTTP GET succeeds on a status of 200 to 399
 and TCP on an accepted connection (Kubernetes' rules); HTTPS is not verified (Kubernetes
-does not verify probe certificates either). `exec` and `grpc` are not run (see
-checker.py)."""
+does not verify probe certificates either). gRPC asks the standard health service
+(`grpc.health.v1.Health/Check`, plaintext, as Kubernetes' gRPC probe) and succeeds on
+SERVING. `exec` is not run (see checker.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import asyncio
 import contextlib
 import ssl
 
+import grpc
+from google.protobuf import wrappers_pb2
+
 _MAX_STATUS_LINE = 4096
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+_SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
 async def http_get(
@@ -65,6 +72,27 @@ async def tcp_connect(host: str, port: int) -> str | None:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return None
+
+
+async def grpc_health(host: str, port: int, service: str = "") -> str | None:
+    # The health messages have the wire shape of protobuf's wrappers (HealthCheckRequest is
+    # `string service = 1`, HealthCheckResponse `ServingStatus status = 1`, a varint): using
+    # those avoids a dependency on grpcio-health-checking, and a second registration of
+    # grpc.health.v1 in the descriptor pool when an app in the same process has it.
+    async with grpc.aio.insecure_channel(_authority(host, port)) as channel:
+        check = channel.unary_unary(
+            _HEALTH_CHECK,
+            request_serializer=wrappers_pb2.StringValue.SerializeToString,
+            response_deserializer=wrappers_pb2.Int32Value.FromString,
+        )
+        try:
+            resp = await check(wrappers_pb2.StringValue(value=service))
+        except grpc.aio.AioRpcError as e:
+            return f"gRPC health {host}:{port}: {e.code().name}"
+    status = int(resp.value)
+    if status == 1:
+        return None
+    return f"gRPC health {host}:{port}: {_SERVING_STATUS.get(status, str(status))}"
 
 
 def _authority(host: str, port: int) -> str:

@@ -16,8 +16,7 @@ GROUP_ANNOTATION = "istio.io/autoRegistrationGroup"
 class WorkloadProbe:
     """`spec.probe` (Istio's ReadinessProbe). Sent to the members' agents
     (control/generate/probes.py), which run it and report health; a member serves only once
-    healthy (control/registry/autoregister.py). `exec` and `grpc` are not run (the loader
-    warns)."""
+    healthy (control/registry/autoregister.py). `exec` is not run (the loader warns)."""
 
     kind: str  # "httpGet", "tcpSocket", "exec" or "grpc"
     port: int = 0

@@ -22,8 +22,8 @@ key) and can never change this one. Istio's WorkloadEntry starts with its health
 unset and counts as healthy only once a report says so; so here a member of a probed group is
 left out of EDS until its first healthy report, leaves it on an unhealthy one and comes back
 on the next healthy one (Istio's default: unhealthy endpoints are not sent, which is right
-for Envoy and proxyless gRPC alike). `exec` and `grpc` probes are not run by the agent:
-they gate nothing (the loader warns).
+for Envoy and proxyless gRPC alike). `exec` probes are not run by the agent: they gate
+nothing (the loader warns).
 
 The bookkeeping is sans-IO: decisions come from the proxy, the identity, the groups and `now`;
 `expire()` is called by a timer in the server adapter. A refusal is logged once per proxy and
@@ -61,9 +61,8 @@ class Refused:
     message: str
 
 
-# Probe kinds the agent runs; a group whose probe is of another kind (exec, grpc) gates
-# nothing.
-RUN_PROBE_KINDS = frozenset({"httpGet", "tcpSocket"})
+# Probe kinds the agent runs; a group whose probe is of another kind (exec) gates nothing.
+RUN_PROBE_KINDS = frozenset({"httpGet", "tcpSocket", "grpc"})
 # Istio's annotation on a WorkloadEntry whose health is reported by its agent.
 HEALTH_CHECK_ANNOTATION = "proxy.istio.io/health-checks-enabled"
 

@@ -1,12 +1,14 @@
 """The probe checks against real local sockets (agent/health/checks.py, checker.run_check):
-HTTP status ranges, headers, refused connections, timeouts, TCP connect."""
+HTTP status ranges, headers, refused connections, timeouts, TCP connect, gRPC health."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
+from google.protobuf import wrappers_pb2
 
 from agent.health import checks
 from agent.health.checker import ProbeSpec, run_check
@@ -57,3 +59,31 @@ async def test_refused_and_timed_out(http: tuple[int, dict[str, object]]) -> Non
     state["status"] = "hang"
     spec = ProbeSpec("http_get", "127.0.0.1", port, Schedule(timeout=0.2), path="/")
     assert "timed out" in str(await run_check(spec))
+
+
+async def test_grpc_health_check() -> None:
+    """A gRPC server with the standard health service: SERVING passes, NOT_SERVING and a
+    service it does not know fail, as does a port with no server."""
+    statuses = {"": 1, "down": 2}
+
+    def check(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        service = wrappers_pb2.StringValue.FromString(request).value
+        if service not in statuses:
+            context.set_code(grpc.StatusCode.NOT_FOUND)
+            return b""
+        return wrappers_pb2.Int32Value(value=statuses[service]).SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(check)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        assert await checks.grpc_health("127.0.0.1", port) is None
+        assert "NOT_SERVING" in str(await checks.grpc_health("127.0.0.1", port, "down"))
+        assert "NOT_FOUND" in str(await checks.grpc_health("127.0.0.1", port, "other"))
+        assert "UNAVAILABLE" in str(await checks.grpc_health("127.0.0.1", free_port()))
+    finally:
+        await server.stop(0)

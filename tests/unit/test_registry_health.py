@@ -64,11 +64,13 @@ def test_a_group_without_a_probe_does_not_gate_and_ignores_reports() -> None:
     assert HEALTH_CHECK_ANNOTATION not in reg.workload_entries()[0]["metadata"]["annotations"]
 
 
-def test_exec_and_grpc_probes_gate_nothing() -> None:
-    for kind in ("exec", "grpc"):
-        reg = joined(probed(WorkloadProbe(kind, command=("true",))))
-        assert addresses(reg) == ["10.0.0.1"]
-        assert not reg.report_health(proxy(), WEB, "down", 1.0)
+def test_exec_probes_gate_nothing_but_grpc_probes_do() -> None:
+    reg = joined(probed(WorkloadProbe("exec", command=("true",))))
+    assert addresses(reg) == ["10.0.0.1"]
+    assert not reg.report_health(proxy(), WEB, "down", 1.0)
+    reg = joined(probed(WorkloadProbe("grpc", port=50051)))
+    assert addresses(reg) == []
+    assert reg.report_health(proxy(), WEB, None, 1.0)
 
 
 def test_reports_from_another_identity_or_the_plaintext_port_change_nothing() -> None:

@@ -75,9 +75,9 @@ def _annotations(meta: Fields) -> dict[str, str]:
 
 
 def _probe(spec: Fields) -> WorkloadProbe | None:
-    """Validated so a bad probe is caught now. The members' agents run httpGet and tcpSocket
-    probes (agent/health/); `exec` and `grpc` are not run, so they are reported (once) as
-    unsupported rather than silently doing nothing."""
+    """Validated so a bad probe is caught now. The members' agents run httpGet, tcpSocket and
+    grpc probes (agent/health/); `exec` is not run, so it is reported (once) as unsupported
+    rather than silently doing nothing."""
     f = spec.get_map("probe")
     if f is None:
         return None
@@ -121,9 +121,9 @@ def _probe(spec: Fields) -> WorkloadProbe | None:
         )
     action.finish()
     f.finish()
-    if kind in ("exec", "grpc"):
+    if kind == "exec":
         f.ctx.warn_unsupported(
-            spec.at("probe"), f"({kind} probes are not run: members count as healthy)"
+            spec.at("probe"), "(exec probes are not run: members count as healthy)"
         )
     return dataclasses.replace(
         probe,
