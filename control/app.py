@@ -45,6 +45,7 @@ from control.xds.cache import ResourceCache, ResourceSet
 from control.xds.options import XdsOptions, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class ControlPlaneOptions:
         )
 
 
-class ControlPlane:
+class ControlPlane(Lifecycle):
     """Owns every long-lived part of the control plane; use `async with ControlPlane(opts)`.
 
     The read-only properties below are for tests, benchmarks and pilotfish-ctl, which reach
@@ -266,13 +267,6 @@ class ControlPlane:
         await self.xds.close()
         await self.security.close()
         await self.watcher.close()
-
-    async def __aenter__(self) -> ControlPlane:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- for tests, benchmarks and pilotfish-ctl -------------------------------------------
 

@@ -25,6 +25,7 @@ from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
+from pilotfish_common.lifecycle import Lifecycle
 from protos.typeurls import ENDPOINT
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class CurrentPush:
         return self._started
 
 
-class PushPipeline:
+class PushPipeline(Lifecycle):
     """Turns config and workload changes into pushes; `async with`, or start()/close().
 
     The config source hands each new config over (ConfigSource.subscribe); the pipeline keeps
@@ -197,13 +198,6 @@ class PushPipeline:
 
     async def close(self) -> None:
         await self._loop.close()
-
-    async def __aenter__(self) -> PushPipeline:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def notify(self, reason: str) -> None:
         """Something the snapshot is built from changed: push after the debounce."""

@@ -45,6 +45,8 @@ from control.kube.tokenreview import KubeTokenReviewer
 from control.metrics import Metrics
 from control.model.proxy import Proxy
 from control.xds.server import StreamRefused
+from pilotfish_common.addresses import is_ip
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class SecurityOptions:
     replica_id: str = "pilotfish"  # one more name in our serving certificates
 
 
-class SecurityStack:
+class SecurityStack(Lifecycle):
     """Owns the CA, the token key and our serving certificates; start() before use, or
     `async with`. The attributes are None until start()."""
 
@@ -109,13 +111,6 @@ class SecurityStack:
             await self.ca_service.close()
             self.ca_service = None
 
-    async def __aenter__(self) -> SecurityStack:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     def _load(self) -> tuple[CertificateAuthority, TokenIssuer]:
         """The CA and the token key (blocking; called through asyncio.to_thread)."""
         o = self.options
@@ -156,9 +151,9 @@ class SecurityStack:
             return 0, 0
         assert self.ca is not None, "start() first"
         hosts = [_host(a) for a in (o.secure_address, o.mtls_address) if a and _host(a)]
-        ips = [h for h in hosts if _is_ip(h) and not ipaddress.ip_address(h).is_unspecified]
+        ips = [h for h in hosts if is_ip(h) and not ipaddress.ip_address(h).is_unspecified]
         names = ["localhost", "pilotfish-control", "istiod.istio-system.svc", o.replica_id]
-        names += [h for h in hosts if not _is_ip(h)]
+        names += [h for h in hosts if not is_ip(h)]
         self.serving = self._serving(names, ips)
         await self.serving.start()
         secure = mtls = 0
@@ -199,10 +194,10 @@ class SecurityStack:
         """A TLS server context for the injection webhook at `address`, renewed in place."""
         assert self.ca is not None, "start() first"
         host = _host(address)
-        ips = [host] if _is_ip(host) and not ipaddress.ip_address(host).is_unspecified else []
+        ips = [host] if is_ip(host) and not ipaddress.ip_address(host).is_unspecified else []
         # The API server calls the webhook through the Service: istiod.istio-system.svc.
         names = ["istiod.istio-system.svc", "localhost", self.options.replica_id]
-        names += [host] if host and not _is_ip(host) else []
+        names += [host] if host and not is_ip(host) else []
         self.webhook_serving = self._serving(names, ips)
         await self.webhook_serving.start()
         return await self.webhook_serving.ssl_context()
@@ -215,11 +210,3 @@ class SecurityStack:
 
 def _host(address: str) -> str:
     return address.rpartition(":")[0].strip("[]")
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True

@@ -18,8 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from control.config.delivery import WarningLog, deliver
 from control.config.discovery import discover
@@ -28,6 +27,7 @@ from control.config.loader import DEFAULT_DOMAIN, load_bytes, read_file
 from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.model.types import MeshConfig
+from pilotfish_common.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from control.kube.client import KubeClient
@@ -94,7 +94,7 @@ def _load_files(files: Iterable[str], domain: str) -> dict[str, _Loaded]:
     return out
 
 
-class ConfigWatcher:
+class ConfigWatcher(Lifecycle):
     """Keeps `current` in sync with the config files under `paths`.
 
     `start()` loads everything once and raises ConfigError if any file is bad (the control
@@ -168,18 +168,6 @@ class ConfigWatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def files(self) -> list[str]:

@@ -1,15 +1,15 @@
-"""Where connections go: Envoy socket and pipe addresses, what counts as an IP literal, and what
+"""Where connections go: Envoy socket and pipe addresses and what
 a Sidecar ingress `defaultEndpoint` means as an upstream.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
 from envoy.config.core.v3.address_pb2 import Address, Pipe, SocketAddress
+
+from pilotfish_common.addresses import is_ip as is_ip  # re-exported for the generators
 
 # Istio's answer when a Sidecar ingress has no defaultEndpoint: the app on loopback. The pod IP
 # (Istio's newer default) cannot work in interception mode NONE, where the inbound listener
@@ -36,14 +36,6 @@ class Upstream:
 
 def socket_address(host: str, port: int) -> Address:
     return Address(socket_address=SocketAddress(address=host, port_value=port))
-
-
-def is_ip(value: str) -> bool:
-    # Not control.config.formats.is_ip: importing that package loads the config loader and
-    # file watcher, which generation has no use for.
-    with contextlib.suppress(ValueError):
-        return bool(ipaddress.ip_address(value))
-    return False
 
 
 def parse_default_endpoint(value: str, proxy_ip: str, port: int) -> Upstream | None:

@@ -40,6 +40,7 @@ from control.model.types import (
     Workload,
     labels_of,
 )
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def _with_slice_endpoints(
     return dataclasses.replace(obj, services=services)
 
 
-class KubeSource:
+class KubeSource(Lifecycle):
     """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
 
     def __init__(
@@ -198,13 +199,6 @@ class KubeSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self.client.close()
-
-    async def __aenter__(self) -> KubeSource:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The labels of a namespace as last seen; None when it is not known (yet)."""

@@ -19,6 +19,7 @@ from control.ca.identity import Identity
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.registry.autoregister import WorkloadRegistry
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ REGISTRY_FILE = "workloads.json"
 _SAVE_INTERVAL = 0.2
 
 
-class WorkloadKeeper:
+class WorkloadKeeper(Lifecycle):
     """Feeds stream events to the registry and keeps its set current and persisted; use
     `async with`, or start()/close().
 
@@ -66,13 +67,6 @@ class WorkloadKeeper:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> WorkloadKeeper:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- the pipeline's view (control.pipeline.WorkloadSource) -----------------------------
 

@@ -21,11 +21,10 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
 from control.xds.cache import Resource, ResourceSet, Selection
 from control.xds.state import (
-    NonceSource,
     RequestKind,
     RequestOutcome,
+    StreamRules,
     SyncStatus,
-    TypeStatus,
     ordered,
 )
 from protos import typeurls
@@ -96,6 +95,9 @@ class _TypeState:
             self.client_shared = False
         return self.client_has
 
+    def resource_count(self) -> int:
+        return len(self.client_has)
+
     def status(self) -> SyncStatus:
         if not self.ever_sent:
             return SyncStatus.NOT_SENT
@@ -106,19 +108,14 @@ class _TypeState:
         return SyncStatus.STALE
 
 
-class DeltaStream:
+class DeltaStream(StreamRules[_TypeState]):
     """The rules of one delta ADS stream. Not thread-safe; drive it from one task."""
 
-    __slots__ = ("_nonces", "_types", "_version", "acks", "nacks", "requests", "stream_id")
+    __slots__ = ("_version",)
 
     def __init__(self, stream_id: str = "") -> None:
-        self.stream_id = stream_id
-        self._types: dict[str, _TypeState] = {}
-        self._nonces = NonceSource()
+        super().__init__(stream_id)
         self._version = 0
-        self.requests = 0
-        self.acks = 0
-        self.nacks = 0
 
     def receive(self, req: DeltaDiscoveryRequest) -> RequestOutcome:
         self.requests += 1
@@ -333,23 +330,5 @@ class DeltaStream:
             if res.name in had and res.name in eds.client_has:
                 eds.own().pop(res.name)
 
-    @property
-    def subscribed_types(self) -> list[str]:
-        return list(self._types)
-
     def client_versions(self, type_url: str) -> dict[str, str]:
         return dict(self._types[type_url].client_has)
-
-    def status(self) -> list[TypeStatus]:
-        return [
-            TypeStatus(
-                type_url=t,
-                status=st.status(),
-                sent_version=st.sent_version,
-                sent_nonce=st.sent_nonce,
-                acked_nonce=st.acked_nonce,
-                last_nack=st.nack_message,
-                resource_count=len(st.client_has),
-            )
-            for t, st in self._types.items()
-        ]

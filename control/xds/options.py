@@ -26,6 +26,9 @@ class XdsOptions:
     # a connection storm, not after pushes (see control/xds/trim.py). 0: never.
     trim_after_streams: int = 500
     trim_idle: float = 1.0
+    # A connection that has not finished its handshake (TLS, then the HTTP/2 preface and
+    # SETTINGS) this many seconds after it was accepted is closed (see grpc_stream_options).
+    handshake_timeout: float = 20.0
 
 
 def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
@@ -46,10 +49,17 @@ def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
     streams per connection, that was 10-30 KB per stream kept for nothing once the storm was
     over (and with a connection per Envoy, as in a real mesh, it is per proxy). The clamp
     bounds what is allocated ahead: a larger request is read in more reads of this size
-    (requests are small but for those bursts), and nothing changes on the wire."""
+    (requests are small but for those bursts), and nothing changes on the wire.
+
+    A connection that never completes its handshake costs a descriptor and ~11 KB in core
+    until gRPC gives up on it, by default after 120 s: a peer opening thousands of silent
+    connections holds that much for two minutes each. A real client (Envoy, gRPC, the agent)
+    completes the handshake in milliseconds, so `handshake_timeout` bounds the hold to
+    seconds without cutting a real client off."""
     return [
         ("grpc.max_concurrent_streams", 1 << 20),
         ("grpc.server.max_pending_requests", options.max_pending_streams),
         ("grpc.server.max_pending_requests_hard_limit", options.max_pending_streams),
         ("grpc.experimental.tcp_max_read_buffer_size", options.max_read_buffer),
+        ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout * 1000)),
     ]

@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pilotfish_common.lifecycle import Lifecycle
+
 logger = logging.getLogger(__name__)
 
 
@@ -80,7 +82,7 @@ class TokenBucket:
         return -self._tokens / self.rate
 
 
-class PushLoop:
+class PushLoop(Lifecycle):
     """Runs `on_push(reasons)` after debounced change notifications."""
 
     def __init__(
@@ -111,13 +113,6 @@ class PushLoop:
             # swallow a cancellation of close() itself.
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-
-    async def __aenter__(self) -> PushLoop:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def _run(self) -> None:
         while True:

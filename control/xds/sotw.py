@@ -25,11 +25,10 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.xds.cache import Resource, ResourceSet, View
 from control.xds.state import (
-    NonceSource,
     RequestKind,
     RequestOutcome,
+    StreamRules,
     SyncStatus,
-    TypeStatus,
     ordered,
 )
 from protos import typeurls
@@ -91,6 +90,9 @@ class _TypeState:
             resources = ResourceSet(resources)
         return resources.view(None if self.wildcard else self.names)
 
+    def resource_count(self) -> int:
+        return len(self.sent) if self.sent is not None else 0
+
     def status(self) -> SyncStatus:
         if self.sent is None:
             return SyncStatus.NOT_SENT
@@ -109,18 +111,10 @@ def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]
     return raw, frozenset(raw)
 
 
-class SotwStream:
+class SotwStream(StreamRules[_TypeState]):
     """The rules of one SotW ADS stream. Not thread-safe; drive it from one task."""
 
-    __slots__ = ("_nonces", "_types", "acks", "nacks", "requests", "stream_id")
-
-    def __init__(self, stream_id: str = "") -> None:
-        self.stream_id = stream_id
-        self._types: dict[str, _TypeState] = {}
-        self._nonces = NonceSource()
-        self.requests = 0
-        self.acks = 0
-        self.nacks = 0
+    __slots__ = ()
 
     # --- requests --------------------------------------------------------------------------
 
@@ -300,27 +294,9 @@ class SotwStream:
 
     # --- introspection ---------------------------------------------------------------------
 
-    @property
-    def subscribed_types(self) -> list[str]:
-        return list(self._types)
-
     def subscription(self, type_url: str) -> tuple[bool, frozenset[str]]:
         st = self._types[type_url]
         return st.wildcard, frozenset(st.names)
-
-    def status(self) -> list[TypeStatus]:
-        return [
-            TypeStatus(
-                type_url=t,
-                status=st.status(),
-                sent_version=st.sent_version,
-                sent_nonce=st.sent_nonce,
-                acked_nonce=st.acked_nonce,
-                last_nack=st.nack_message,
-                resource_count=len(st.sent) if st.sent is not None else 0,
-            )
-            for t, st in self._types.items()
-        ]
 
 
 # Views are shared by every stream that got the same selection, so the names updated between

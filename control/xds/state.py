@@ -7,6 +7,7 @@ import enum
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from protos import typeurls
 
@@ -80,3 +81,56 @@ class NonceSource:
         # Interned: streams count alike, so thousands of them hold the same few nonces; one
         # copy of each instead of one per stream (interned strings go when unused).
         return sys.intern(f"{self._prefix}{self._n}")
+
+
+class TypeSync(Protocol):
+    """What a stream's per-type state shows of its sync (both stream kinds keep these)."""
+
+    @property
+    def sent_version(self) -> str: ...
+    @property
+    def sent_nonce(self) -> str: ...
+    @property
+    def acked_nonce(self) -> str: ...
+    @property
+    def nack_message(self) -> str: ...
+
+    def status(self) -> SyncStatus: ...
+
+    def resource_count(self) -> int: ...
+
+
+_T = TypeVar("_T", bound=TypeSync)
+
+
+class StreamRules(Generic[_T]):
+    """What the SotW and delta stream state machines share: the per-type states, the nonce
+    source, request/ACK/NACK counters, and the syncz view of the types."""
+
+    __slots__ = ("_nonces", "_types", "acks", "nacks", "requests", "stream_id")
+
+    def __init__(self, stream_id: str = "") -> None:
+        self.stream_id = stream_id
+        self._types: dict[str, _T] = {}
+        self._nonces = NonceSource()
+        self.requests = 0
+        self.acks = 0
+        self.nacks = 0
+
+    @property
+    def subscribed_types(self) -> list[str]:
+        return list(self._types)
+
+    def status(self) -> list[TypeStatus]:
+        return [
+            TypeStatus(
+                type_url=t,
+                status=st.status(),
+                sent_version=st.sent_version,
+                sent_nonce=st.sent_nonce,
+                acked_nonce=st.acked_nonce,
+                last_nack=st.nack_message,
+                resource_count=st.resource_count(),
+            )
+            for t, st in self._types.items()
+        ]

@@ -4,8 +4,9 @@ another proxy is still served while they are open.
 
 The bound is a safety bound, not a measurement: about 11 KB per connection was measured
 (gRPC core's endpoint and its first read buffer, clamped by the server's read-buffer option),
-and the test allows 50 KB. gRPC core closes a connection that has not completed its handshake
-(for plaintext: the HTTP/2 preface and SETTINGS) after 120 s."""
+and the test allows 50 KB. What keeps the hold short is the second test's guard: a connection
+that has not completed its handshake (TLS, the HTTP/2 preface and SETTINGS) is closed after
+`XdsOptions.handshake_timeout` (20 s) instead of gRPC core's 120 s."""
 
 from __future__ import annotations
 
@@ -102,3 +103,40 @@ async def test_idle_connections_cost_bounded_memory_and_others_are_served(
             s.close()
     # And after they are gone.
     assert await _served(cp) is grpc.StatusCode.OK
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed this silent connection (never blocks)."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+async def test_connections_that_never_handshake_are_closed(tmp_path: Path) -> None:
+    """The guard behind the bound above: a connection that never completes its handshake is
+    closed after `XdsOptions.handshake_timeout` (20 s by default; 1 s here), on the plaintext
+    and the TLS port, instead of gRPC core's own 120 s. A real client is unaffected."""
+    from tests.support.controlplane import running_control_plane
+
+    (tmp_path / "mesh.yaml").write_text(MESH)
+    async with running_control_plane(tmp_path, handshake_timeout=1.0) as cp:
+        socks = [
+            *await asyncio.to_thread(_connect_idle, cp.xds_port, 100),
+            *await asyncio.to_thread(_connect_idle, cp.secure_xds_port, 100),
+        ]
+        try:
+            await eventually(
+                lambda: all([_closed_by_server(s) for s in socks]),  # every one, each time
+                timeout=15,
+                what="the server to close every silent connection",
+            )
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+                assert await ads_status(ch, cds_request().SerializeToString(), timeout=15) is (
+                    grpc.StatusCode.OK
+                )
+        finally:
+            for s in socks:
+                s.close()
