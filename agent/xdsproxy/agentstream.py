@@ -57,7 +57,6 @@ class AgentStream(Lifecycle):
         self.received: dict[str, int] = {}  # responses handled per type (for readiness)
         self._health: bytes | None = None  # the newest health report, re-sent on reconnect
         self._outbox: asyncio.Queue[bytes] | None = None  # the current call's writes
-        self.health_reports = 0  # sent, reconnects included (tests)
 
     def report_health(self, error: str | None) -> None:
         """Tell the control plane the workload's health (`error` None: healthy)."""
@@ -124,8 +123,6 @@ class AgentStream(Lifecycle):
             while True:
                 raw = await outbox.get()
                 await call.write(raw)
-                if raw is self._health:
-                    self.health_reports += 1
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
             # The call ended; the reading side sees it too and reconnects.
             logger.debug("agent stream write ended: %r", e)
