@@ -7,7 +7,6 @@ start, so a restarted control plane keeps serving those endpoints while proxies 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.registry.autoregister import WorkloadRegistry
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import deadline_passed
 
 logger = logging.getLogger(__name__)
 
@@ -114,19 +114,7 @@ class WorkloadKeeper(Lifecycle):
     async def _expire(self) -> None:
         while True:
             deadline = self.registry.next_expiry()
-            if deadline is None:
-                await self._expiry_wake.wait()
-                self._expiry_wake.clear()
-                continue
-            delay = deadline - self._clock()
-            if delay > 0:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
-                # that arrives with the event (a stream closing as the control plane stops),
-                # and close() would then wait out the grace period.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._expiry_wake.wait()
-                    self._expiry_wake.clear()
+            if not await deadline_passed(self._expiry_wake, deadline, self._clock):
                 continue
             removed = self.registry.expire(self._clock())
             if removed:

@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import deadline_passed
 
 logger = logging.getLogger(__name__)
 
@@ -117,18 +117,7 @@ class PushLoop(Lifecycle):
     async def _run(self) -> None:
         while True:
             deadline = self._debouncer.deadline()
-            if deadline is None:
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            delay = deadline - self._clock()
-            if delay > 0:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
-                # that arrives with the event, and close() would then wait forever.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
-                    self._wake.clear()
+            if not await deadline_passed(self._wake, deadline, self._clock):
                 continue
             flushed = self._debouncer.flush(self._clock())
             if flushed is None:
