@@ -53,6 +53,10 @@ def _debug_allow(value: str) -> object:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _namespace_list(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
 def _optional_address(value: str) -> str:
     return value if value in ("", "off") else _address(value)
 
@@ -140,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --kubernetes: the MutatingWebhookConfiguration whose caBundle is kept equal "
         "to our CA root ('' disables; default %(default)s)",
+    )
+    p.add_argument(
+        "--root-cert-excluded-namespaces",
+        type=_namespace_list,
+        default=None,
+        metavar="NS,NS",
+        help="with --kubernetes: namespaces that get no istio-ca-root-cert ConfigMap "
+        "(comma-separated, '' for none; default Istio's: kube-system, kube-public, "
+        "kube-node-lease, local-path-storage)",
     )
     p.add_argument(
         "--http-address",
@@ -238,6 +251,7 @@ async def _run(args: argparse.Namespace) -> int:
     from control.app import ControlPlane, ControlPlaneOptions
     from control.ca.authority import CaError
     from control.config.errors import ConfigError
+    from control.kube.rootcert import DEFAULT_EXCLUDED
     from control.webhook.template import TemplateError
     from control.xds.server import XdsOptions
 
@@ -265,6 +279,11 @@ async def _run(args: argparse.Namespace) -> int:
         injection_image=args.injection_image,
         injection_pilot_address=args.injection_pilot_address,
         webhook_config_name=args.webhook_config_name,
+        root_cert_excluded_namespaces=(
+            DEFAULT_EXCLUDED
+            if args.root_cert_excluded_namespaces is None
+            else args.root_cert_excluded_namespaces
+        ),
         debug_allow=args.debug_allow,
         xds=XdsOptions(
             control_plane_id=args.id,

@@ -29,6 +29,7 @@ from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.debugaccess import DebugAllow, debug_middleware, debug_policy
 from control.kube.client import kube_config
+from control.kube.rootcert import DEFAULT_EXCLUDED, RootCertPublisher
 from control.kube.source import KubeSource
 from control.metrics import Metrics
 from control.model.index import MeshIndex
@@ -98,6 +99,9 @@ class ControlPlaneOptions:
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
+    # Kubernetes mode: namespaces that get no istio-ca-root-cert ConfigMap (Istio's system
+    # namespaces by default).
+    root_cert_excluded_namespaces: frozenset[str] = DEFAULT_EXCLUDED
     # --debug-allow: who may read /debug/* off loopback and all of syncz over TLS xDS (None:
     # the control plane's own namespace); whether /debug/* needs that (None: judged by
     # http_address, loopback is open; tests force it).
@@ -182,6 +186,7 @@ class ControlPlane(Lifecycle):
         self._grpc: grpc.aio.Server | None = None
         self.webhook: WebhookServer | None = None
         self.ca_bundle_patcher: CaBundlePatcher | None = None
+        self.root_cert_publisher: RootCertPublisher | None = None
         self.xds_port = 0
         self.secure_xds_port = 0
         self.mtls_xds_port = 0
@@ -244,6 +249,11 @@ class ControlPlane(Lifecycle):
                 client, self.security.ca.root_pem, o.webhook_config_name
             )
             await self.ca_bundle_patcher.start()
+        if client is not None and self.security.ca is not None:
+            self.root_cert_publisher = RootCertPublisher(
+                client, self.security.ca.root_pem, excluded=o.root_cert_excluded_namespaces
+            )
+            await self.root_cert_publisher.start()
 
     async def close(self, grace: float = 1.0) -> None:
         """Stop in the reverse order of start(): nothing new arrives (HTTP, webhook, pushes,
@@ -252,6 +262,8 @@ class ControlPlane(Lifecycle):
         await self.debug.close()
         if self.ca_bundle_patcher is not None:
             await self.ca_bundle_patcher.close()
+        if self.root_cert_publisher is not None:
+            await self.root_cert_publisher.close()
         if self.webhook is not None:
             await self.webhook.close()
         await self.keeper.close()

@@ -1,5 +1,5 @@
 """Talking to the Kubernetes API server: where it is and how to authenticate (in-cluster or a
-kubeconfig file), and a small aiohttp client for list, watch and create.
+kubeconfig file), and a small aiohttp client for list, watch, get, create and replace.
 
 Only what the control plane needs: bearer tokens (in-cluster, kubeconfig `token` or
 `tokenFile`), client certificates, the cluster CA (file or inline data) or
@@ -225,7 +225,7 @@ class KubeClient(Lifecycle):
             return await _json_or_raise(r)
 
     async def list_all(
-        self, path: str, page_size: int = 500, label_selector: str = ""
+        self, path: str, page_size: int = 500, label_selector: str = "", field_selector: str = ""
     ) -> tuple[list[Any], str]:
         """Every item (following `continue` pages) and the list's resourceVersion."""
         items: list[Any] = []
@@ -234,6 +234,8 @@ class KubeClient(Lifecycle):
             params = {"limit": str(page_size)}
             if label_selector:
                 params["labelSelector"] = label_selector
+            if field_selector:
+                params["fieldSelector"] = field_selector
             if token:
                 params["continue"] = token
             body = await self.get(path, params)
@@ -244,7 +246,12 @@ class KubeClient(Lifecycle):
                 return items, str(meta.get("resourceVersion") or "")
 
     async def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 300
+        self,
+        path: str,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        *,
+        field_selector: str = "",
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events, one JSON object per line, until the server ends the stream."""
         params = {
@@ -253,6 +260,8 @@ class KubeClient(Lifecycle):
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
+        if field_selector:
+            params["fieldSelector"] = field_selector
         async with self.session.get(
             self.config.server + path,
             params=params,

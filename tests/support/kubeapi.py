@@ -11,12 +11,15 @@ control plane uses, as the API server behaves on the wire:
   after `timeoutSeconds`; a RV older than the compaction point gets an `ERROR` event holding
   a `Status` with code 410 (Gone, reason Expired) and the stream ends — exactly what etcd
   compaction produces;
-- namespaced lists (`/api/v1/namespaces/<ns>/<plural>`) and equality-based `labelSelector`
-  (`k=v`, `k==v`, `k!=v`, comma-separated) on every list;
+- namespaced lists (`/api/v1/namespaces/<ns>/<plural>`), equality-based `labelSelector`
+  (`k=v`, `k==v`, `k!=v`, comma-separated) and `fieldSelector` on `metadata.name` /
+  `metadata.namespace` on every list and watch;
 - `GET` of one object (`.../<plural>/<name>`, namespaced or cluster-scoped) and `PUT` to
   replace it: when the body carries `metadata.resourceVersion` it must equal the stored one,
   else 409 Conflict (optimistic concurrency, as the API server does; without one the update
   is unconditional); 404 NotFound for an object that does not exist;
+- `POST` to a collection to create (409 AlreadyExists when the name is taken, 404 when the
+  namespace does not exist) and `DELETE` of one object;
 - `POST /apis/authentication.k8s.io/v1/tokenreviews`: a TokenReview answered from the
   tokens the test registered (audiences checked as the API server does);
 - bearer-token auth on every request (401 otherwise), 404 for resources not served (a CRD that
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "services": ("Service", "v1"),
     "pods": ("Pod", "v1"),
     "namespaces": ("Namespace", "v1"),
+    "configmaps": ("ConfigMap", "v1"),
     "endpointslices": ("EndpointSlice", "discovery.k8s.io/v1"),
     "serviceentries": ("ServiceEntry", "networking.istio.io/v1"),
     "workloadentries": ("WorkloadEntry", "networking.istio.io/v1"),
@@ -66,6 +70,7 @@ _BY_KIND = {kind: plural for plural, (kind, _) in RESOURCES.items()}
 @dataclass
 class _Watch:
     plural: str
+    selects: Callable[[dict[str, Any]], bool] = lambda _obj: True
     queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
 
 
@@ -92,6 +97,8 @@ class FakeKubeApi(Lifecycle):
         self._held: list[asyncio.Future[None]] = []
         self.conflicts = 0  # PUTs answered 409
         self.updates = 0  # PUTs accepted
+        self.creates = 0  # POSTs accepted
+        self.already_exists = 0  # POSTs answered 409
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -102,12 +109,14 @@ class FakeKubeApi(Lifecycle):
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             app.router.add_get(prefix + "/{plural}", self._collection)
             app.router.add_get(prefix + "/namespaces/{namespace}/{plural}", self._collection)
+            app.router.add_post(prefix + "/namespaces/{namespace}/{plural}", self._create)
             for item in (
                 prefix + "/{plural}/{name}",
                 prefix + "/namespaces/{namespace}/{plural}/{name}",
             ):
                 app.router.add_get(item, self._get_one)
                 app.router.add_put(item, self._replace)
+                app.router.add_delete(item, self._delete)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -147,7 +156,7 @@ class FakeKubeApi(Lifecycle):
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         existed = key in self.objects[plural]
-        stored = json.loads(json.dumps(obj))
+        stored: dict[str, Any] = json.loads(json.dumps(obj))
         self.objects[plural][key] = stored
         self._emit(plural, "MODIFIED" if existed else "ADDED", stored)
         return stored
@@ -174,7 +183,7 @@ class FakeKubeApi(Lifecycle):
     def _emit(self, plural: str, etype: str, obj: dict[str, Any]) -> None:
         self.history.append((self.rv, plural, etype, obj))
         for w in self.watches:
-            if w.plural == plural:
+            if w.plural == plural and w.selects(obj):
                 w.queue.put_nowait({"type": etype, "object": obj})
 
     # --- HTTP ------------------------------------------------------------------------------
@@ -260,6 +269,44 @@ class FakeKubeApi(Lifecycle):
             meta["namespace"] = key[0]
         return web.json_response(self.put(body))
 
+    async def _create(self, request: web.Request) -> web.Response:
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        namespace = request.match_info["namespace"]
+        try:
+            body = await request.json()
+        except ValueError:
+            return _status(400, "BadRequest", "the body is not JSON")
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name")
+        self.requests.append(f"POST {plural} {name}")
+        if not name:
+            return _status(422, "Invalid", "metadata.name: Required value")
+        if meta.get("namespace", namespace) != namespace:
+            return _status(400, "BadRequest", "the namespace of the object does not match")
+        if ("", namespace) not in self.objects["namespaces"]:
+            return _status(404, "NotFound", f'namespaces "{namespace}" not found')
+        if (namespace, name) in self.objects[plural]:
+            self.already_exists += 1
+            return _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
+        meta.pop("resourceVersion", None)
+        meta["namespace"] = namespace
+        body["kind"], body["apiVersion"] = RESOURCES[plural]
+        self.creates += 1
+        return web.json_response(self.put(body), status=201)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        key = self._key(request)
+        self.requests.append(f"DELETE {plural} {key[1]}")
+        if key not in self.objects[plural]:
+            return _not_found(plural, key[1])
+        self.delete(RESOURCES[plural][0], *key)
+        return _status(200, "Success", "deleted")
+
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         plural = self._resource(request)
         if isinstance(plural, web.Response):
@@ -269,12 +316,11 @@ class FakeKubeApi(Lifecycle):
             return await self._watch(request, plural)
         self.requests.append(f"LIST {plural}")
         namespace = request.match_info.get("namespace")
-        selector = _parse_selector(request.query.get("labelSelector", ""))
+        selects = _selector(request)
         items = [
             self.objects[plural][k]
             for k in sorted(self.objects[plural])
-            if (namespace is None or k[0] == namespace)
-            and _selects(selector, self.objects[plural][k])
+            if (namespace is None or k[0] == namespace) and selects(self.objects[plural][k])
         ]
         limit = int(request.query.get("limit", "0") or 0)
         start = int(request.query.get("continue", "0") or 0)
@@ -297,12 +343,13 @@ class FakeKubeApi(Lifecycle):
         timeout = float(request.query.get("timeoutSeconds", "1800"))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
-        watch = _Watch(plural)
+        selects = _selector(request)
+        watch = _Watch(plural, selects)
         if rv and rv < self.compacted:
             await _send(resp, _gone())
             return resp
         for ev_rv, ev_plural, etype, obj in self.history:
-            if ev_plural == plural and ev_rv > rv:
+            if ev_plural == plural and ev_rv > rv and selects(obj):
                 watch.queue.put_nowait({"type": etype, "object": obj})
         self.watches.append(watch)
         loop = asyncio.get_running_loop()
@@ -366,6 +413,25 @@ class FakeKubeApi(Lifecycle):
                 }
         self.requests.append("TOKENREVIEW")
         return web.json_response({**review, "status": status}, status=201)
+
+
+def _selector(request: web.Request) -> Callable[[dict[str, Any]], bool]:
+    """The request's labelSelector and fieldSelector (and its namespace, for a namespaced
+    watch) as one predicate."""
+    labels = _parse_selector(request.query.get("labelSelector", ""))
+    fields = _parse_selector(request.query.get("fieldSelector", ""))
+    namespace = request.match_info.get("namespace")
+
+    def selects(obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        values = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+        if namespace is not None and meta.get("namespace") != namespace:
+            return False
+        return _selects(labels, obj) and all(
+            (values.get(k) == v) == (op == "=") for k, op, v in fields
+        )
+
+    return selects
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str]]:

@@ -138,7 +138,11 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
     assert {k: v for k, v in writes.items() if v} == {
         ("authentication.k8s.io", "tokenreviews"): {"create"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"update"},
+        # The root certificate publisher (control/kube/rootcert.py): create, update, never
+        # delete.
+        ("", "configmaps"): {"create", "update"},
     }
+    assert {"get", "list", "watch"} <= granted[("", "configmaps")]
     # ... and the webhook configuration write is limited to our own object.
     (rule,) = [r for r in role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
     assert rule["resourceNames"] == ["pilotfish-sidecar-injector"]
