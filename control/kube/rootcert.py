@@ -31,7 +31,7 @@ from typing import Any
 
 from control.kube.client import ApiError, KubeClient
 from control.kube.reflector import Backoff, Key, Next, Reflector
-from control.webhook.cabundle import ConflictRetry
+from control.kube.retry import ConflictRetry
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)

@@ -22,12 +22,11 @@ import base64
 import copy
 import enum
 import logging
-import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from control.kube.client import ApiError, KubeClient
+from control.kube.retry import ConflictRetry
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
 
@@ -59,27 +58,6 @@ def desired(config: Mapping[str, Any], bundle: str) -> dict[str, Any] | None:
     for w in out.get("webhooks") or []:
         w.setdefault("clientConfig", {})["caBundle"] = bundle
     return out
-
-
-@dataclass
-class ConflictRetry:
-    """Delays after successive conflicts: `fast` quick ones, then slow ones; jittered so that
-    racing replicas do not retry in lockstep."""
-
-    fast: int = 4
-    fast_delay: float = 0.05
-    slow_delay: float = 5.0
-    jitter: float = 0.5
-    rng: random.Random = field(default_factory=random.Random)
-    conflicts: int = 0
-
-    def next_delay(self) -> float:
-        self.conflicts += 1
-        base = self.fast_delay if self.conflicts <= self.fast else self.slow_delay
-        return base * (1 + self.rng.uniform(-self.jitter, self.jitter))
-
-    def reset(self) -> None:
-        self.conflicts = 0
 
 
 class CaBundlePatcher(Lifecycle):

@@ -14,6 +14,7 @@ from typing import Any
 from control.app import ControlPlane, ControlPlaneOptions
 from control.ca.authority import in_memory_authority
 from control.kube.client import KubeClient, from_kubeconfig
+from control.kube.retry import ConflictRetry
 from control.kube.rootcert import (
     CONFIG_LABEL,
     CONFIGMAP_NAME,
@@ -22,7 +23,6 @@ from control.kube.rootcert import (
     RootCertPublisher,
     new_configmap,
 )
-from control.webhook.cabundle import ConflictRetry
 from tests.support.controlplane import eventually
 from tests.support.kubeapi import FakeKubeApi
 
