@@ -25,7 +25,7 @@ import contextlib
 import copy
 import enum
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +111,8 @@ def plan(namespace: str, current: Mapping[str, Any] | None, root_pem: str) -> Wr
         return None
     body = copy.deepcopy(dict(current))
     body["apiVersion"], body["kind"] = "v1", "ConfigMap"
-    body_meta = body.setdefault("metadata", {})
-    body_meta.setdefault("labels", {})[CONFIG_LABEL] = "true"
+    body_meta = body["metadata"] = dict(body.get("metadata") or {})
+    body_meta["labels"] = {**(body_meta.get("labels") or {}), CONFIG_LABEL: "true"}
     body_meta.setdefault("name", CONFIGMAP_NAME)
     body_meta.setdefault("namespace", namespace)
     body["data"] = {**(body.get("data") or {}), DATA_KEY: root_pem}
@@ -242,7 +242,7 @@ class RootCertPublisher(Lifecycle):
             except ApiError as e:
                 step = recovery(write, e.status)
                 if step is Recovery.GIVE_UP:
-                    logger.warning(
+                    self._log_failure(namespace)(
                         "namespace %s: %s %s: %s", namespace, write.verb.value, CONFIGMAP_NAME, e
                     )
                     return self._done(namespace, Outcome.FAILED, None)
@@ -256,15 +256,20 @@ class RootCertPublisher(Lifecycle):
                     current = await self.client.get(configmap_path(namespace))
                 except ApiError as e2:
                     if e2.status != 404:
-                        logger.warning(
+                        self._log_failure(namespace)(
                             "namespace %s: reading %s: %s", namespace, CONFIGMAP_NAME, e2
                         )
                         return self._done(namespace, Outcome.FAILED, None)
                     current = None
-        logger.warning(
+        self._log_failure(namespace)(
             "namespace %s: %s still conflicting; next try at the resync", namespace, CONFIGMAP_NAME
         )
         return self._done(namespace, Outcome.FAILED, None)
+
+    def _log_failure(self, namespace: str) -> Callable[..., None]:
+        """Warn once per failure streak: a lasting refusal (RBAC without configmaps) would
+        otherwise log every namespace at every wake-up."""
+        return logger.debug if self.last.get(namespace) is Outcome.FAILED else logger.warning
 
     def _done(self, namespace: str, outcome: Outcome, seen: Mapping[str, Any] | None) -> Outcome:
         self.last[namespace] = outcome
@@ -287,8 +292,12 @@ class RootCertPublisher(Lifecycle):
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # aiohttp.ClientError, OSError: the resync retries
-                    logger.warning("namespace %s: %s: %r", namespace, CONFIGMAP_NAME, e)
+                    self._log_failure(namespace)(
+                        "namespace %s: %s: %r", namespace, CONFIGMAP_NAME, e
+                    )
                     self.last[namespace] = Outcome.FAILED
+            for gone in [ns for ns in self.last if ("", ns) not in self.namespaces.store]:
+                del self.last[gone]  # deleted namespaces: not kept forever
 
     async def _reflect(self, r: Reflector, path: str, field_selector: str) -> None:
         backoff = Backoff()

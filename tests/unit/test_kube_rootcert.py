@@ -129,3 +129,14 @@ def test_pending_lists_only_namespaces_that_differ() -> None:
     for ns in ("b", "c", "d"):
         configmaps[(ns, CONFIGMAP_NAME)] = stored(ns)
     assert pending(namespaces, configmaps, ROOT, DEFAULT_EXCLUDED) == []
+
+
+def test_null_labels_and_data_are_drift_not_a_crash() -> None:
+    current = stored("shop")
+    current["metadata"]["labels"] = None
+    current["data"] = None
+    write = plan("shop", current, ROOT)
+    assert write is not None and write.verb is Verb.UPDATE
+    assert write.body["metadata"]["labels"] == {CONFIG_LABEL: "true"}
+    assert write.body["data"] == {DATA_KEY: ROOT}
+    assert write.body["metadata"]["resourceVersion"] == "7"
