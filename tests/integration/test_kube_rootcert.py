@@ -97,6 +97,13 @@ async def test_every_namespace_kept_published(tmp_path: Path) -> None:
             api.delete("ConfigMap", "istio-system", CONFIGMAP_NAME)
             recreated = await timed(lambda: published(api, "istio-system", root), "recreated")
 
+            # Watches expired (etcd compaction, 410): both are listed again and kept working.
+            relists = api.requests.count("LIST configmaps")
+            api.expire_watches()
+            api.delete("ConfigMap", "shop", CONFIGMAP_NAME)
+            await eventually(lambda: published(api, "shop", root), what="recreated after 410")
+            assert api.requests.count("LIST configmaps") > relists
+
             # Excluded namespaces: none, after everything above was seen and handled.
             for ns in excluded:
                 assert (ns, CONFIGMAP_NAME) not in api.objects["configmaps"], ns

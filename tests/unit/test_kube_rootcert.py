@@ -140,3 +140,13 @@ def test_null_labels_and_data_are_drift_not_a_crash() -> None:
     assert write.body["metadata"]["labels"] == {CONFIG_LABEL: "true"}
     assert write.body["data"] == {DATA_KEY: ROOT}
     assert write.body["metadata"]["resourceVersion"] == "7"
+
+
+def test_the_exclusion_flag() -> None:
+    from control.__main__ import build_parser
+
+    parse = build_parser().parse_args
+    assert parse([]).root_cert_excluded_namespaces is None  # Istio's defaults
+    args = parse(["--root-cert-excluded-namespaces", "kube-system, legacy,"])
+    assert args.root_cert_excluded_namespaces == {"kube-system", "legacy"}
+    assert parse(["--root-cert-excluded-namespaces", ""]).root_cert_excluded_namespaces == set()
