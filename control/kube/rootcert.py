@@ -40,7 +40,7 @@ CONFIGMAP_NAME = "istio-ca-root-cert"
 DATA_KEY = "root-cert.pem"
 # Istio labels the objects it publishes this way; tools select on it.
 CONFIG_LABEL = "istio.io/config"
-# Istio's defaults (pkg/config/constants: SystemNamespaces / inject.IgnoredNamespaces):
+# Istio's defaults (inject.IgnoredNamespaces, which its namespace controller skips):
 # system namespaces never run mesh workloads.
 DEFAULT_EXCLUDED = frozenset(
     ("kube-system", "kube-public", "kube-node-lease", "local-path-storage")
