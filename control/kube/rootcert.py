@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.kube.client import ApiError, KubeClient
-from control.kube.reflector import Backoff, Key, Next, Reflector
+from control.kube.reflector import Key, Reflector
 from control.kube.retry import ConflictRetry
+from control.kube.watchloop import WatchSpec, reflect
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -203,11 +205,7 @@ class RootCertPublisher(Lifecycle):
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel(*tasks)
 
     def pending(self) -> list[str]:
         """Namespaces to write, from what the watches last showed; none before both listed
@@ -300,34 +298,14 @@ class RootCertPublisher(Lifecycle):
                 del self.last[gone]  # deleted namespaces: not kept forever
 
     async def _reflect(self, r: Reflector, path: str, field_selector: str) -> None:
-        backoff = Backoff()
-        must_list = True
-        while True:
-            try:
-                if must_list:
-                    items, rv = await self.client.list_all(path, field_selector=field_selector)
-                    r.listed(items, rv)
-                    must_list = False
-                    # Always: the first list of the second resource can change nothing in
-                    # its store yet make `pending` (which waits for both) answer at last.
-                    r.changed = False
-                    self._wake.set()
-                async for event in self.client.watch(
-                    path, r.resource_version, self.watch_timeout, field_selector=field_selector
-                ):
-                    if r.event(event) is Next.RELIST:
-                        must_list = True
-                        break
-                    self._changed(r)
-                backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # ApiError, WatchError, OSError, aiohttp.ClientError
-                if isinstance(e, ApiError) and e.status == 410:
-                    must_list = True
-                delay = backoff.next_delay()
-                logger.warning("%s: %s; retrying in %.1fs", path, str(e) or repr(e), delay)
-                await asyncio.sleep(delay)
+        def listed() -> None:
+            # Always: the first list of the second resource can change nothing in its store
+            # yet make `pending` (which waits for both) answer at last.
+            r.changed = False
+            self._wake.set()
+
+        spec = WatchSpec(path, field_selector, watch_timeout=self.watch_timeout)
+        await reflect(self.client, r, spec, on_listed=listed, on_event=lambda: self._changed(r))
 
     def _changed(self, r: Reflector) -> None:
         if r.changed:

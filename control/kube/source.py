@@ -16,7 +16,6 @@ control plane uses either one the same way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -29,9 +28,10 @@ from control.config.errors import ConfigError
 from control.config.manifest import RawObject
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
-from control.kube.client import ApiError, KubeClient, KubeConfig
+from control.kube.client import KubeClient, KubeConfig
 from control.kube.endpointslices import slice_endpoints, slices_by_service
-from control.kube.reflector import Backoff, Key, Next, Reflector, WatchError
+from control.kube.reflector import Key, Reflector
+from control.kube.watchloop import WatchSpec, reflect
 from control.model.types import (
     TLS_MODE_LABEL,
     ConfigWarning,
@@ -41,6 +41,7 @@ from control.model.types import (
     labels_of,
 )
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -193,11 +194,7 @@ class KubeSource(Lifecycle):
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel(*tasks)
         await self.client.close()
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
@@ -245,47 +242,14 @@ class KubeSource(Lifecycle):
 
     async def _reflect(self, resource: Resource) -> None:
         r = self.reflectors[resource.kind]
-        backoff = Backoff()
-        must_list = True
-        while True:
-            try:
-                if must_list:
-                    try:
-                        items, rv = await self.client.list_all(resource.path, self.page_size)
-                    except ApiError as e:
-                        if e.status != 404:
-                            raise
-                        # The CRD is not installed: nothing of that kind, look again later.
-                        logger.info("%s: not served by the API server (%s)", resource.path, e)
-                        r.listed([], "")
-                        self._mark_synced()
-                        await asyncio.sleep(30)
-                        continue
-                    r.listed(items, rv)
-                    must_list = False
-                    self._changed(r)
-                    self._mark_synced()
-                async for event in self.client.watch(
-                    resource.path, r.resource_version, self.watch_timeout
-                ):
-                    if r.event(event) is Next.RELIST:
-                        logger.info("%s: watch expired (410); listing again", resource.path)
-                        must_list = True
-                        break
-                    self._changed(r)
-                backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except (TimeoutError, ApiError, WatchError, OSError, ValueError) as e:
-                delay = backoff.next_delay()
-                logger.warning("%s: %s; retrying in %.1fs", resource.path, e, delay)
-                if isinstance(e, ApiError) and e.status == 410:
-                    must_list = True
-                await asyncio.sleep(delay)
-            except Exception as e:  # aiohttp.ClientError and friends
-                delay = backoff.next_delay()
-                logger.warning("%s: %r; retrying in %.1fs", resource.path, e, delay)
-                await asyncio.sleep(delay)
+
+        def listed() -> None:
+            self._changed(r)
+            self._mark_synced()
+
+        # A kind whose CRD is not installed counts as empty; it is looked for again later.
+        spec = WatchSpec(resource.path, "", self.page_size, self.watch_timeout, missing_retry=30)
+        await reflect(self.client, r, spec, on_listed=listed, on_event=lambda: self._changed(r))
 
     def _changed(self, r: Reflector) -> None:
         if r.changed:
