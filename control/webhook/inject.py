@@ -220,8 +220,8 @@ def injection_patch(
         c["env"] = env
     first: list[dict[str, Any]] = []
     if native:
-        # After the capture init container (its rules must be in place before the proxy's
-        # first connection) and before the pod's own ones, which then have the mesh.
+        # Between the capture init container and the pod's own ones, as Istio orders them:
+        # the pod's init containers then start with the proxy running and ready.
         for c in containers:
             if c["name"] == PROXY_CONTAINER:
                 c["restartPolicy"] = "Always"
