@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> None:
         from agent.capture import cli
 
         sys.exit(cli.main(argv[1:]))
+    if argv[:1] == ["wait"]:
+        # A postStart hook, started once per pod start: only light imports (agent/wait.py).
+        from agent import wait
+
+        sys.exit(wait.main(argv[1:]))
     args = build_parser().parse_args(argv)
     logsetup.setup(args.log_level, args.log_format)
     import uvloop

@@ -139,6 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="control plane address injected sidecars use (default: the template's)",
     )
     p.add_argument(
+        "--hold-application-until-proxy-starts",
+        action="store_true",
+        help="injected agents start first and hold the app's containers until ready (a postStart "
+        "`pilotfish-agent wait`), as MeshConfig defaultConfig.holdApplicationUntilProxyStarts; "
+        "a pod's proxy.istio.io/config annotation overrides it",
+    )
+    p.add_argument(
+        "--native-sidecars",
+        action="store_true",
+        default=os.environ.get("ENABLE_NATIVE_SIDECARS", "").lower() == "true",
+        help="inject the agent as a Kubernetes native sidecar (an init container with "
+        "restartPolicy: Always; Kubernetes >= 1.29); a pod's sidecar.istio.io/nativeSidecar "
+        "annotation overrides it (env ENABLE_NATIVE_SIDECARS=true)",
+    )
+    p.add_argument(
         "--webhook-config-name",
         default="pilotfish-sidecar-injector",
         metavar="NAME",
@@ -278,6 +293,8 @@ async def _run(args: argparse.Namespace) -> int:
         injection_template=args.injection_template,
         injection_image=args.injection_image,
         injection_pilot_address=args.injection_pilot_address,
+        injection_hold_application=args.hold_application_until_proxy_starts,
+        injection_native_sidecars=args.native_sidecars,
         webhook_config_name=args.webhook_config_name,
         root_cert_excluded_namespaces=(
             DEFAULT_EXCLUDED

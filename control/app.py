@@ -96,6 +96,8 @@ class ControlPlaneOptions:
     injection_template: str = ""  # "" = control/webhook/agent-sidecar.yaml
     injection_image: str = ""  # "" = the template's image
     injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
+    injection_hold_application: bool = False  # defaultConfig.holdApplicationUntilProxyStarts
+    injection_native_sidecars: bool = False  # Istio's ENABLE_NATIVE_SIDECARS
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
@@ -231,7 +233,12 @@ class ControlPlane(Lifecycle):
                 load_template, o.injection_template or DEFAULT_TEMPLATE
             )
             context = await self.security.webhook_ssl_context(o.webhook_address)
-            values = InjectionValues(o.injection_image, o.injection_pilot_address)
+            values = InjectionValues(
+                o.injection_image,
+                o.injection_pilot_address,
+                hold_application_until_proxy_starts=o.injection_hold_application,
+                native_sidecars=o.injection_native_sidecars,
+            )
             self.webhook = WebhookServer(template, self.watcher.namespace_labels, values)
             try:
                 self.webhook_port = await self.webhook.start(o.webhook_address, context)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable, Coroutine
@@ -215,7 +216,12 @@ def _kube_inject(args: argparse.Namespace) -> int:
                     text, source = f.read(), args.filename
             except OSError as e:
                 raise KubeInjectError(f"{args.filename}: {e.strerror or e}") from None
-        values = InjectionValues(image=args.image, pilot_address=args.pilot_address)
+        values = InjectionValues(
+            image=args.image,
+            pilot_address=args.pilot_address,
+            hold_application_until_proxy_starts=args.hold_application_until_proxy_starts,
+            native_sidecars=args.native_sidecars,
+        )
         sys.stdout.write(inject_documents(text, template, values, source))
     except (KubeInjectError, TemplateError) as e:
         print(f"pilotfish-ctl kube-inject: {e}", file=sys.stderr)
@@ -366,6 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="HOST:PORT",
         help="control plane address for the agent (default: the template's)",
+    )
+    ki.add_argument(
+        "--hold-application-until-proxy-starts",
+        action="store_true",
+        help="agents start first and hold the app's containers until ready (a postStart "
+        "`pilotfish-agent wait`), as MeshConfig defaultConfig.holdApplicationUntilProxyStarts; "
+        "a pod's proxy.istio.io/config annotation overrides it",
+    )
+    ki.add_argument(
+        "--native-sidecars",
+        action="store_true",
+        default=os.environ.get("ENABLE_NATIVE_SIDECARS", "").lower() == "true",
+        help="inject the agent as a Kubernetes native sidecar (an init container with "
+        "restartPolicy: Always; Kubernetes >= 1.29); a pod's sidecar.istio.io/nativeSidecar "
+        "annotation overrides it (env ENABLE_NATIVE_SIDECARS=true)",
     )
     return p
 

@@ -14,6 +14,15 @@ volumes, the status annotation and the `security.istio.io/tlsMode: istio` label 
 knows the pod has a sidecar). When the pod asks for interception mode REDIRECT (annotation
 `sidecar.istio.io/interceptionMode`), also the capture init container, first, with args from
 Istio's `traffic.sidecar.istio.io/*` annotations.
+
+Start order, as Istio's template: with `holdApplicationUntilProxyStarts` (the mesh default in
+`InjectionValues`, or the pod's `proxy.istio.io/config` annotation) the agent container goes
+first and gets a postStart hook `pilotfish-agent wait`; kubelet starts containers in order and
+the next one only once the previous one's postStart hook returned, so the app starts with the
+proxy ready. With native sidecars (`InjectionValues.native_sidecars`, Istio's
+ENABLE_NATIVE_SIDECARS, or the pod's `sidecar.istio.io/nativeSidecar` annotation) the agent is
+an init container with `restartPolicy: Always` instead: Kubernetes itself holds the later
+containers until its startupProbe passes, so no hook is needed (Istio adds none then).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from control.webhook.template import PROXY_CONTAINER, SidecarTemplate
 
 NAMESPACE_LABEL = "istio-injection"
@@ -34,6 +45,20 @@ INTERCEPTION_ANNOTATION = "sidecar.istio.io/interceptionMode"
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
 IGNORED_NAMESPACES = frozenset(("kube-system", "kube-public"))
 INTERCEPTION_MODES = ("NONE", "REDIRECT")
+PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
+NATIVE_SIDECAR_ANNOTATION = "sidecar.istio.io/nativeSidecar"
+HOLD_KEY = "holdApplicationUntilProxyStarts"
+# Istio's is `pilot-agent wait`; ours polls the agent's status port (agent/wait.py).
+WAIT_COMMAND = ("pilotfish-agent", "wait")
+# Istio's sidecar startupProbe: what a native sidecar's start is judged by (kubelet starts the
+# next container once it passes). Used when the template's container has none.
+_STARTUP_PROBE: dict[str, Any] = {
+    "httpGet": {"path": "/healthz/ready", "port": 15021},
+    "initialDelaySeconds": 0,
+    "periodSeconds": 1,
+    "timeoutSeconds": 3,
+    "failureThreshold": 600,
+}
 
 # Istio's capture annotations -> `pilotfish-agent iptables` flags, and how to check the value.
 _CAPTURE = "traffic.sidecar.istio.io/"
@@ -60,6 +85,11 @@ class InjectionValues:
 
     image: str = ""
     pilot_address: str = ""
+    # MeshConfig defaultConfig.holdApplicationUntilProxyStarts: the default for pods whose
+    # proxy.istio.io/config annotation does not say.
+    hold_application_until_proxy_starts: bool = False
+    # Istio's ENABLE_NATIVE_SIDECARS: the default for pods without the annotation.
+    native_sidecars: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +108,10 @@ def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -
     if spec.get("hostNetwork"):
         return Decision(False, "pod uses the host network")
     annotations = meta.get("annotations") or {}
-    containers = [c.get("name") for c in spec.get("containers") or ()]
+    containers = [
+        c.get("name")
+        for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ()))
+    ]
     if STATUS_ANNOTATION in annotations or PROXY_CONTAINER in containers:
         return Decision(False, "already injected")
     if ns_labels.get(NAMESPACE_LABEL) == "disabled":
@@ -107,6 +140,44 @@ def interception_mode(pod: Mapping[str, Any]) -> str:
     return mode
 
 
+def hold_application(pod: Mapping[str, Any], values: InjectionValues) -> bool:
+    """holdApplicationUntilProxyStarts: the pod's proxy.istio.io/config (YAML or JSON, a
+    ProxyConfig as Istio parses it) over the mesh default."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(PROXY_CONFIG_ANNOTATION)
+    if raw is None:
+        return values.hold_application_until_proxy_starts
+    what = f"annotation {PROXY_CONFIG_ANNOTATION}"
+    try:
+        doc = yaml.safe_load(str(raw))
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InjectionError(f"{what}: not YAML or JSON: {first}") from None
+    if doc is None:
+        return values.hold_application_until_proxy_starts
+    if not isinstance(doc, dict):
+        raise InjectionError(f"{what}: expected a ProxyConfig mapping")
+    value = doc.get(HOLD_KEY)
+    if value is None:
+        return values.hold_application_until_proxy_starts
+    if not isinstance(value, bool):
+        raise InjectionError(f"{what}: {HOLD_KEY}: {value!r} is not true or false")
+    return value
+
+
+def native_sidecars(pod: Mapping[str, Any], values: InjectionValues) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(NATIVE_SIDECAR_ANNOTATION)
+    if raw is None:
+        return values.native_sidecars
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise InjectionError(
+            f'annotation {NATIVE_SIDECAR_ANNOTATION}: {raw!r} is not "true" or "false"'
+        )
+    return value == "true"
+
+
 def injection_patch(
     pod: Mapping[str, Any],
     namespace_labels: Mapping[str, str] | None,
@@ -121,6 +192,8 @@ def injection_patch(
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     mode = interception_mode(pod)
+    native = native_sidecars(pod, values)
+    hold = hold_application(pod, values) and not native
     init_containers, containers, volumes = template.copy()
     if mode != "REDIRECT":
         init_containers = []
@@ -145,8 +218,29 @@ def injection_patch(
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
         c["env"] = env
+    first: list[dict[str, Any]] = []
+    if native:
+        # Between the capture init container and the pod's own ones, as Istio orders them:
+        # the pod's init containers then start with the proxy running and ready.
+        for c in containers:
+            if c["name"] == PROXY_CONTAINER:
+                c["restartPolicy"] = "Always"
+                c.setdefault("startupProbe", copy.deepcopy(_STARTUP_PROBE))
+        init_containers += [c for c in containers if c["name"] == PROXY_CONTAINER]
+        containers = [c for c in containers if c["name"] != PROXY_CONTAINER]
+    elif hold:
+        for c in containers:
+            if c["name"] == PROXY_CONTAINER:
+                lifecycle = dict(c.get("lifecycle") or {})
+                lifecycle["postStart"] = {"exec": {"command": list(WAIT_COMMAND)}}
+                c["lifecycle"] = lifecycle
+        first = [c for c in containers if c["name"] == PROXY_CONTAINER]
+        containers = [c for c in containers if c["name"] != PROXY_CONTAINER]
     _check_clashes(
-        "container", spec, ("containers", "initContainers"), [*containers, *init_containers]
+        "container",
+        spec,
+        ("containers", "initContainers"),
+        [*first, *containers, *init_containers],
     )
     _check_clashes("volume", spec, ("volumes",), volumes)
 
@@ -159,11 +253,18 @@ def injection_patch(
                 patch.append({"op": "add", "path": "/spec/initContainers/0", "value": c})
         else:
             patch.append({"op": "add", "path": "/spec/initContainers", "value": init_containers})
-    patch += _append("/spec/containers", spec.get("containers"), containers)
+    if first and spec.get("containers"):
+        # Index 0: kubelet starts containers in list order, so this one's postStart hook
+        # holds back every app container.
+        for c in reversed(first):
+            patch.append({"op": "add", "path": "/spec/containers/0", "value": c})
+        patch += _append("/spec/containers", spec.get("containers"), containers)
+    else:
+        patch += _append("/spec/containers", spec.get("containers"), [*first, *containers])
     patch += _append("/spec/volumes", spec.get("volumes"), volumes)
     status = {
         "initContainers": [c["name"] for c in init_containers],
-        "containers": [c["name"] for c in containers],
+        "containers": [c["name"] for c in (*first, *containers)],
         "volumes": [v["name"] for v in volumes],
     }
     patch += _set_key(

@@ -132,3 +132,28 @@ def test_already_injected_output_is_stable() -> None:
     template = load_template()
     once = inject_documents(DEPLOYMENT, template, InjectionValues())
     assert inject_documents(once, template, InjectionValues()) == once
+
+
+def test_kube_inject_start_order_flags_and_annotations() -> None:
+    r = kube_inject("-f", "-", "--hold-application-until-proxy-starts", stdin=DEPLOYMENT)
+    assert r.returncode == 0, r.stderr
+    spec = next(yaml.safe_load_all(r.stdout))["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["istio-proxy", "web"]
+    assert spec["containers"][0]["lifecycle"]["postStart"] == {
+        "exec": {"command": ["pilotfish-agent", "wait"]}
+    }
+    r = kube_inject("-f", "-", "--native-sidecars", stdin=DEPLOYMENT)
+    assert r.returncode == 0, r.stderr
+    spec = next(yaml.safe_load_all(r.stdout))["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["web"]
+    assert [(c["name"], c.get("restartPolicy")) for c in spec["initContainers"]] == [
+        ("istio-init", None),
+        ("istio-proxy", "Always"),
+    ]
+    bad = DEPLOYMENT.replace(
+        "sidecar.istio.io/interceptionMode: REDIRECT",
+        "proxy.istio.io/config: 'holdApplicationUntilProxyStarts: 3'",
+    )
+    r = kube_inject("-f", "-", stdin=bad)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith("holdApplicationUntilProxyStarts: 3 is not true or false")
