@@ -13,6 +13,7 @@ import sys
 # only exec Python. Set before anything imports grpc, as the agent does.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
+from control.webhook.flags import add_injection_flags
 from pilotfish_common import logsetup, signals
 
 logger = logging.getLogger("control")
@@ -138,21 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="control plane address injected sidecars use (default: the template's)",
     )
-    p.add_argument(
-        "--hold-application-until-proxy-starts",
-        action="store_true",
-        help="injected agents start first and hold the app's containers until ready (a postStart "
-        "`pilotfish-agent wait`), as MeshConfig defaultConfig.holdApplicationUntilProxyStarts; "
-        "a pod's proxy.istio.io/config annotation overrides it",
-    )
-    p.add_argument(
-        "--native-sidecars",
-        action="store_true",
-        default=os.environ.get("ENABLE_NATIVE_SIDECARS", "").lower() == "true",
-        help="inject the agent as a Kubernetes native sidecar (an init container with "
-        "restartPolicy: Always; Kubernetes >= 1.29); a pod's sidecar.istio.io/nativeSidecar "
-        "annotation overrides it (env ENABLE_NATIVE_SIDECARS=true)",
-    )
+    add_injection_flags(p)
     p.add_argument(
         "--webhook-config-name",
         default="pilotfish-sidecar-injector",

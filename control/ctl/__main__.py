@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable, Coroutine
@@ -12,6 +11,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from control.ctl.configdump import KINDS
+from control.webhook.flags import add_injection_flags
 from pilotfish_common.addresses import is_ip
 
 
@@ -373,21 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="control plane address for the agent (default: the template's)",
     )
-    ki.add_argument(
-        "--hold-application-until-proxy-starts",
-        action="store_true",
-        help="agents start first and hold the app's containers until ready (a postStart "
-        "`pilotfish-agent wait`), as MeshConfig defaultConfig.holdApplicationUntilProxyStarts; "
-        "a pod's proxy.istio.io/config annotation overrides it",
-    )
-    ki.add_argument(
-        "--native-sidecars",
-        action="store_true",
-        default=os.environ.get("ENABLE_NATIVE_SIDECARS", "").lower() == "true",
-        help="inject the agent as a Kubernetes native sidecar (an init container with "
-        "restartPolicy: Always; Kubernetes >= 1.29); a pod's sidecar.istio.io/nativeSidecar "
-        "annotation overrides it (env ENABLE_NATIVE_SIDECARS=true)",
-    )
+    add_injection_flags(ki)
     return p
 
 

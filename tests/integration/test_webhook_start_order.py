@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from control.app import ControlPlane, ControlPlaneOptions
 from control.webhook.inject import apply_patch
+from tests.support.admission import admission_review
 
 HOLD = {"proxy.istio.io/config": "holdApplicationUntilProxyStarts: true"}
 
@@ -37,31 +35,7 @@ def pod(annotations: dict[str, str]) -> dict[str, Any]:
 
 
 async def inject(cp: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
-    assert cp.ca is not None and cp.webhook_port
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "5f1e0c4a-order",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "shop",
-            "operation": "CREATE",
-            "object": obj,
-        },
-    }
-    ctx = ssl.create_default_context(cadata=cp.ca.root_pem)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"https://127.0.0.1:{cp.webhook_port}/inject",
-            json=body,
-            ssl=ctx,
-            server_hostname="istiod.istio-system.svc",
-        ) as r,
-    ):
-        assert r.status == 200, await r.text()
-        response = (await r.json())["response"]
+    response = await admission_review(cp, obj)
     assert response["allowed"] is True and response["patchType"] == "JSONPatch", response
     return apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from control.app import ControlPlane, ControlPlaneOptions
 from control.webhook.inject import apply_patch
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
+from tests.support.admission import admission_review
 
 TEMPLATE = load_template(DEFAULT_TEMPLATE)
 PROXY = next(c for c in TEMPLATE.containers if c["name"] == "istio-proxy")
@@ -68,33 +67,7 @@ def pod(
 
 async def review(cp: ControlPlane, obj: dict[str, Any], namespace: str = "shop") -> dict[str, Any]:
     """POST an AdmissionReview as the API server does; the response part of the answer."""
-    assert cp.ca is not None and cp.webhook_port
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "7f0b2f1c-attack",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "namespace": namespace,
-            "operation": "CREATE",
-            "object": obj,
-        },
-    }
-    ctx = ssl.create_default_context(cadata=cp.ca.root_pem)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"https://127.0.0.1:{cp.webhook_port}/inject",
-            json=body,
-            ssl=ctx,
-            server_hostname="istiod.istio-system.svc",
-        ) as r,
-    ):
-        assert r.status == 200, await r.text()
-        answer: dict[str, Any] = await r.json()
-    response: dict[str, Any] = answer["response"]
-    assert response["uid"] == "7f0b2f1c-attack"
-    return response
+    return await admission_review(cp, obj, namespace, uid="7f0b2f1c-attack")
 
 
 def patched(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
