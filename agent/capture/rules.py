@@ -21,7 +21,7 @@ installed line by line.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -217,19 +217,23 @@ class NatState:
         return not self.chains and not self.jumps
 
 
-def parse_save(text: str) -> NatState:
-    """Find our chains and the jumps into them in `iptables-save` output (any tables; only
-    the nat table is read)."""
-    chains: list[str] = []
-    jumps: list[str] = []
+def nat_table(text: str) -> Iterator[str]:
+    """The lines of the nat table's section of `iptables-save` output, stripped."""
     table = ""
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("*"):
             table = line[1:]
-            continue
-        if table != TABLE:
-            continue
+        elif table == TABLE:
+            yield line
+
+
+def parse_save(text: str) -> NatState:
+    """Find our chains and the jumps into them in `iptables-save` output (any tables; only
+    the nat table is read)."""
+    chains: list[str] = []
+    jumps: list[str] = []
+    for line in nat_table(text):
         if line.startswith(":" + PREFIX):
             chains.append(line[1:].split()[0])
         elif line.startswith("-A ") and not line.split()[1].startswith(PREFIX):

@@ -23,17 +23,14 @@ from tests.support.adsclient import AdsStream, node_id
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import mesh_agent, workload_group_yaml
 from tests.support.net import free_port, pod_ip
+from tests.support.traffic import service
 
 ALPHA = "outbound|9080||alpha.default.svc.cluster.local"
 WAIT = 30.0  # generous: two cores shared with other tests
 
-MESH = """\
-apiVersion: v1
-kind: Service
-metadata: {name: alpha, namespace: default}
-spec:
-  selector: {app: alpha}
-  ports: [{name: http, port: 9080, targetPort: 8080}]
+MESH = (
+    service("alpha", "alpha")
+    + """\
 ---
 # A second endpoint of alpha with the member's identity, so that the member leaving or
 # joining changes endpoints only (not the SANs clients accept): an EDS-only push.
@@ -46,6 +43,7 @@ spec:
   labels: {app: alpha, security.istio.io/tlsMode: istio}
 ---
 """
+)
 STATIC = "127.0.7.7"
 
 

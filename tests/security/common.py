@@ -16,15 +16,9 @@ from control.ca.identity import Identity
 from protos import ca_pb2, ca_pb2_grpc, typeurls
 from tests.support.adsclient import SOTW, node_id
 from tests.support.pki import load_chain, make_csr
+from tests.support.traffic import service
 
-MESH = """\
-apiVersion: v1
-kind: Service
-metadata: {name: alpha, namespace: default}
-spec:
-  selector: {app: alpha}
-  ports: [{name: http, port: 9080, targetPort: 8080}]
-"""
+MESH = service("alpha", "alpha")
 
 SLEEP = Identity("default", "sleep")
 CA_METHOD = "/istio.v1.auth.IstioCertificateService/CreateCertificate"

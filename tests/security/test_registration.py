@@ -31,21 +31,19 @@ from tests.support.adsclient import AdsStream, node_id
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import workload_group_yaml
 from tests.support.pki import ec_key, make_csr
+from tests.support.traffic import service
 
 ALPHA = "outbound|9080||alpha.default.svc.cluster.local"
 ATTACKER_IP = "127.0.9.9"
 MALLORY = "spiffe://cluster.local/ns/default/sa/mallory"
 ALPHA_SAN = "spiffe://cluster.local/ns/default/sa/alpha"
 
-MESH = """\
-apiVersion: v1
-kind: Service
-metadata: {name: alpha, namespace: default}
-spec:
-  selector: {app: alpha}
-  ports: [{name: http, port: 9080, targetPort: 8080}]
+MESH = (
+    service("alpha", "alpha")
+    + """\
 ---
 """
+)
 
 REGISTRY_LOG = "control.registry.autoregister"
 

@@ -3,20 +3,15 @@ after the agent installs or removes them."""
 
 from __future__ import annotations
 
-from agent.capture.rules import TABLE
+from agent.capture.rules import nat_table
 
 
 def nat_lines(text: str) -> list[str]:
     """The nat table's declaration and rule lines of an `iptables-save` dump, counters
     zeroed (they change with traffic, the rules do not)."""
     out: list[str] = []
-    table = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("*"):
-            table = line[1:]
-            continue
-        if table != TABLE or not line or line.startswith("#") or line == "COMMIT":
+    for line in nat_table(text):
+        if not line or line.startswith("#") or line == "COMMIT":
             continue
         if line.startswith(":"):
             name, policy = line[1:].split()[:2]
