@@ -170,6 +170,8 @@ class WorkloadRegistry:
         # again when the groups change (its group may appear), and is dropped when its last
         # stream closes. Proxies that name no group are not tracked.
         self._by_key: dict[_Key, _Entry] = {}
+        # Restored entries wait for the next set_groups, even when the groups are the same.
+        self._undecided = False
         self.version = 0  # bumped on every change of the workload set
 
     @staticmethod
@@ -269,9 +271,9 @@ class WorkloadRegistry:
         """The WorkloadGroups of the current config. Every tracked proxy is decided again;
         returns True when the workload set changed."""
         new = {g.key: g for g in groups}
-        if new == self._groups and all(e.workload is not None for e in self._by_key.values()):
-            return False
-        self._groups = new
+        if new == self._groups and not self._undecided:
+            return False  # the same groups decide every entry the same way
+        self._groups, self._undecided = new, False
         changed = False
         for key, entry in list(self._by_key.items()):
             changed |= self._decide(entry)
@@ -420,4 +422,5 @@ class WorkloadRegistry:
                 if isinstance(item.get("healthy"), bool):
                     entry.health = Health(item["healthy"], "restored")
                 restored += 1
+        self._undecided = self._undecided or restored > 0
         return restored
