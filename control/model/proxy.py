@@ -52,6 +52,11 @@ class Proxy:
     def is_grpc(self) -> bool:
         return self.generator == "grpc"
 
+    @property
+    def is_router(self) -> bool:
+        """A gateway (`pilotfish-agent --proxy-type router`): it serves Gateway servers only."""
+        return self.type == "router"
+
     def as_workload(self) -> Workload:
         """The workload this proxy's node describes, as claimed (generator tests use it; the
         registry builds registered workloads from their WorkloadGroup instead)."""

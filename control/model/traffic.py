@@ -192,6 +192,9 @@ class HttpMatch:
     query_params: tuple[tuple[str, StringMatch], ...] = ()
     port: int | None = None
     source_namespace: str = ""
+    # `match[].gateways`: when set, this match applies only to these (resolved `ns/name` refs,
+    # or `mesh`) instead of the VirtualService's `gateways`.
+    gateways: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +274,18 @@ class HttpRoute:
 class TcpRoute:
     ports: tuple[int, ...] = ()  # from `match[].port`; empty: every port
     destinations: tuple[Destination, ...] = ()
+    # From `match[].gateways`: restricts the route to these gateways (empty: the VS's).
+    gateways: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TlsRoute:
+    """`tls[]`: TLS passthrough routed by SNI (`match[].sniHosts`, required by Istio)."""
+
+    sni_hosts: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    destinations: tuple[Destination, ...] = ()
+    gateways: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +296,11 @@ class VirtualService:
     hosts: tuple[str, ...] = ()  # resolved FQDNs or wildcards
     http: tuple[HttpRoute, ...] = ()
     tcp: tuple[TcpRoute, ...] = ()
+    tls: tuple[TlsRoute, ...] = ()
     export_to: tuple[str, ...] = ("*",)
+    # `gateways`, resolved: `mesh` for sidecars and `namespace/name` for Gateways. A
+    # VirtualService without `gateways` applies to sidecars only (`("mesh",)`), as in Istio.
+    gateways: tuple[str, ...] = ("mesh",)
 
     @property
     def key(self) -> tuple[str, str]:
