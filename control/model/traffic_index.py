@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     DestinationRule,
     VirtualService,
@@ -27,7 +28,9 @@ class TrafficIndex:
         # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
         self._vs_by_host: dict[str, list[VirtualService]] = {}
         self._vs_wild: list[VirtualService] = []
-        for vs in self.virtual_services:
+        # Sidecars see only VirtualServices bound to `mesh`; gateway ones are the routers'.
+        mesh = [vs for vs in self.virtual_services if MESH_GATEWAY in vs.gateways]
+        for vs in mesh:
             for host in vs.hosts:
                 if host.startswith("*"):
                     if not self._vs_wild or self._vs_wild[-1] is not vs:
@@ -44,7 +47,7 @@ class TrafficIndex:
         # Namespaces whose clients may see traffic rules differently from everyone else: they
         # hold rules of their own, or rules are exported to them by name.
         self._rule_namespaces: set[str] = set()
-        owners = [(v.namespace, v.export_to) for v in self.virtual_services]
+        owners = [(v.namespace, v.export_to) for v in mesh]
         owners += [(r.namespace, r.export_to) for r in self.destination_rules]
         for namespace, exports in owners:
             self._rule_namespaces.add(namespace)

@@ -21,6 +21,7 @@ from control.config.kinds import (
     workloadentry,
     workloadgroup,
 )
+from control.config.kinds.gatewayapi import KINDS as GATEWAY_API_KINDS
 from control.config.manifest import RawObject
 from control.config.objects import ConfigObject, Converted
 from control.model.types import ConfigWarning
@@ -40,9 +41,18 @@ CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
 }
 
 
+def _entry(obj: RawObject) -> tuple[tuple[str, ...], Converter] | None:
+    # Gateway API kinds are looked up by group first: its `Gateway` is not Istio's.
+    group = obj.api_version.rpartition("/")[0]
+    qualified = GATEWAY_API_KINDS.get((group, obj.kind))
+    if qualified is not None:
+        return qualified[0], qualified[1]
+    return CONVERTERS.get(obj.kind)
+
+
 def convert(obj: RawObject, domain: str) -> Converted:
     """Validate and convert one object; raises ConfigError for invalid objects."""
-    entry = CONVERTERS.get(obj.kind)
+    entry = _entry(obj)
     if entry is None or obj.api_version not in entry[0]:
         message = f"kind {obj.kind} (apiVersion {obj.api_version}) is not supported; ignored"
         return Converted(None, (ConfigWarning(obj.source, message),))
