@@ -153,6 +153,10 @@ class Translator:
         self.secrets = secrets
         self.warnings: list[ConfigWarning] = []
         self.statuses: list[ObjectStatus] = []
+        # What is already served, so a route attached through two listeners of one port
+        # is served once there.
+        self._served: set[tuple[object, ...]] = set()
+        self._stream_names: set[tuple[str, str]] = set()
 
     # --- gateways --------------------------------------------------------------------------
 
@@ -488,8 +492,9 @@ class Translator:
                 return
             vs_hosts: tuple[str, ...] = hosts if route.kind is RouteKind.TLS else ("*",)
             name = f"{route.kind.value.lower()}-{route.namespace}-{route.name}-{port}"
-            if any(v.name == name and v.namespace == gw.namespace for v in streams):
-                return
+            if (gw.namespace, name) in self._stream_names:
+                return  # attached through two listeners of the same port
+            self._stream_names.add((gw.namespace, name))
             tls = (TlsRoute(sni_hosts=hosts, ports=(port,), destinations=dests),)
             tcp = (TcpRoute(ports=(port,), destinations=dests),)
             streams.append(
@@ -512,8 +517,10 @@ class Translator:
                 mirror, mirror_percent = self._mirror(route, rule)
                 for m, match in enumerate(rule.matches):
                     order = (*_precedence(match), route.created, route.namespace, route.name, r, m)
-                    if any(i.order[-5:] == order[-5:] for i in items):
+                    seen = (gw.namespace, gw.name, port, host, route.kind, *order[-5:])
+                    if seen in self._served:
                         continue  # attached through two listeners of the same port
+                    self._served.add(seen)
                     items.append(
                         _Attached(
                             order,

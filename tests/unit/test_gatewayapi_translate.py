@@ -677,3 +677,22 @@ def test_reference_granted() -> None:
     assert not reference_granted([], from_gw, ("", "Secret", "certs", "tls"))
     # Within one namespace no grant is needed.
     assert reference_granted([], (GROUP, "Gateway", "certs"), ("", "Secret", "certs", "tls"))
+
+
+def test_a_route_attached_through_two_listeners_of_one_port_is_served_once() -> None:
+    mesh = load(
+        *BASE,
+        gateway(
+            listeners=[
+                listener("wild", 8080, hostname="*.example.com"),
+                listener("exact", 8080, hostname="a.example.com"),
+            ]
+        ),
+        route("r", hostnames=["a.example.com"]),
+    )
+    vs = only_vs(mesh)
+    assert vs.hosts == ("a.example.com",) and len(vs.http) == 1
+    attached = {
+        ls.name: ls.attached_routes for ls in status_of(mesh, "Gateway", "infra", "gw").listeners
+    }
+    assert attached == {"wild": 1, "exact": 1}
