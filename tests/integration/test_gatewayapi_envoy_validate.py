@@ -22,7 +22,7 @@ from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from envoy.extensions.filters.http.fault.v3.fault_pb2 import HTTPFault
 from envoy.extensions.filters.http.router.v3.router_pb2 import Router
-from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
     HttpFilter,
 )
