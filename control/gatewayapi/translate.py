@@ -108,8 +108,13 @@ class _ListenerState:
 
     @property
     def programmed(self) -> bool:
-        return all(c.status for t, c in self.conditions.items() if t != "Conflicted") and not (
-            self.conditions["Conflicted"].status
+        refs = self.conditions["ResolvedRefs"]
+        # Kinds it cannot carry are left out; the listener serves the ones it can.
+        refs_ok = refs.status or (refs.reason == "InvalidRouteKinds" and bool(self.kinds))
+        return (
+            self.conditions["Accepted"].status
+            and refs_ok
+            and not self.conditions["Conflicted"].status
         )
 
 
@@ -188,16 +193,10 @@ class Translator:
     def _listener_refs(
         self, gw: ApiGateway, listener: Listener, kinds: tuple[GroupKind, ...]
     ) -> Condition:
-        unsupported = [k for k in listener.kinds if k not in kinds]
-        if unsupported:
-            names = ", ".join(k for _, k in unsupported)
-            return _bad("ResolvedRefs", "InvalidRouteKinds", f"route kinds {names} not supported")
         terminates = listener.protocol == "HTTPS" or (
             listener.protocol == "TLS" and listener.tls_mode is not TlsMode.PASSTHROUGH
         )
-        if not terminates:
-            return _ok("ResolvedRefs")
-        for ref in listener.certificate_refs:
+        for ref in listener.certificate_refs if terminates else ():
             what = f"certificateRef {ref.namespace}/{ref.name}"
             if (ref.group, ref.kind) != SECRET:
                 return _bad("ResolvedRefs", "InvalidCertificateRef", f"{what}: not a Secret")
@@ -214,6 +213,10 @@ class Translator:
                 )
             if self.secrets is not None and (ref.namespace, ref.name) not in self.secrets:
                 return _bad("ResolvedRefs", "InvalidCertificateRef", f"{what}: no such Secret")
+        unsupported = [k for k in listener.kinds if k not in kinds]
+        if unsupported:
+            names = ", ".join(k for _, k in unsupported)
+            return _bad("ResolvedRefs", "InvalidRouteKinds", f"route kinds {names} not supported")
         return _ok("ResolvedRefs")
 
     def _gateway_state(self, gw: ApiGateway) -> _GatewayState:

@@ -593,6 +593,14 @@ def test_listener_kinds_restrict_routes() -> None:
     bad = load(*BASE, gateway(listeners=[listener(kinds=["TCPRoute"])]))
     (ls,) = status_of(bad, "Gateway", "infra", "gw").listeners
     assert {c.type: c.reason for c in ls.conditions}["ResolvedRefs"] == "InvalidRouteKinds"
+    assert bad.gateways[0].servers == ()  # nothing it could carry
+    # Some kinds it can carry: reported, and it serves those.
+    some = load(*BASE, gateway(listeners=[listener(kinds=["TCPRoute", "HTTPRoute"])]), route("h"))
+    (ls,) = status_of(some, "Gateway", "infra", "gw").listeners
+    reasons = {c.type: c.reason for c in ls.conditions}
+    assert reasons["ResolvedRefs"] == "InvalidRouteKinds" and reasons["Programmed"] == "Programmed"
+    assert ls.supported_kinds == ((GROUP, "HTTPRoute"),)
+    assert conditions(some, "HTTPRoute", "infra", "h")["Accepted"] == "True/Accepted"
 
 
 def test_tls_and_tcp_routes() -> None:
