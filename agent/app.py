@@ -124,7 +124,9 @@ class Agent(Lifecycle):
         self.run_as: tuple[int, int] | None = None
         if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
             self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
-        if cfg.dns_port:
+        # DNS proxying is for sidecars (Istio's too): a router resolves nothing for an app,
+        # and the control plane sends routers no name table to wait for.
+        if cfg.dns_port and not cfg.is_router:
             self._setup_dns(cfg)
         # Workload certificates: signed over the same upstream channel, served to Envoy (and
         # proxyless clients) as SDS `default` / `ROOTCA` on <workdir>/SDS.
