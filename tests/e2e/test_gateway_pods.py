@@ -32,6 +32,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from control.app import ControlPlane
+from tests.e2e.test_ctl import columns, ctl
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
@@ -508,6 +509,7 @@ async def test_gateway_to_sidecar_backend_is_mtls_and_authorized(tmp_path: Path)
                 other_ip, 9080, "/hello", "backend.default.svc.cluster.local"
             )
             assert status == 403
+            await check_ctl_sees_the_router(cp, router.ip)
     finally:
         for agent in agents:
             agent.kill()
@@ -517,3 +519,42 @@ async def test_gateway_to_sidecar_backend_is_mtls_and_authorized(tmp_path: Path)
 async def _ok(pending: object) -> tuple[int, str] | None:
     status, body = await pending  # type: ignore[misc]
     return (status, body) if status == 200 else None
+
+
+async def check_ctl_sees_the_router(cp: ControlPlane, ip: str) -> None:
+    """`pilotfish-ctl proxy-status` and `proxy-config` for a router as for a sidecar."""
+    xds = f"127.0.0.1:{cp.xds_port}"
+
+    async def router_row() -> list[str] | None:
+        code, out, err = await ctl("proxy-status", "--xds-address", xds)
+        assert code == 0, err
+        _, rows = columns(out)
+        row = next((r for r in rows if r[1] == ip), None)
+        # A router gets no name table (no DNS proxy): NDS is not asked for.
+        return row if row is not None and row[3:7] == ["SYNCED"] * 4 else None
+
+    row = await eventually(router_row, timeout=20, what="router SYNCED")
+    assert row[0] == f"ingress-0.{GATEWAY_NS}" and row[7] == "-", row
+    code, out, err = await ctl("proxy-config", "listeners", ip)
+    assert code == 0, err
+    _, rows = columns(out)
+    assert [r[:2] for r in rows if r[:2] == [ip, "8080"]], rows
+    assert next(r[3] for r in rows if r[:2] == [ip, "8080"]) == "Route: http.8080"
+    code, out, err = await ctl("proxy-config", "routes", ip)
+    assert code == 0, err
+    _, rows = columns(out)
+    assert any(
+        r[0] == "http.8080" and r[4] == "outbound|9080||backend.default.svc.cluster.local"
+        for r in rows
+    ), rows
+    code, out, err = await ctl(
+        "proxy-config",
+        "listeners",
+        f"ingress-0.{GATEWAY_NS}",
+        "--http-address",
+        f"127.0.0.1:{cp.http_port}",
+        "-o",
+        "json",
+    )
+    assert code == 0, err
+    assert [x["name"] for x in json.loads(out)] == [f"{ip}_8080"]
