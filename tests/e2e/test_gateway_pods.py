@@ -36,7 +36,7 @@ from tests.e2e.test_ctl import columns, ctl
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.mesh import backend_yaml, mesh_agent
+from tests.support.mesh import backend_yaml, mesh_agent, workload_group_yaml
 from tests.support.net import pod_ip
 from tests.support.testca import TestCA
 
@@ -558,3 +558,132 @@ async def check_ctl_sees_the_router(cp: ControlPlane, ip: str) -> None:
     )
     assert code == 0, err
     assert [x["name"] for x in json.loads(out)] == [f"{ip}_8080"]
+
+
+# --- egress gateway ----------------------------------------------------------------------------
+
+
+def egress_yaml(external_ip: str) -> str:
+    """Istio's egress pattern: the external host as a ServiceEntry; the sidecars' route for
+    it (`mesh`) goes to the egress gateway over ISTIO_MUTUAL (DestinationRule for the gateway
+    hop); the gateway's route (the same VirtualService, bound to the Gateway too) goes out."""
+    gateway_host = f"istio-egressgateway.{GATEWAY_NS}.svc.cluster.local"
+    return (
+        _doc(
+            f"""
+            apiVersion: networking.istio.io/v1
+            kind: ServiceEntry
+            metadata: {{name: httpbin, namespace: default}}
+            spec:
+              hosts: [httpbin.example.com]
+              location: MESH_EXTERNAL
+              resolution: STATIC
+              ports: [{{number: 8000, name: http, protocol: HTTP}}]
+              endpoints: [{{address: "{external_ip}"}}]
+            """
+        )
+        + _doc(
+            f"""
+            apiVersion: v1
+            kind: Service
+            metadata: {{name: istio-egressgateway, namespace: {GATEWAY_NS}}}
+            spec:
+              selector: {{istio: egressgateway}}
+              ports: [{{name: https, port: 443, targetPort: 8443}}]
+            """
+        )
+        + "---\n"
+        + workload_group_yaml(
+            "egressgateway",
+            GATEWAY_NS,
+            service_account="egress",
+            labels={"istio": "egressgateway"},
+        )
+        + _doc(
+            f"""
+            apiVersion: networking.istio.io/v1
+            kind: Gateway
+            metadata: {{name: egressgateway, namespace: {GATEWAY_NS}}}
+            spec:
+              selector: {{istio: egressgateway}}
+              servers:
+              - port: {{number: 8443, name: https, protocol: HTTPS}}
+                hosts: [httpbin.example.com]
+                tls: {{mode: ISTIO_MUTUAL}}
+            """
+        )
+        + _doc(
+            f"""
+            apiVersion: networking.istio.io/v1
+            kind: DestinationRule
+            metadata: {{name: egressgateway, namespace: default}}
+            spec:
+              host: {gateway_host}
+              trafficPolicy:
+                tls: {{mode: ISTIO_MUTUAL, sni: httpbin.example.com}}
+            """
+        )
+        + _doc(
+            f"""
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {{name: httpbin-egress, namespace: default}}
+            spec:
+              hosts: [httpbin.example.com]
+              gateways: [mesh, {GATEWAY_NS}/egressgateway]
+              http:
+              - match: [{{gateways: [mesh], port: 8000}}]
+                route: [{{destination: {{host: {gateway_host}, port: {{number: 443}}}}}}]
+              - match: [{{gateways: [{GATEWAY_NS}/egressgateway], port: 8443}}]
+                route: [{{destination: {{host: httpbin.example.com, port: {{number: 8000}}}}}}]
+            """
+        )
+    )
+
+
+async def test_egress_gateway_with_istio_mutual_from_the_sidecar(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    external_ip, egress_ip, client_ip = pod_ip(), pod_ip(), pod_ip()
+    (cfg / "mesh.yaml").write_text(egress_yaml(external_ip))
+    external = EchoApp("httpbin", external_ip, 8000)
+    await external.start()
+    agents: list[AgentProcess] = []
+    try:
+        async with running_control_plane(cfg) as cp:
+            egress = mesh_agent(
+                cp,
+                tmp_path,
+                egress_ip,
+                "egress-0",
+                "istio=egressgateway",
+                "--proxy-type",
+                "router",
+                namespace=GATEWAY_NS,
+                group="egressgateway",
+                service_account="egress",
+            )
+            client = mesh_agent(cp, tmp_path, client_ip, "client-0", "app=client")
+            for agent in (egress, client):
+                agents.append(agent)
+                agent.start()
+            for ip, agent in ((egress_ip, egress), (client_ip, client)):
+                await eventually(lambda ip=ip, agent=agent: _ready(ip, agent), timeout=60)
+
+            async def from_client() -> tuple[int, str] | None:
+                status, _, body = await http_get(client_ip, 8000, "/status", "httpbin.example.com")
+                return (status, body) if status == 200 else None
+
+            # The egress router registers through its WorkloadGroup: poll until it is the
+            # gateway Service's endpoint.
+            _, body = await eventually(from_client, timeout=30, what="client -> egress -> out")
+            seen = json.loads(body)
+            assert seen["app"] == "httpbin" and seen["path"] == "/status"
+            # It went through the gateway, and the sidecar -> gateway hop was ISTIO_MUTUAL:
+            # the gateway passes on the client certificate it verified.
+            assert "URI=spiffe://cluster.local/ns/default/sa/default" in (seen["xfcc"] or ""), seen
+            assert f"By=spiffe://cluster.local/ns/{GATEWAY_NS}/sa/egress" in seen["xfcc"], seen
+    finally:
+        for agent in agents:
+            agent.kill()
+        await external.close()
