@@ -17,6 +17,7 @@ from control.config.conflicts import (
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig
 from control.gatewayapi.translate import translate
+from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
     ConfigWarning,
     Labels,
@@ -85,7 +86,8 @@ def merge(
     )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
-    warnings.extend(virtual_service_conflicts(virtual_services))
+    # One VirtualService per host holds for sidecars; gateways merge theirs per host.
+    warnings.extend(virtual_service_conflicts(mesh_virtual_services(virtual_services)))
     warnings.extend(destination_rule_conflicts(destination_rules))
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     # Translated after the checks above: those are about sidecar routing (one VirtualService
@@ -104,7 +106,7 @@ def merge(
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
-        gateways=gateway_api.gateways,
+        gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
         raw=tuple((obj.source, obj.raw) for obj in objects),

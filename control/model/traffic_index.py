@@ -6,16 +6,22 @@ with its parent, memos included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     DestinationRule,
     VirtualService,
+    bound_to,
     pick_destination_rule,
     pick_virtual_service,
 )
 from control.model.types import MeshConfig, Service
+
+
+def mesh_virtual_services(services: Iterable[VirtualService]) -> list[VirtualService]:
+    """What of each VirtualService sidecars see (bound to `mesh`)."""
+    return [bound for vs in services if (bound := bound_to(vs, MESH_GATEWAY)) is not None]
 
 
 class TrafficIndex:
@@ -23,14 +29,14 @@ class TrafficIndex:
 
     def __init__(self, config: MeshConfig, service_by_host: Mapping[str, Service]) -> None:
         self._service_by_host = service_by_host
-        self.virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
+        # Sidecars see only what is bound to `mesh` (gateway routes are gateway_index's).
+        mesh = mesh_virtual_services(config.virtual_services)
+        self.virtual_services = tuple(sorted(mesh, key=lambda v: v.key))
         self.destination_rules = tuple(sorted(config.destination_rules, key=lambda r: r.key))
         # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
         self._vs_by_host: dict[str, list[VirtualService]] = {}
         self._vs_wild: list[VirtualService] = []
-        # Sidecars see only VirtualServices bound to `mesh`; gateway ones are the routers'.
-        mesh = [vs for vs in self.virtual_services if MESH_GATEWAY in vs.gateways]
-        for vs in mesh:
+        for vs in self.virtual_services:
             for host in vs.hosts:
                 if host.startswith("*"):
                     if not self._vs_wild or self._vs_wild[-1] is not vs:
@@ -47,7 +53,7 @@ class TrafficIndex:
         # Namespaces whose clients may see traffic rules differently from everyone else: they
         # hold rules of their own, or rules are exported to them by name.
         self._rule_namespaces: set[str] = set()
-        owners = [(v.namespace, v.export_to) for v in mesh]
+        owners = [(v.namespace, v.export_to) for v in self.virtual_services]
         owners += [(r.namespace, r.export_to) for r in self.destination_rules]
         for namespace, exports in owners:
             self._rule_namespaces.add(namespace)
