@@ -46,18 +46,32 @@ def test_gateway_api_gateway_is_not_a_duplicate_of_an_istio_gateway() -> None:
         "apiVersion": "networking.istio.io/v1",
         "kind": "Gateway",
         "metadata": {"name": "gw", "namespace": "infra"},
-        "spec": {"selector": {"istio": "ingress"}, "servers": []},
+        "spec": {
+            "selector": {"istio": "ingress"},
+            "servers": [
+                {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
+            ],
+        },
     }
-    fc = load_text(dump(gateway(), istio), "gw.yaml")
+    fc = load_text(dump(gateway_class(), gateway(), istio), "gw.yaml")
     (gw,) = [o for obj in fc.objects for o in obj.gateway_api if isinstance(o, ApiGateway)]
-    assert gw.source.kind == f"Gateway.{GROUP}"
     keys = [obj.key for obj in fc.objects]
     assert ("Gateway.gateway.networking.k8s.io", "infra", "gw") in keys
-    # configz shows the object as written, with its plain kind.
+    assert ("Gateway", "infra", "gw") in keys
+    # Both become model Gateways of one name: the Istio one selects by its selector, ours
+    # by the gateway-name label.
     mesh = merge([fc])
-    assert [
-        dict(raw)["kind"] for _, raw in mesh.raw if dict(raw)["apiVersion"].startswith(GROUP)
-    ] == ["Gateway"]
+    selectors = sorted(g.selector for g in mesh.gateways)
+    assert selectors == [
+        (("gateway.networking.k8s.io/gateway-name", "gw"),),
+        (("istio", "ingress"),),
+    ]
+    # configz shows the objects as written, with their plain kinds.
+    assert sorted(dict(raw)["kind"] for _, raw in mesh.raw) == [
+        "Gateway",
+        "Gateway",
+        "GatewayClass",
+    ]
 
 
 def test_two_gateway_api_gateways_of_one_name_are_duplicates() -> None:

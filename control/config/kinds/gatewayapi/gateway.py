@@ -8,7 +8,6 @@ from control.config.kinds.gatewayapi.refs import (
     gateway_spec,
     generation,
     object_ref,
-    qualified_source,
 )
 from control.config.objects import ConfigObject
 from control.model.gatewayapi import (
@@ -56,12 +55,12 @@ def convert_gateway(ctx: Context, domain: str) -> ConfigObject:
     gw = ApiGateway(
         namespace=ctx.obj.namespace,
         name=ctx.obj.name,
-        source=qualified_source(ctx),
+        source=ctx.source,
         class_name=class_name,
         listeners=tuple(listeners),
         generation=generation(ctx),
     )
-    return ConfigObject(qualified_source(ctx), ctx.obj.data, gateway_api=(gw,))
+    return ConfigObject(ctx.source, ctx.obj.data, gateway_api=(gw,))
 
 
 def _listener(f: Fields) -> Listener:

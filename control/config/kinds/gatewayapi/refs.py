@@ -15,7 +15,6 @@ from control.model.gatewayapi import (
     ParentRef,
 )
 from control.model.traffic import NO_HEADERS, HeaderOps
-from control.model.types import SourceRef
 
 V1 = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 ALPHA = (f"{GROUP}/v1alpha2", f"{GROUP}/v1alpha3")
@@ -23,12 +22,6 @@ ALPHA = (f"{GROUP}/v1alpha2", f"{GROUP}/v1alpha3")
 # The first version of each is the one the Kubernetes source watches.
 REFERENCE_GRANT_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1", f"{GROUP}/v1alpha2")
 GRPC_ROUTE_VERSIONS = (f"{GROUP}/v1", f"{GROUP}/v1alpha2")
-
-
-def qualified_source(ctx: Context) -> SourceRef:
-    """The object's SourceRef with a group-qualified kind (`Gateway.gateway.networking.k8s.io`),
-    so a Gateway API Gateway and an Istio Gateway of one name are not duplicates."""
-    return dataclasses.replace(ctx.source, kind=f"{ctx.obj.kind}.{GROUP}")
 
 
 def gateway_spec(ctx: Context) -> Fields:

@@ -1,0 +1,255 @@
+"""The Kubernetes Gateway API end to end: a real router (`pilotfish-agent --proxy-type router`,
+real Envoy) serving a Gateway API Gateway from config files, with HTTPRoutes and a GRPCRoute:
+a 90/10 weighted split measured over 1,000 requests, header and path matches, a URLRewrite
+and a RequestRedirect, a GRPCRoute reached by a real grpcio client, and an HTTPRoute in
+another namespace refused without a ReferenceGrant (status RefNotPermitted) and served once
+one exists."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from control.app import ControlPlane
+from tests.integration.test_proxyless_grpc import METHOD
+from tests.integration.test_proxyless_grpc import backend as grpc_backend
+from tests.support.apps import EchoApp
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.gatewayapi import (
+    backend,
+    dump,
+    gateway,
+    gateway_class,
+    listener,
+    reference_grant,
+    route,
+)
+from tests.support.mesh import mesh_agent
+from tests.support.net import pod_ip
+
+pytestmark = pytest.mark.envoy
+
+GATEWAY_PORT = 8080
+APP_PORT = 8080
+GRPC_PORT = 8080
+
+
+def _service(name: str, namespace: str, port_name: str = "http") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"app": name},
+            "ports": [{"name": port_name, "port": APP_PORT, "targetPort": APP_PORT}],
+        },
+    }
+
+
+def _workload(name: str, namespace: str, ip: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "WorkloadEntry",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"address": ip, "labels": {"app": name}},
+    }
+
+
+def _routes() -> list[dict[str, Any]]:
+    rewrite = {
+        "type": "URLRewrite",
+        "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/inner"}},
+    }
+    redirect = {
+        "type": "RequestRedirect",
+        "requestRedirect": {"scheme": "https", "hostname": "secure.example.com", "statusCode": 301},
+    }
+    return [
+        route(
+            "split",
+            hostnames=["split.example.com"],
+            rules=[{"backendRefs": [backend("v1", weight=90), backend("v2", weight=10)]}],
+        ),
+        route(
+            "matches",
+            hostnames=["match.example.com"],
+            rules=[
+                {
+                    "matches": [{"headers": [{"name": "x-version", "value": "v2"}]}],
+                    "backendRefs": [backend("v2")],
+                },
+                {
+                    "matches": [{"path": {"type": "Exact", "value": "/only-v1"}}],
+                    "backendRefs": [backend("v1")],
+                },
+                {
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/api"}}],
+                    "filters": [rewrite],
+                    "backendRefs": [backend("v2")],
+                },
+                {"matches": [{"path": {"value": "/old"}}], "filters": [redirect]},
+                {"backendRefs": [backend("v1")]},
+            ],
+        ),
+        route(
+            "echo",
+            kind="GRPCRoute",
+            hostnames=["grpc.example.com"],
+            rules=[
+                {
+                    "matches": [{"method": {"service": METHOD.split("/")[1]}}],
+                    "backendRefs": [backend("echo")],
+                }
+            ],
+        ),
+    ]
+
+
+def _cross_namespace_route() -> dict[str, Any]:
+    return route(
+        "guest",
+        "apps",
+        parents=[{"name": "gw", "namespace": "infra"}],
+        hostnames=["guest.example.com"],
+        rules=[{"backendRefs": [backend("v2", namespace="infra")]}],
+    )
+
+
+def _config(ips: dict[str, str], *extra: dict[str, Any]) -> str:
+    objects: list[dict[str, Any]] = [
+        gateway_class(),
+        gateway(listeners=[listener("http", GATEWAY_PORT, from_="All")]),
+        _service("v1", "infra"),
+        _service("v2", "infra"),
+        _service("echo", "infra", "grpc"),
+        *(_workload(name, "infra", ip) for name, ip in ips.items()),
+        *_routes(),
+        _cross_namespace_route(),
+        *extra,
+    ]
+    return dump(*objects)
+
+
+async def _get(
+    session: aiohttp.ClientSession, url: str, host: str, **headers: str
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async with session.get(url, headers={"Host": host, **headers}, allow_redirects=False) as r:
+        text = await r.text()
+        body = json.loads(text) if r.content_type == "application/json" else {}
+        return r.status, body, {k.lower(): v for k, v in r.headers.items()}
+
+
+def _route_reasons(cp: ControlPlane, namespace: str, name: str) -> dict[str, str]:
+    for s in cp.watcher.current.gateway_api_status:
+        if (s.kind, s.namespace, s.name) == ("HTTPRoute", namespace, name) and s.parents:
+            return {c.type: c.reason for c in s.parents[0].conditions}
+    return {}
+
+
+@contextlib.asynccontextmanager
+async def _apps(ips: dict[str, str]) -> AsyncIterator[dict[str, EchoApp]]:
+    apps = {name: EchoApp(name, ips[name], APP_PORT) for name in ("v1", "v2")}
+    for app in apps.values():
+        await app.start()
+    try:
+        async with grpc_backend("echo", ips["echo"], GRPC_PORT):
+            yield apps
+    finally:
+        for app in apps.values():
+            await app.close()
+
+
+async def test_gateway_api_routes_through_a_real_router(tmp_path: Path) -> None:
+    ips = {"v1": pod_ip(), "v2": pod_ip(), "echo": pod_ip()}
+    router_ip = pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "gateway.yaml").write_text(_config(ips))
+    url = f"http://{router_ip}:{GATEWAY_PORT}"
+    async with _apps(ips), running_control_plane(cfg) as cp:
+        router = mesh_agent(
+            cp,
+            tmp_path,
+            router_ip,
+            "gw-router",
+            "gateway.networking.k8s.io/gateway-name=gw",
+            "--proxy-type",
+            "router",
+            namespace="infra",
+            service_account="gw",
+        )
+        router.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def served() -> bool:
+                    try:
+                        status, body, _ = await _get(session, url + "/", "match.example.com")
+                    except aiohttp.ClientError:
+                        return False
+                    return status == 200 and body.get("app") == "v1"
+
+                await eventually(served, timeout=30, what="router serving the Gateway")
+
+                # 90/10 over 1,000 requests.
+                counts: Counter[str] = Counter()
+                for _ in range(1000):
+                    status, body, _ = await _get(session, url + "/", "split.example.com")
+                    assert status == 200
+                    counts[body["app"]] += 1
+                assert counts["v1"] + counts["v2"] == 1000
+                assert abs(counts["v2"] - 100) <= 50, counts
+
+                # Header and path matches, a URLRewrite and a RequestRedirect.
+                _, body, _ = await _get(
+                    session, url + "/x", "match.example.com", **{"x-version": "v2"}
+                )
+                assert body["app"] == "v2"
+                _, body, _ = await _get(session, url + "/only-v1", "match.example.com")
+                assert body["app"] == "v1"
+                _, body, _ = await _get(session, url + "/api/items", "match.example.com")
+                assert (body["app"], body["path"]) == ("v2", "/inner/items")
+                _, body, _ = await _get(session, url + "/apiary", "match.example.com")
+                assert (body["app"], body["path"]) == ("v1", "/apiary")  # not the /api prefix
+                status, _, headers = await _get(session, url + "/old/page", "match.example.com")
+                assert status == 301
+                assert headers["location"] == "https://secure.example.com/old/page"
+
+                # A GRPCRoute, called by a real grpcio client.
+                options = (("grpc.default_authority", "grpc.example.com"),)
+                async with grpc.aio.insecure_channel(
+                    f"{router_ip}:{GATEWAY_PORT}", options=options
+                ) as channel:
+                    reply = await channel.unary_unary(METHOD)(b"", timeout=5)
+                assert reply == b"echo"
+
+                # Another namespace's route: refused until a ReferenceGrant allows its backend.
+                assert _route_reasons(cp, "apps", "guest")["ResolvedRefs"] == "RefNotPermitted"
+                status, _, _ = await _get(session, url + "/", "guest.example.com")
+                assert status == 404
+                grant = reference_grant("apps-to-infra", "infra", "apps")
+                (cfg / "gateway.yaml").write_text(_config(ips, grant))
+                await eventually(
+                    lambda: (
+                        _route_reasons(cp, "apps", "guest").get("ResolvedRefs") == "ResolvedRefs"
+                    ),
+                    what="grant seen",
+                )
+
+                async def guest_served() -> bool:
+                    status, body, _ = await _get(session, url + "/", "guest.example.com")
+                    return status == 200 and body.get("app") == "v2"
+
+                await eventually(guest_served, timeout=15, what="guest route served")
+                await asyncio.sleep(0)
+        finally:
+            assert router.terminate() == 0, router.log()[-3000:]
