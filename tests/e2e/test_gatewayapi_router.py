@@ -3,7 +3,8 @@ real Envoy) serving a Gateway API Gateway from config files, with HTTPRoutes and
 a 90/10 weighted split measured over 1,000 requests, header and path matches, a URLRewrite
 and a RequestRedirect, a GRPCRoute reached by a real grpcio client, and an HTTPRoute in
 another namespace refused without a ReferenceGrant (status RefNotPermitted) and served once
-one exists."""
+one exists; a TLSRoute passthrough by SNI (the client sees the backend's own certificate)
+and a TCPRoute."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from control.app import ControlPlane
+from control.model.gatewayapi import GROUP
+from tests.e2e.test_gateway_pods import TlsBackend, client_context, refused, tls_get
 from tests.integration.test_proxyless_grpc import METHOD
 from tests.integration.test_proxyless_grpc import backend as grpc_backend
-from tests.support.apps import EchoApp
+from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.gatewayapi import (
     backend,
@@ -35,6 +39,7 @@ from tests.support.gatewayapi import (
 )
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
+from tests.support.testca import TestCA
 
 pytestmark = pytest.mark.envoy
 
@@ -253,3 +258,82 @@ async def test_gateway_api_routes_through_a_real_router(tmp_path: Path) -> None:
                 await asyncio.sleep(0)
         finally:
             assert router.terminate() == 0, router.log()[-3000:]
+
+
+async def test_tls_passthrough_and_tcp_routes_through_a_real_router(tmp_path: Path) -> None:
+    ca = TestCA()
+    files = tmp_path / "certs"
+    files.mkdir()
+    issued = ca.server_cert(["pass.example.com"])
+    root = ca.root.public_bytes(serialization.Encoding.PEM)
+    tls_ip, tcp_ip, router_ip = pod_ip(), pod_ip(), pod_ip()
+    alpha = f"{GROUP}/v1alpha2"
+    objects = [
+        gateway_class(),
+        gateway(
+            listeners=[
+                listener("pass", 9443, "TLS", tls={"mode": "Passthrough"}),
+                listener("tcp", 9000, "TCP"),
+            ]
+        ),
+        _service("tlsbackend", "infra", "tls"),
+        _service("db", "infra", "tcp"),
+        _workload("tlsbackend", "infra", tls_ip),
+        _workload("db", "infra", tcp_ip),
+        route(
+            "pass",
+            kind="TLSRoute",
+            api_version=alpha,
+            hostnames=["pass.example.com"],
+            rules=[{"backendRefs": [backend("tlsbackend")]}],
+        ),
+        route("db", kind="TCPRoute", api_version=alpha, rules=[{"backendRefs": [backend("db")]}]),
+    ]
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "gateway.yaml").write_text(dump(*objects))
+    tls_backend = TlsBackend(tls_ip, APP_PORT, issued.write(files, "pass"))
+    tcp_backend = TcpEchoApp("db", tcp_ip, APP_PORT)
+    await tls_backend.start()
+    await tcp_backend.start()
+    try:
+        async with running_control_plane(cfg) as cp:
+            router = mesh_agent(
+                cp,
+                tmp_path,
+                router_ip,
+                "gw-router",
+                "gateway.networking.k8s.io/gateway-name=gw",
+                "--proxy-type",
+                "router",
+                namespace="infra",
+                service_account="gw",
+            )
+            router.start()
+            try:
+
+                async def greeting() -> str | None:
+                    try:
+                        reader, writer = await asyncio.open_connection(router_ip, 9000)
+                    except OSError:
+                        return None
+                    try:
+                        line = await asyncio.wait_for(reader.readline(), 5)
+                    except (OSError, TimeoutError):
+                        return None
+                    finally:
+                        writer.close()
+                    return line.decode().strip() or None
+
+                assert await eventually(greeting, timeout=30, what="TCPRoute served") == "db"
+                verified = client_context(root)
+                cert, status, body = await tls_get(router_ip, 9443, "pass.example.com", verified)
+                assert cert.serial_number == issued.serial
+                assert (status, body) == (200, "tlsbackend")
+                # Another SNI has no route: the router closes the connection.
+                assert await refused(router_ip, 9443, "other.example.com", verified)
+            finally:
+                assert router.terminate() == 0, router.log()[-3000:]
+    finally:
+        await tls_backend.close()
+        await tcp_backend.close()
