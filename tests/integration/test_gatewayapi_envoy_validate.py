@@ -29,79 +29,17 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 
 from control.generate.route_translation import RouteSpec, WeightedCluster, build_route
 from tests.integration.test_generate_envoy_validate import validate
-from tests.support.gatewayapi import backend, gateway, gateway_class, load, route, service
+from tests.support.gatewayapi import (
+    GRPC_RULES,
+    HTTP_RULES,
+    gateway,
+    gateway_class,
+    load,
+    route,
+    service,
+)
 
 pytestmark = pytest.mark.envoy
-
-RULES = [
-    {
-        "matches": [
-            {"path": {"type": "PathPrefix", "value": "/api/v1.0"}},
-            {"path": {"type": "Exact", "value": "/exact"}, "method": "GET"},
-            {
-                "path": {"type": "RegularExpression", "value": "/r/[0-9]+"},
-                "headers": [{"type": "RegularExpression", "name": "x-id", "value": "[a-z]+"}],
-                "queryParams": [{"name": "q", "value": "1"}],
-            },
-        ],
-        "filters": [
-            {
-                "type": "URLRewrite",
-                "urlRewrite": {
-                    "hostname": "inner.example.com",
-                    "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"},
-                },
-            },
-            {
-                "type": "RequestHeaderModifier",
-                "requestHeaderModifier": {
-                    "set": [{"name": "x-set", "value": "1"}],
-                    "remove": ["x-drop"],
-                },
-            },
-            {
-                "type": "ResponseHeaderModifier",
-                "responseHeaderModifier": {"add": [{"name": "x-resp", "value": "r"}]},
-            },
-            {
-                "type": "RequestMirror",
-                "requestMirror": {"backendRef": backend("v2"), "fraction": {"numerator": 1}},
-            },
-        ],
-        "backendRefs": [backend("v1", weight=90), backend("v2", weight=10)],
-    },
-    {
-        "matches": [{"path": {"value": "/full"}}],
-        "filters": [
-            {
-                "type": "URLRewrite",
-                "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": "/x"}},
-            }
-        ],
-        "backendRefs": [backend("v1")],
-        "timeouts": {"request": "5s"},
-    },
-    {
-        "matches": [{"path": {"value": "/old"}}],
-        "filters": [
-            {
-                "type": "RequestRedirect",
-                "requestRedirect": {"scheme": "https", "port": 8443, "statusCode": 308},
-            }
-        ],
-    },
-]
-GRPC_RULES = [
-    {
-        "matches": [
-            {"method": {"service": "echo.Echo", "method": "Say"}},
-            {"method": {"service": "echo.Echo"}},
-            {"method": {"method": "Ping"}},
-            {"method": {"type": "RegularExpression", "service": "echo\\..*"}},
-        ],
-        "backendRefs": [backend("v1")],
-    }
-]
 
 
 def _cluster(name: str, port: int) -> Cluster:
@@ -125,7 +63,7 @@ def test_envoy_accepts_translated_routes(tmp_path: Path) -> None:
         service("v1"),
         service("v2"),
         gateway(),
-        route("r", hostnames=["r.example.com"], rules=RULES),
+        route("r", hostnames=["r.example.com"], rules=HTTP_RULES),
         route("g", kind="GRPCRoute", hostnames=["g.example.com"], rules=GRPC_RULES),
     )
     assert len(mesh.virtual_services) == 2

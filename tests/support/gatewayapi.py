@@ -157,3 +157,120 @@ def conditions(mesh: MeshConfig, kind: str, namespace: str, name: str) -> dict[s
     s = status_of(mesh, kind, namespace, name)
     found = s.parents[0].conditions if s.parents else s.conditions
     return {c.type: f"{c.status}/{c.reason}" for c in found}
+
+
+# Rules with every match and filter we support (Envoy validates what they become; the config
+# fuzz mutates them).
+HTTP_RULES: list[Obj] = [
+    {
+        "matches": [
+            {"path": {"type": "PathPrefix", "value": "/api/v1.0"}},
+            {"path": {"type": "Exact", "value": "/exact"}, "method": "GET"},
+            {
+                "path": {"type": "RegularExpression", "value": "/r/[0-9]+"},
+                "headers": [{"type": "RegularExpression", "name": "x-id", "value": "[a-z]+"}],
+                "queryParams": [{"name": "q", "value": "1"}],
+            },
+        ],
+        "filters": [
+            {
+                "type": "URLRewrite",
+                "urlRewrite": {
+                    "hostname": "inner.example.com",
+                    "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"},
+                },
+            },
+            {
+                "type": "RequestHeaderModifier",
+                "requestHeaderModifier": {
+                    "set": [{"name": "x-set", "value": "1"}],
+                    "remove": ["x-drop"],
+                },
+            },
+            {
+                "type": "ResponseHeaderModifier",
+                "responseHeaderModifier": {"add": [{"name": "x-resp", "value": "r"}]},
+            },
+            {
+                "type": "RequestMirror",
+                "requestMirror": {"backendRef": backend("v2"), "fraction": {"numerator": 1}},
+            },
+        ],
+        "backendRefs": [backend("v1", weight=90), backend("v2", weight=10)],
+    },
+    {
+        "matches": [{"path": {"value": "/full"}}],
+        "filters": [
+            {
+                "type": "URLRewrite",
+                "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": "/x"}},
+            }
+        ],
+        "backendRefs": [backend("v1")],
+        "timeouts": {"request": "5s"},
+    },
+    {
+        "matches": [{"path": {"value": "/old"}}],
+        "filters": [
+            {
+                "type": "RequestRedirect",
+                "requestRedirect": {"scheme": "https", "port": 8443, "statusCode": 308},
+            }
+        ],
+    },
+]
+GRPC_RULES: list[Obj] = [
+    {
+        "matches": [
+            {"method": {"service": "echo.Echo", "method": "Say"}},
+            {"method": {"service": "echo.Echo"}},
+            {"method": {"method": "Ping"}},
+            {"method": {"type": "RegularExpression", "service": "echo\\..*"}},
+        ],
+        "backendRefs": [backend("v1")],
+    }
+]
+
+
+def _everything() -> str:
+    alpha = f"{GROUP}/v1alpha2"
+    return dump(
+        gateway_class(),
+        service("v1"),
+        service("v2"),
+        gateway(
+            listeners=[
+                listener("http", 8080, hostname="*.example.com", from_="All"),
+                listener(
+                    "https",
+                    8443,
+                    "HTTPS",
+                    from_="Selector",
+                    selector={
+                        "matchLabels": {"team": "a"},
+                        "matchExpressions": [
+                            {"key": "env", "operator": "In", "values": ["prod"]},
+                            {"key": "legacy", "operator": "DoesNotExist"},
+                        ],
+                    },
+                    tls={"mode": "Terminate", "certificateRefs": [{"name": "cert"}]},
+                    kinds=["HTTPRoute", "GRPCRoute"],
+                ),
+                listener("pass", 9443, "TLS", tls={"mode": "Passthrough"}),
+                listener("tcp", 9000, "TCP"),
+            ]
+        ),
+        route("r", hostnames=["r.example.com"], rules=HTTP_RULES),
+        route(
+            "g",
+            kind="GRPCRoute",
+            parents=[{"name": "gw", "sectionName": "http", "port": 8080}],
+            rules=GRPC_RULES,
+        ),
+        route("t", kind="TLSRoute", api_version=alpha, hostnames=["t.example.com"]),
+        route("c", kind="TCPRoute", api_version=alpha),
+        reference_grant("apps", "infra", "apps", to_name="v1"),
+    )
+
+
+GATEWAY_API_YAML = _everything()
