@@ -148,6 +148,7 @@ class Translator:
     ) -> None:
         self.classes = {o.name: o for o in objects if isinstance(o, GatewayClass)}
         self.gateways = [o for o in objects if isinstance(o, ApiGateway)]
+        self.gateway_keys = {(g.namespace, g.name) for g in self.gateways}
         self.routes = sorted(
             (o for o in objects if isinstance(o, ApiRoute)),
             key=lambda r: (r.created, r.namespace, r.name, r.kind.value),
@@ -300,11 +301,10 @@ class Translator:
         return selector is not None and selector.matches(tuple(sorted(labels.items())))
 
     def _attach(
-        self, route: ApiRoute, parent: ParentRef, gateways: dict[tuple[str, str], _GatewayState]
+        self, route: ApiRoute, parent: ParentRef, state: _GatewayState | None
     ) -> tuple[Condition, list[tuple[_ListenerState, tuple[str, ...]]]]:
-        """Where a route attaches under one parentRef: the Accepted condition and the
-        listeners with the hosts it serves there."""
-        state = gateways.get((parent.namespace, parent.name))
+        """Where a route attaches under one parentRef (its Gateway: `state`): the Accepted
+        condition and the listeners with the hosts it serves there."""
         if state is None:
             return (
                 _bad(
@@ -456,15 +456,13 @@ class Translator:
             if (parent.group, parent.kind) != (GROUP, "Gateway"):
                 continue  # a parent of another kind (a mesh Service, ...) is not ours
             state = states.get((parent.namespace, parent.name))
-            if state is None and any(
-                g.namespace == parent.namespace and g.name == parent.name for g in self.gateways
-            ):
+            if state is None and (parent.namespace, parent.name) in self.gateway_keys:
                 continue  # a Gateway of another controller
-            accepted, where = self._attach(route, parent, states)
+            accepted, where = self._attach(route, parent, state)
             parents.append(ParentStatus(parent, (accepted, resolved)))
             for ls, hosts in where:
+                assert state is not None  # `where` is empty without a Gateway
                 ls.attached.add((route.kind.value, route.namespace, route.name))
-                assert state is not None
                 self._serve(route, state, ls, hosts, destinations, http, streams)
         if parents:
             self.statuses.append(
