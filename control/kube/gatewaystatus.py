@@ -77,14 +77,14 @@ class StatusWriter(Lifecycle):
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if await self._write_all():
+            if await self.write_pending():
                 backoff.reset()
                 continue
             delay = backoff.next_delay()
             await asyncio.sleep(delay)
             self._wake.set()
 
-    async def _write_all(self) -> bool:
+    async def write_pending(self) -> bool:
         """Write every status that differs; False when a write failed (to retry)."""
         ok = True
         for status in self._desired:
