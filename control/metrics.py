@@ -150,6 +150,18 @@ class Metrics:
             buckets=_CONVERGENCE_BUCKETS,
             registry=r,
         )
+        self.queue_time = Histogram(
+            "pilot_proxy_queue_time",
+            "Time in seconds, a proxy is in the push queue before being dequeued.",
+            buckets=_CONVERGENCE_BUCKETS,
+            registry=r,
+        )
+        self.push_context_init = Histogram(
+            "pilot_pushcontext_init_seconds",
+            "Total time in seconds Pilot takes to init pushContext.",
+            buckets=(0.01, 0.1, 0.5, 1, 3, 5),
+            registry=r,
+        )
         self.debounce = Histogram(
             "pilot_debounce_time",
             "Delay in seconds between the first config enters debouncing and the merged push "

@@ -240,6 +240,8 @@ class PushPipeline(Lifecycle):
         started = time.monotonic()
         wall = time.time()
         old_index = self._rebuild(started)
+        # Building the new index and generator context: what istiod calls its push context.
+        self._metrics.push_context_init.observe(time.monotonic() - started)
         self.pushes += 1
         eds_only = endpoints_only(old_index, self._current.index)
         if eds_only:

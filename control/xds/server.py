@@ -438,6 +438,9 @@ class XdsServer:
         state = conn.state
         pushed: set[str] = set()
         if push:
+            # From the push's start (the oldest one coalesced into it) until a send worker
+            # took this stream: istiod's time in the push queue.
+            self._metrics.queue_time.observe(max(0.0, self._clock() - conn.push_since))
             pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
             if push_types is not None:
                 pushed &= push_types

@@ -160,6 +160,8 @@ async def test_xds_metrics_follow_streams_pushes_acks_and_nacks(mesh) -> None:
         "pilot_push_triggers", type="config"
     )
     assert m.total("pilot_debounce_time_count") > before.total("pilot_debounce_time_count")
+    for histogram in ("pilot_proxy_queue_time", "pilot_pushcontext_init_seconds"):
+        assert m.total(f"{histogram}_count") > before.total(f"{histogram}_count"), histogram
 
     # The next push is rejected: counted by type, and per node with Go's code name.
     (cfg / "db.yaml").write_text(service("db"))

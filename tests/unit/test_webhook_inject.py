@@ -283,7 +283,7 @@ def test_merge_metrics_annotation_can_turn_it_on_against_the_mesh_default() -> N
 
 def test_a_bad_merge_metrics_annotation_is_a_clear_error() -> None:
     pod = app_pod(annotations={"prometheus.istio.io/merge-metrics": "maybe"})
-    with pytest.raises(InjectionError, match='merge-metrics: .maybe. is not "true" or "false"'):
+    with pytest.raises(InjectionError, match=r'merge-metrics: .maybe. is not "true" or "false"'):
         injection_patch(pod, ENABLED, TEMPLATE)
 
 
