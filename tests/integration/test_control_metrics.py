@@ -15,6 +15,7 @@ import pytest
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.app import ControlPlane, ControlPlaneOptions
+from control.webhook.inject import MERGE_METRICS_ANNOTATION as MERGE
 from protos import typeurls
 from tests.support.admission import admission_review
 from tests.support.adsclient import AdsStream, node_id
@@ -127,11 +128,14 @@ async def test_xds_metrics_follow_streams_pushes_acks_and_nacks(mesh) -> None:
     await s.send(request(CDS, ip=ip, metadata={"ISTIO_VERSION": "1.24.0"}))
     first = await s.recv()
     await s.send(request(CDS, after=first))
+    cds_before = before.total("pilot_xds_pushes", type="cds")
     m = await scraped_until(
-        cp, lambda m: m.value("pilot_xds", version="1.24.0") == 1, "pilot_xds counts the stream"
-    )
-    assert (
-        m.total("pilot_xds_pushes", type="cds") == before.total("pilot_xds_pushes", type="cds") + 1
+        cp,
+        lambda m: (
+            m.value("pilot_xds", version="1.24.0") == 1
+            and m.total("pilot_xds_pushes", type="cds") == cds_before + 1
+        ),
+        "pilot_xds counts the stream, pilot_xds_pushes its response",
     )
     assert m.total("pilot_xds_push_time_count", type="cds") >= 1
     push_buckets = [
@@ -219,6 +223,7 @@ def conflicted(m: Exposition) -> dict[str, float | None]:
         "tcp_over_tcp": m.value("pilot_conflict_outbound_listener_tcp_over_current_tcp"),
         "tcp_over_http": m.value("pilot_conflict_outbound_listener_tcp_over_current_http"),
         "http_over_tcp": m.value("pilot_conflict_outbound_listener_http_over_current_tcp"),
+        "duplicate_domain": m.value("pilot_vservice_dup_domain"),
     }
 
 
@@ -227,13 +232,16 @@ async def test_listener_conflicts_are_counted_per_push(mesh) -> None:
     assert set(conflicted(await scrape(cp)).values()) == {0}
     # Port 5000: two TCP services (the second loses the port); 6000: HTTP takes the port
     # from a TCP service. In REDIRECT, two services select the capture pod's port 8080 with
-    # different protocols.
+    # different protocols. Port 9090: two services share a VIP, whose Host names only the
+    # first keeps (the VIP, bare and with the port).
     conflicts = (
         service("tcp-a", 5000, "tcp")
         + service("tcp-b", 5000, "tcp")
         + service("http-c", 6000, "http", vip="10.96.0.30")
         + service("tcp-d", 6000, "tcp")
         + service("both", 8000, "http", vip="10.96.0.40")
+        + service("dup-a", 9090, "http", vip="10.96.0.50")
+        + service("dup-b", 9090, "http", vip="10.96.0.50")
         + textwrap.dedent(
             """\
             apiVersion: v1
@@ -247,9 +255,11 @@ async def test_listener_conflicts_are_counted_per_push(mesh) -> None:
         )
     )
     (cfg / "conflicts.yaml").write_text(conflicts)
-    await eventually(lambda: len(cp.index.services) == 7, what="conflicting config loaded")
+    await eventually(lambda: len(cp.index.services) == 9, what="conflicting config loaded")
     explicit = AdsStream(channel)
     await explicit.send(request(LDS, ip=pod_ip(), metadata={"LABELS": {"app": "client"}}))
+    await explicit.recv()
+    await explicit.send(request(RDS, ("9090",)))
     await explicit.recv()
     capture = AdsStream(channel)
     metadata = {"LABELS": {"app": "both"}, "INTERCEPTION_MODE": "REDIRECT"}
@@ -263,6 +273,7 @@ async def test_listener_conflicts_are_counted_per_push(mesh) -> None:
         "tcp_over_tcp": 1,  # tcp-b on 5000
         "tcp_over_http": 1,  # tcp-d on 6000
         "http_over_tcp": 0,  # HTTP always takes a shared port
+        "duplicate_domain": 2,  # dup-b's 10.96.0.50 and 10.96.0.50:9090
     }
     # The conflicts resolved: the next push generates without them.
     (cfg / "conflicts.yaml").write_text(service("tcp-a", 5000, "tcp"))
@@ -342,9 +353,11 @@ async def test_kubernetes_events_and_injection_counters(tmp_path: Path) -> None:
             }
             injected = await admission_review(cp, web, namespace="shop")
             skipped = await admission_review(cp, web, namespace="default")
-            assert "patch" in injected and "patch" not in skipped
+            bad = {**web, "metadata": {**web["metadata"], "annotations": {MERGE: "maybe"}}}
+            refused = await admission_review(cp, bad, namespace="shop")
+            assert "patch" in injected and "patch" not in skipped and not refused["allowed"]
             m = await scrape(cp)
-            assert m.value("sidecar_injection_requests_total") == 2
+            assert m.value("sidecar_injection_requests_total") == 3
             assert m.value("sidecar_injection_success_total") == 1
             assert m.value("sidecar_injection_skip_total") == 1
-            assert m.value("sidecar_injection_failure_total") == 0
+            assert m.value("sidecar_injection_failure_total") == 1
