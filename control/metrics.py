@@ -12,10 +12,12 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from control.histogram import LoopHistogram
 from control.promtext import istio_exposition
 from protos import typeurls
 
-# istiod's buckets (pilot/pkg/xds/monitoring.go): dashboards' quantiles assume them.
+# istiod's buckets (pilot/pkg/xds/monitoring.go): dashboards' quantiles assume them. The
+# histograms observed on every push to every stream are LoopHistograms (control/histogram.py).
 _PUSH_BUCKETS = (0.01, 0.1, 1, 3, 5, 10, 20, 30)
 _CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
 # 4 MB is gRPC's default message limit, 10 MB strains a proxy, 40 MB is about the most any
@@ -100,14 +102,14 @@ class Metrics:
             ["type"],
             registry=r,
         )
-        self.push_time = Histogram(
+        self.push_time = LoopHistogram(
             "pilot_xds_push_time",
             "Total time in seconds Pilot takes to push lds, rds, cds and eds.",
             ["type"],
             buckets=_PUSH_BUCKETS,
             registry=r,
         )
-        self.send_time = Histogram(
+        self.send_time = LoopHistogram(
             "pilot_xds_send_time",
             "Total time in seconds Pilot takes to send generated configuration.",
             buckets=_PUSH_BUCKETS,
@@ -143,14 +145,14 @@ class Metrics:
         )
         # Observed per pushed type when the proxy ACKs it, from the start of the oldest push
         # the response carries (an ACK is the proof the proxy has the configuration).
-        self.convergence = Histogram(
+        self.convergence = LoopHistogram(
             "pilot_proxy_convergence_time",
             "Delay in seconds between config change and a proxy receiving all required "
             "configuration.",
             buckets=_CONVERGENCE_BUCKETS,
             registry=r,
         )
-        self.queue_time = Histogram(
+        self.queue_time = LoopHistogram(
             "pilot_proxy_queue_time",
             "Time in seconds, a proxy is in the push queue before being dequeued.",
             buckets=_CONVERGENCE_BUCKETS,
