@@ -97,6 +97,18 @@ PROMQL_WORDS = {
     "label_values",
 }
 
+# Control plane panels that must show data as soon as one proxy is connected.
+LIVE_PANELS = {
+    "Control plane versions",
+    "Memory",
+    "CPU",
+    "xDS pushes by type",
+    "Push time by type",
+    "Config size by type",
+    "ADS monitoring",
+    "Connected proxies by version",
+}
+
 WEB = """\
 apiVersion: v1
 kind: Service
@@ -222,6 +234,17 @@ async def test_prometheus_scrapes_the_control_plane_and_an_injected_pod(tmp_path
                 assert connected
                 meta = (await prom.api("metadata", metric="pilot_xds_pushes"))["data"]
                 assert meta["pilot_xds_pushes"][0]["type"] == "counter"
+                # The control plane dashboard's core panels show data from this scrape.
+                board = json.loads((HERE / "dashboards/pilotfish-control-plane.json").read_text())
+                for panel in board["panels"]:
+                    if panel["title"] not in LIVE_PANELS:
+                        continue
+                    for target in panel["targets"]:
+
+                        async def has_data(expr: str = target["expr"]) -> bool:
+                            return bool(await prom.vector(expr))
+
+                        await eventually(has_data, timeout=20, what=f"{panel['title']}: data")
         finally:
             agent.terminate()
 
