@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -140,7 +140,8 @@ class ControlPlane(Lifecycle):
             grace=options.workload_grace,
             on_refused=lambda reason: self.metrics.registrations_refused.labels(reason).inc(),
         )
-        self.watcher: ConfigSource = _config_source(options)  # KubeConfigError: bad kubeconfig
+        # KubeConfigError: bad kubeconfig
+        self.watcher: ConfigSource = _config_source(options, self._kube_events)
         access = debug_policy(options)  # who may read the debug views
         self.security = SecurityStack(options.security(), self.metrics, self.watcher.kube_client)
         self.keeper = WorkloadKeeper(
@@ -239,7 +240,9 @@ class ControlPlane(Lifecycle):
                 hold_application_until_proxy_starts=o.injection_hold_application,
                 native_sidecars=o.injection_native_sidecars,
             )
-            self.webhook = WebhookServer(template, self.watcher.namespace_labels, values)
+            self.webhook = WebhookServer(
+                template, self.watcher.namespace_labels, values, self._injection_result
+            )
             try:
                 self.webhook_port = await self.webhook.start(o.webhook_address, context)
             except OSError as e:
@@ -327,14 +330,34 @@ class ControlPlane(Lifecycle):
     def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
         return self.current.resources(proxy, type_urls)
 
+    def _injection_result(self, result: str) -> None:
+        m = self.metrics
+        counters = {
+            "request": m.injection_requests,
+            "success": m.injection_success,
+            "skip": m.injection_skip,
+            "failure": m.injection_failure,
+        }
+        counters[result].inc()
+
+    def _kube_events(self, source: str, kind: str, event: str, n: int) -> None:
+        counter = (
+            self.metrics.k8s_reg_events if source == "registry" else self.metrics.k8s_cfg_events
+        )
+        counter.labels(kind, event).inc(n)
+
     def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
         """PushPipeline.push_now: rebuild and push at once, skipping the debounce."""
         return self.pipeline.push_now(reasons, waited)
 
 
-def _config_source(options: ControlPlaneOptions) -> ConfigSource:
+def _config_source(
+    options: ControlPlaneOptions, on_events: Callable[[str, str, str, int], None]
+) -> ConfigSource:
     if options.kubernetes:
-        return KubeSource(kube_config(options.kubeconfig), domain=options.trust_domain)
+        return KubeSource(
+            kube_config(options.kubeconfig), domain=options.trust_domain, on_events=on_events
+        )
     return ConfigWatcher(
         list(options.config_paths),
         debounce=options.config_settle,

@@ -10,6 +10,7 @@ send workers then pull the newest state from `CurrentPush.resources`.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -18,8 +19,16 @@ from typing import Protocol
 
 from control.config.source import ConfigSource
 from control.generate import generators_for
+from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, next_context
-from control.metrics import Metrics
+from control.metrics import (
+    CONFLICT_INBOUND,
+    CONFLICT_TCP_OVER_HTTP,
+    CONFLICT_TCP_OVER_TCP,
+    DUPLICATE_DOMAIN,
+    Metrics,
+    trigger,
+)
 from control.model.index import MeshIndex, endpoints_only, rules_of
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
@@ -88,6 +97,14 @@ class PushTarget(Protocol):
     def push_all(self, types: frozenset[str] | None = None) -> int: ...
 
 
+_CONFLICT_GAUGES = {
+    Conflict.INBOUND: CONFLICT_INBOUND,
+    Conflict.TCP_OVER_TCP: CONFLICT_TCP_OVER_TCP,
+    Conflict.TCP_OVER_HTTP: CONFLICT_TCP_OVER_HTTP,
+    Conflict.DUPLICATE_DOMAIN: DUPLICATE_DOMAIN,
+}
+
+
 class CurrentPush:
     """The newest push's mesh index and generator context: what every stream's resources are
     generated from. It is the xDS server's ResourceSource."""
@@ -114,10 +131,16 @@ class CurrentPush:
             cache,
         )
         self._started = time.monotonic()
+        # Istio's conflict gauges: what generating the current push has met so far.
+        for kind, name in _CONFLICT_GAUGES.items():
+            metrics.conflicts[name].set_function(functools.partial(self._conflicts, kind))
 
     @property
     def index(self) -> MeshIndex:
         return self._ctx.index
+
+    def _conflicts(self, kind: Conflict) -> int:
+        return self._ctx.conflicts.count(kind)
 
     def advance(
         self, config: MeshConfig, workloads: Iterable[Workload], started: float | None = None
@@ -217,10 +240,12 @@ class PushPipeline(Lifecycle):
         started = time.monotonic()
         wall = time.time()
         old_index = self._rebuild(started)
+        # Building the new index and generator context: what istiod calls its push context.
+        self._metrics.push_context_init.observe(time.monotonic() - started)
         self.pushes += 1
         eds_only = endpoints_only(old_index, self._current.index)
         if eds_only:
-            self._metrics.push_triggers.labels("eds_only").inc()
+            self._metrics.eds_only_pushes.inc()
             streams = self._target.push_all(_EDS_ONLY)
         else:
             streams = self._target.push_all()
@@ -242,13 +267,14 @@ class PushPipeline(Lifecycle):
         workloads = self._workloads.workloads(self._config)
         previous = self._current.advance(self._config, workloads, started)
         self._metrics.services.set(len(self._current.index.services))
+        self._metrics.virtual_services.set(len(self._config.virtual_services))
         self._metrics.config_errors.set(len(self._source.errors))
         return previous
 
     async def _push(self, reasons: set[str], waited: float) -> None:
         self._metrics.debounce.observe(waited)
         for r in reasons or {"unknown"}:
-            self._metrics.push_triggers.labels(r).inc()
+            self._metrics.push_triggers.labels(trigger(r)).inc()
         self.push_now(reasons, waited)
 
     def _config_changed(self, config: MeshConfig) -> None:

@@ -41,6 +41,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from control.generate.addresses import socket_address
 from control.generate.authz_rbac import http_filters as http_rbac_filters
 from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, variant_resource
 from control.generate.filters import (
     TCP_PROXY_FILTER,
@@ -122,6 +123,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 
 def _outbound(ctx: GenContext, port: OutboundPort, bind: str, scope: str) -> Resource:
     name = listener_name(bind, port.number)
+    _record_conflicts(ctx, port)
     if port.http:
         # Everything else an HTTP listener needs comes from RDS, so the address is all it reads.
         http_key = (bind, port.number)
@@ -134,6 +136,21 @@ def _outbound(ctx: GenContext, port: OutboundPort, bind: str, scope: str) -> Res
     return variant_resource(
         ctx, LISTENER_TYPE, name, ("tcp", *tcp_key), lambda: build_outbound_tcp(*tcp_key)
     )
+
+
+def _record_conflicts(ctx: GenContext, port: OutboundPort) -> None:
+    """The TCP services that get no listener here: with an HTTP service on the port, all of
+    them (HTTP takes the port); otherwise every one but the first by hostname (tcp_chains)."""
+    if not port.tcp:
+        return
+    if port.http:
+        for c in port.tcp:
+            ctx.conflicts.add(Conflict.TCP_OVER_HTTP, (port.number, c.service.hostname))
+        return
+    first = min(port.tcp, key=lambda c: c.service.hostname)
+    for c in port.tcp:
+        if c is not first:
+            ctx.conflicts.add(Conflict.TCP_OVER_TCP, (port.number, c.service.hostname))
 
 
 def tcp_chains(port: OutboundPort, index: MeshIndex | None = None, scope: str = "") -> Chains:

@@ -47,6 +47,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 from control.generate import listeners_explicit
 from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext
 from control.generate.filters import (
     TLS_INSPECTOR_FILTER,
@@ -121,7 +122,9 @@ def fallback_vhosts(policy: str) -> list[VirtualHost]:
 
 def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     plan = outbound_plan(ctx, proxy)
-    chains = ctx.memo(("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports))
+    chains = ctx.memo(
+        ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
+    )
     key = (chains, ctx.index.outbound_policy(proxy))
     return ctx.resource(
         LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
@@ -138,7 +141,9 @@ def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...]:
+def outbound_chains(
+    ports: tuple[OutboundPort, ...], conflicts: Conflicts | None = None
+) -> tuple[OutboundChain, ...]:
     """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates)."""
     chains: list[OutboundChain] = []
     for port in ports:
@@ -160,6 +165,9 @@ def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...
                 chains.append(("tcp", port.number, (), (), c.name))
                 port_taken = True
             else:
+                if conflicts is not None:
+                    kind = Conflict.TCP_OVER_HTTP if port.http else Conflict.TCP_OVER_TCP
+                    conflicts.add(kind, (port.number, c.service.hostname))
                 warn_once(
                     ("virtual-tcp-unreachable", port.number, c.service.hostname),
                     "port %d: TCP service %s has no VIP and another service takes the port; "
