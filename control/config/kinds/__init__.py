@@ -17,6 +17,7 @@ from control.config.kinds import (
     service,
     serviceentry,
     sidecar,
+    telemetry,
     virtualservice,
     workloadentry,
     workloadgroup,
@@ -37,6 +38,7 @@ CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
     "DestinationRule": (destinationrule.API_VERSIONS, destinationrule.convert),
     "PeerAuthentication": (peerauthentication.API_VERSIONS, peerauthentication.convert),
     "AuthorizationPolicy": (authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),
+    "Telemetry": (telemetry.API_VERSIONS, telemetry.convert),
 }
 
 
