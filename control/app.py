@@ -219,6 +219,7 @@ class ControlPlane(Lifecycle):
             resources=self.current.resources,
             registered=self.registry.workload_entries,
             access=debug_middleware(access, lambda: self.security.call_auth),
+            mesh=self.mesh.status,
         )
         self._grpc: grpc.aio.Server | None = None
         self.webhook: WebhookServer | None = None

@@ -169,6 +169,7 @@ class EffectiveMeshConfig(Lifecycle):
             "errors": {k: str(e) for k, e in sorted(self.errors.items())},
             "warnings": [str(w) for w in self._current.warnings],
             "reloads": self.reloads,
+            "in_effect": self._current.as_json(),
         }
 
     async def start(self) -> None:

@@ -9,7 +9,7 @@ push is built from (MeshIndex compares them, generators key cached resources on 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from control.model.types import ConfigWarning, Labels
 
@@ -130,6 +130,21 @@ class MeshSettings:
     # Where it came from ("" = defaults) and what loading it reported; not part of equality.
     source: str = field(default="", compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)
+
+    def as_json(self) -> dict[str, object]:
+        """The settings in effect, for /debug/configz."""
+        out = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("source", "warnings", "extension_providers")
+        }
+        out["default_config"] = asdict(self.default_config)
+        out["default_providers"] = asdict(self.default_providers)
+        out["extension_providers"] = [
+            {"name": p.name, "kind": type(p.provider).__name__, **asdict(p.provider)}
+            for p in self.extension_providers
+        ]
+        return out
 
     def provider(self, name: str) -> Provider | None:
         for p in self.extension_providers:
