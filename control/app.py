@@ -270,13 +270,13 @@ class ControlPlane(Lifecycle):
                 load_template, o.injection_template or DEFAULT_TEMPLATE
             )
             context = await self.security.webhook_ssl_context(o.webhook_address)
-            values = InjectionValues(
-                o.injection_image,
-                o.injection_pilot_address,
-                hold_application_until_proxy_starts=(
-                    self.mesh.current.default_config.hold_application_until_proxy_starts
+            values = _injection_values(
+                InjectionValues(
+                    o.injection_image,
+                    o.injection_pilot_address,
+                    native_sidecars=o.injection_native_sidecars,
                 ),
-                native_sidecars=o.injection_native_sidecars,
+                self.mesh.current,
             )
             webhook = self.webhook = WebhookServer(template, self.watcher.namespace_labels, values)
             self.mesh.subscribe(lambda mesh: _injection_follows(webhook, mesh))
@@ -402,9 +402,19 @@ def _mesh_source(options: ControlPlaneOptions, source: ConfigSource) -> Effectiv
     return EffectiveMeshConfig(inputs, options.mesh_overrides())
 
 
+def _injection_values(values: InjectionValues, mesh: MeshSettings) -> InjectionValues:
+    """The injector's values with the mesh config's defaultConfig (flags already applied)."""
+    proxy = mesh.default_config
+    return dataclasses.replace(
+        values,
+        hold_application_until_proxy_starts=proxy.hold_application_until_proxy_starts,
+        proxy_metadata=proxy.proxy_metadata,
+        drain_duration=proxy.drain_duration,
+    )
+
+
 def _injection_follows(webhook: WebhookServer, mesh: MeshSettings) -> None:
-    hold = mesh.default_config.hold_application_until_proxy_starts
-    webhook.values = dataclasses.replace(webhook.values, hold_application_until_proxy_starts=hold)
+    webhook.values = _injection_values(webhook.values, mesh)
 
 
 def _grpc_server(options: XdsOptions) -> grpc.aio.Server:

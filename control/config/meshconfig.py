@@ -131,7 +131,7 @@ def _proxy_defaults(f: Fields | None) -> ProxyDefaults:
     # they are accepted and reported, never half-applied.
     f.finish()
     return ProxyDefaults(
-        drain_duration=45.0 if drain is None else drain,
+        drain_duration=drain,
         hold_application_until_proxy_starts=hold,
         proxy_metadata=labels_of(metadata),
         tracing_sampling=sampling,

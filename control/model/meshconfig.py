@@ -99,7 +99,9 @@ class DefaultProviders:
 class ProxyDefaults:
     """`defaultConfig` (Istio's ProxyConfig): the fields pilotfish uses."""
 
-    drain_duration: float = 45.0
+    # None: not set, the agent's own default applies (Istio's is 45s; pilotfish's agent
+    # drains for 5s unless told).
+    drain_duration: float | None = None
     hold_application_until_proxy_starts: bool = False
     proxy_metadata: Labels = ()
     tracing_sampling: float = 1.0  # tracing.sampling, percent

@@ -100,7 +100,7 @@ def test_defaults_are_istios() -> None:
     assert mesh.access_log_file == ""
     assert mesh.access_log_encoding is AccessLogEncoding.TEXT
     assert mesh.enable_tracing is True
-    assert mesh.default_config.drain_duration == 45.0
+    assert mesh.default_config.drain_duration is None  # the agent's own default
     assert mesh.default_config.tracing_sampling == 1.0
     assert mesh.outbound_traffic_policy == "ALLOW_ANY"
     assert mesh.trust_domain == "cluster.local"
@@ -193,3 +193,44 @@ async def test_first_input_with_a_config_wins_and_flags_win_over_it() -> None:
     kube.current = None
     kube.on_change()
     assert [s.access_log_file for s in seen] == ["/b", "/a"]
+
+
+def test_default_config_reaches_injected_agents() -> None:
+    """defaultConfig.proxyMetadata becomes the injected agent's environment, as in Istio;
+    drainDuration its PILOTFISH_DRAIN_DURATION, the default of --drain-duration."""
+    from control.webhook.inject import InjectionValues, injection_patch
+    from tests.unit.test_webhook_inject import ENABLED, TEMPLATE, app_pod, apply_patch, env_of
+
+    mesh = parse_mesh_config(
+        "defaultConfig:\n  drainDuration: 12s\n  proxyMetadata: {ISTIO_META_DNS_CAPTURE: 'true'}\n",
+        "mesh.yaml",
+    )
+    values = InjectionValues(
+        proxy_metadata=mesh.default_config.proxy_metadata,
+        drain_duration=mesh.default_config.drain_duration,
+    )
+    pod = app_pod()
+    decision, patch = injection_patch(pod, ENABLED, TEMPLATE, values)
+    assert decision.inject
+    agent = next(
+        c for c in apply_patch(pod, patch)["spec"]["containers"] if c["name"] == "istio-proxy"
+    )
+    env = env_of(agent)
+    assert env["ISTIO_META_DNS_CAPTURE"] == "true"
+    assert env["PILOTFISH_DRAIN_DURATION"] == "12"
+    # Unset: nothing added, the agent keeps its own default.
+    decision, patch = injection_patch(pod, ENABLED, TEMPLATE, InjectionValues())
+    agent = next(
+        c for c in apply_patch(pod, patch)["spec"]["containers"] if c["name"] == "istio-proxy"
+    )
+    assert "PILOTFISH_DRAIN_DURATION" not in env_of(agent)
+
+
+def test_agent_drain_duration_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.config import build_parser
+
+    monkeypatch.setenv("PILOTFISH_DRAIN_DURATION", "12")
+    assert build_parser().parse_args([]).drain_duration == 12.0
+    assert build_parser().parse_args(["--drain-duration", "3"]).drain_duration == 3.0
+    monkeypatch.delenv("PILOTFISH_DRAIN_DURATION")
+    assert build_parser().parse_args([]).drain_duration == 5.0
