@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from control.config.source import ConfigSource
+from control.config.source import ConfigSource, MeshConfigSource
 from control.generate import generators_for
 from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, next_context
@@ -30,6 +30,7 @@ from control.metrics import (
     trigger,
 )
 from control.model.index import MeshIndex, endpoints_only, rules_of
+from control.model.meshconfig import MeshSettings
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
@@ -121,6 +122,9 @@ class CurrentPush:
         self._metrics = metrics
         self._trust_domain = trust_domain
         self._outbound = outbound_traffic_policy
+        self._mesh = MeshSettings(
+            trust_domain=trust_domain, outbound_traffic_policy=outbound_traffic_policy
+        )
         self._version = 0
         self._ctx = GenContext(
             MeshIndex(
@@ -143,12 +147,21 @@ class CurrentPush:
         return self._ctx.conflicts.count(kind)
 
     def advance(
-        self, config: MeshConfig, workloads: Iterable[Workload], started: float | None = None
+        self,
+        config: MeshConfig,
+        workloads: Iterable[Workload],
+        started: float | None = None,
+        mesh: MeshSettings | None = None,
     ) -> MeshIndex:
         """Move to the index of a new snapshot; returns the previous index. `started`: when
-        the push that carries it began (None: the snapshot is not pushed, as at startup)."""
+        the push that carries it began (None: the snapshot is not pushed, as at startup).
+        `mesh`: the mesh config in effect (None: as before; its outbound traffic policy
+        replaces the constructor's, the trust domain stays the one the process started with)."""
         if started is not None:
             self._started = started
+        if mesh is not None:
+            self._mesh = mesh
+            self._outbound = mesh.outbound_traffic_policy
         previous = self._ctx.index
         self._version += 1
         # Derived from the previous index when only workloads changed (MeshIndex.next), and
@@ -159,6 +172,7 @@ class CurrentPush:
             trust_domain=self._trust_domain,
             version=self._version,
             outbound_traffic_policy=self._outbound,
+            mesh=self._mesh,
         )
         self._ctx = next_context(self._ctx, index)
         return previous
@@ -187,7 +201,8 @@ class PushPipeline(Lifecycle):
 
     The config source hands each new config over (ConfigSource.subscribe); the pipeline keeps
     the one it was handed and never reads the source's config back, except once at start()
-    for the first one (sources do not hand that over)."""
+    for the first one (sources do not hand that over). The mesh config source (Istio's
+    MeshConfig, optional) is a second input handled the same way."""
 
     def __init__(
         self,
@@ -199,8 +214,11 @@ class PushPipeline(Lifecycle):
         *,
         quiet: float = 0.1,
         max_delay: float = 10.0,
+        mesh: MeshConfigSource | None = None,
     ) -> None:
         self._source = source
+        self._mesh_source = mesh
+        self._mesh: MeshSettings | None = None
         self._workloads = workloads
         self._current = current
         self._target = target
@@ -211,11 +229,15 @@ class PushPipeline(Lifecycle):
         self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
         source.subscribe(self._config_changed)
         workloads.subscribe(self._workloads_changed)
+        if mesh is not None:
+            mesh.subscribe(self._mesh_changed)
 
     async def start(self) -> None:
         """Build the first snapshot from the source's initial config (the source has
         started) and start the debounce loop."""
         self._config = self._source.current
+        if self._mesh_source is not None:
+            self._mesh = self._mesh_source.current
         self._rebuild()
         await self._loop.start()
 
@@ -265,10 +287,11 @@ class PushPipeline(Lifecycle):
 
     def _rebuild(self, started: float | None = None) -> MeshIndex:
         workloads = self._workloads.workloads(self._config)
-        previous = self._current.advance(self._config, workloads, started)
+        previous = self._current.advance(self._config, workloads, started, self._mesh)
         self._metrics.services.set(len(self._current.index.services))
         self._metrics.virtual_services.set(len(self._config.virtual_services))
-        self._metrics.config_errors.set(len(self._source.errors))
+        mesh_errors = len(self._mesh_source.errors) if self._mesh_source is not None else 0
+        self._metrics.config_errors.set(len(self._source.errors) + mesh_errors)
         return previous
 
     async def _push(self, reasons: set[str], waited: float) -> None:
@@ -280,6 +303,10 @@ class PushPipeline(Lifecycle):
     def _config_changed(self, config: MeshConfig) -> None:
         self._config = config
         self._loop.notify("config")
+
+    def _mesh_changed(self, mesh: MeshSettings) -> None:
+        self._mesh = mesh
+        self._loop.notify("meshconfig")
 
     def _workloads_changed(self) -> None:
         self._loop.notify("registry")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.model.gateway import Gateway
+from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
@@ -35,6 +36,7 @@ class ConfigObject:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

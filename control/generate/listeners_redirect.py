@@ -55,12 +55,14 @@ from control.generate.filters import (
     sidecar_hcm,
     tcp_proxy,
 )
+from control.generate.listener_telemetry import listener_telemetry, with_telemetry
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
+from control.model.telemetry import WorkloadMode
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
@@ -126,8 +128,13 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
         ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
     )
     key = (chains, ctx.index.outbound_policy(proxy))
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_OUTBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_outbound(*key), tel),
+        variant=(*key, tel),
     )
 
 
@@ -238,8 +245,13 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies)
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_INBOUND, key, lambda: build_virtual_inbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_INBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_inbound(*key), tel),
+        variant=(*key, tel),
     )
 
 

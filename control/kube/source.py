@@ -72,7 +72,7 @@ PODS = Resource("Pod", "v1", "pods")
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
 
-_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
+_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
 
 def _plural(kind: str) -> str:

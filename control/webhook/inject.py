@@ -115,6 +115,10 @@ class InjectionValues:
     native_sidecars: bool = False
     # MeshConfig enablePrometheusMerge (Istio's default: on): scrape annotations added.
     prometheus_merge: bool = True
+    # MeshConfig defaultConfig.proxyMetadata: environment of every injected agent, as Istio
+    # sets it; defaultConfig.drainDuration (seconds; None: the agent's default).
+    proxy_metadata: tuple[tuple[str, str], ...] = ()
+    drain_duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +271,10 @@ def injection_patch(
             env = _set_env(env, "PILOT_ADDRESS", values.pilot_address)
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
+        for name, value in values.proxy_metadata:
+            env = _set_env(env, name, value)
+        if values.drain_duration is not None:
+            env = _set_env(env, "PILOTFISH_DRAIN_DURATION", f"{values.drain_duration:g}")
         c["env"] = env
     first: list[dict[str, Any]] = []
     if native:
