@@ -303,12 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--envoy-delta", action="store_true", help="Envoy uses delta ADS (default: SotW)"
     )
-    p.add_argument(
+    _seconds(
+        p,
         "--drain-duration",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="how long listeners drain on SIGTERM (default %(default)s)",
+        "PILOTFISH_DRAIN_DURATION",
+        "5.0",
+        "how long listeners drain on SIGTERM (env PILOTFISH_DRAIN_DURATION, which the "
+        "injector sets from MeshConfig defaultConfig.drainDuration; default %(default)s)",
     )
     logsetup.add_arguments(p)
     return p

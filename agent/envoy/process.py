@@ -171,8 +171,10 @@ class EnvoySupervisor(Lifecycle):
             self._proc = await asyncio.create_subprocess_exec(
                 *launcher(cmd, self.run_as),
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                # Envoy logs to stderr, read below; its stdout is the agent's, as in Istio,
+                # so access logs to /dev/stdout reach the container log line for line.
+                stdout=None,
+                stderr=asyncio.subprocess.PIPE,
                 limit=_LINE_LIMIT,
                 # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
                 # group) reaches only the agent, which then drains Envoy before stopping it.
@@ -191,8 +193,8 @@ class EnvoySupervisor(Lifecycle):
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         try:
             try:
-                if proc.stdout is not None:
-                    await self._pass_through(proc.stdout)
+                if proc.stderr is not None:
+                    await self._pass_through(proc.stderr)
             except Exception:
                 # Losing Envoy's log must not lose track of Envoy itself.
                 logger.exception("cannot read Envoy's output")

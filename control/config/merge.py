@@ -109,6 +109,7 @@ def merge(
         gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
+        telemetries=tuple(t for obj in objects for t in obj.telemetries),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

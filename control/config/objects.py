@@ -8,6 +8,7 @@ from typing import Any
 
 from control.model.gateway import Gateway
 from control.model.gatewayapi import GatewayApiObject
+from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
@@ -38,6 +39,7 @@ class ConfigObject:
     gateways: tuple[Gateway, ...] = ()
     # Gateway API objects, translated once all are merged (control/gatewayapi/translate.py).
     gateway_api: tuple[GatewayApiObject, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

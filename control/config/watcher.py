@@ -45,7 +45,7 @@ Stamp = tuple[int, int, int, int, str]
 _RACY_SECONDS = 2.0
 
 
-def _stamp(path: str, now: float) -> Stamp | None:
+def file_stamp(path: str, now: float) -> Stamp | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -65,7 +65,7 @@ def _scan(paths: tuple[str, ...]) -> dict[str, Stamp]:
     now = time.time()
     out: dict[str, Stamp] = {}
     for file in discover(paths, missing_ok=True):
-        stamp = _stamp(file, now)
+        stamp = file_stamp(file, now)
         if stamp is not None:
             out[file] = stamp
     return out

@@ -47,6 +47,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 from control.generate import listeners_explicit
 from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext
 from control.generate.filters import (
     TLS_INSPECTOR_FILTER,
@@ -54,12 +55,14 @@ from control.generate.filters import (
     sidecar_hcm,
     tcp_proxy,
 )
+from control.generate.listener_telemetry import listener_telemetry, with_telemetry
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
+from control.model.telemetry import WorkloadMode
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
@@ -121,10 +124,17 @@ def fallback_vhosts(policy: str) -> list[VirtualHost]:
 
 def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     plan = outbound_plan(ctx, proxy)
-    chains = ctx.memo(("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports))
+    chains = ctx.memo(
+        ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
+    )
     key = (chains, ctx.index.outbound_policy(proxy))
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_OUTBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_outbound(*key), tel),
+        variant=(*key, tel),
     )
 
 
@@ -138,7 +148,9 @@ def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...]:
+def outbound_chains(
+    ports: tuple[OutboundPort, ...], conflicts: Conflicts | None = None
+) -> tuple[OutboundChain, ...]:
     """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates)."""
     chains: list[OutboundChain] = []
     for port in ports:
@@ -160,6 +172,9 @@ def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...
                 chains.append(("tcp", port.number, (), (), c.name))
                 port_taken = True
             else:
+                if conflicts is not None:
+                    kind = Conflict.TCP_OVER_HTTP if port.http else Conflict.TCP_OVER_TCP
+                    conflicts.add(kind, (port.number, c.service.hostname))
                 warn_once(
                     ("virtual-tcp-unreachable", port.number, c.service.hostname),
                     "port %d: TCP service %s has no VIP and another service takes the port; "
@@ -230,8 +245,13 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies)
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_INBOUND, key, lambda: build_virtual_inbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_INBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_inbound(*key), tel),
+        variant=(*key, tel),
     )
 
 

@@ -88,7 +88,7 @@ PODS = Resource("Pod", "v1", "pods")
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
 
-_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
+_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
 
 def _plural(kind: str) -> str:
@@ -169,6 +169,23 @@ def _with_slice_endpoints(
     return dataclasses.replace(obj, services=services)
 
 
+# Istio's `type` label for its registry informers (kube controller's registerHandlers).
+_REGISTRY_TYPES = {
+    "Service": "Services",
+    "Pod": "Pods",
+    "Namespace": "Namespaces",
+    "EndpointSlice": "EndpointSlice",
+}
+
+
+def _events_of(
+    resource: Resource, on_events: Callable[[str, str, str, int], None]
+) -> Callable[[str, int], None]:
+    registry = _REGISTRY_TYPES.get(resource.kind)
+    source, kind = ("registry", registry) if registry else ("config", resource.kind)
+    return lambda event, n: on_events(source, kind, event, n)
+
+
 class KubeSource(Lifecycle):
     """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
 
@@ -181,7 +198,11 @@ class KubeSource(Lifecycle):
         debounce: float = 0.05,
         watch_timeout: int = 300,
         page_size: int = 500,
+        on_events: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
+        """`on_events(source, type, event, n)`: n objects of `type` were added, updated or
+        deleted; source "registry" for Services, Pods, Namespaces and EndpointSlices, "config"
+        for Istio kinds (Istio's pilot_k8s_reg_events and pilot_k8s_cfg_events)."""
         self.config = config
         self.client = KubeClient(config)
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
@@ -198,6 +219,9 @@ class KubeSource(Lifecycle):
             *gateway_api_resources(),
         ]
         self.reflectors = {r.key: Reflector() for r in self.resources}
+        if on_events is not None:
+            for r in self.resources:
+                self.reflectors[r.key].on_events = _events_of(r, on_events)
         gateway_api = {r.kind: r for r in self.resources if r.qualified}
         self.status_writer = StatusWriter(
             self.client,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from control.model.gateway import Gateway
     from control.model.gatewayapi import ObjectStatus, ReferenceGrant
+    from control.model.telemetry import Telemetry
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
 
@@ -366,6 +367,7 @@ class MeshConfig:
     # Gateway API status as computed from this config (shown in /debug/configz, written back
     # in Kubernetes mode); derived from the fields above, so not part of equality.
     gateway_api_status: tuple[ObjectStatus, ...] = field(default=(), compare=False)
+    telemetries: tuple[Telemetry, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

@@ -15,6 +15,14 @@ knows the pod has a sidecar). When the pod asks for interception mode REDIRECT (
 `sidecar.istio.io/interceptionMode`), also the capture init container, first, with args from
 Istio's `traffic.sidecar.istio.io/*` annotations.
 
+Prometheus, as Istio's metrics merge: the pod gets `prometheus.io/scrape: "true"`,
+`prometheus.io/port: "15020"` and `prometheus.io/path: /stats/prometheus` (the agent's merged
+metrics), unless it opts out (`prometheus.io/scrape: "false"`, or
+`prometheus.istio.io/merge-metrics: "false"`, or `InjectionValues.prometheus_merge` off: mesh
+`enablePrometheusMerge`) or already names its own scrape port or path: Istio then moves those
+into ISTIO_PROMETHEUS_ANNOTATIONS for its agent to scrape and merge, which our agent does not
+do, so the pod's own annotations are kept and nothing of the app's metrics is lost.
+
 Start order, as Istio's template: with `holdApplicationUntilProxyStarts` (the mesh default in
 `InjectionValues`, or the pod's `proxy.istio.io/config` annotation) the agent container goes
 first and gets a postStart hook `pilotfish-agent wait`; kubelet starts containers in order and
@@ -30,6 +38,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +84,20 @@ _CAPTURE_FLAGS: tuple[tuple[str, str, str], ...] = (
 _ALWAYS_EXCLUDED_INBOUND = ("15000", "15020", "15021", "15090")
 
 
+# What Prometheus scrapes on an injected pod: the agent's status port, merged metrics.
+PROMETHEUS_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": "15020",
+    "prometheus.io/path": "/stats/prometheus",
+}
+MERGE_METRICS_ANNOTATION = "prometheus.istio.io/merge-metrics"
+# Prometheus sanitizes annotation names into label names, so `prometheus.io/scrape` and
+# `prometheus-io/scrape` mean the same to it (and to Istio's injector).
+_LABEL_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
 class InjectionError(ValueError):
     """The pod cannot be injected as asked (a bad annotation value, a name clash)."""
 
@@ -90,6 +113,12 @@ class InjectionValues:
     hold_application_until_proxy_starts: bool = False
     # Istio's ENABLE_NATIVE_SIDECARS: the default for pods without the annotation.
     native_sidecars: bool = False
+    # MeshConfig enablePrometheusMerge (Istio's default: on): scrape annotations added.
+    prometheus_merge: bool = True
+    # MeshConfig defaultConfig.proxyMetadata: environment of every injected agent, as Istio
+    # sets it; defaultConfig.drainDuration (seconds; None: the agent's default).
+    proxy_metadata: tuple[tuple[str, str], ...] = ()
+    drain_duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +156,30 @@ def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -
     if ns_labels.get(NAMESPACE_LABEL) == "enabled":
         return Decision(True, f"namespace label {NAMESPACE_LABEL}=enabled")
     return Decision(False, "neither the pod nor its namespace asks for injection")
+
+
+def prometheus_annotations(
+    annotations: Mapping[str, Any], values: InjectionValues = InjectionValues()
+) -> dict[str, str]:
+    """The scrape annotations injection sets ({} when it leaves the pod's alone)."""
+    merge = annotations.get(MERGE_METRICS_ANNOTATION)
+    if merge is not None:
+        if str(merge) not in (*_GO_TRUE, *_GO_FALSE):
+            raise InjectionError(
+                f'annotation {MERGE_METRICS_ANNOTATION}: {merge!r} is not "true" or "false"'
+            )
+        if str(merge) in _GO_FALSE:
+            return {}
+    elif not values.prometheus_merge:
+        return {}
+    own = {_LABEL_UNSAFE.sub("_", str(k)): str(v) for k, v in annotations.items()}
+    if own.get("prometheus_io_scrape") in _GO_FALSE:
+        return {}  # the pod asks not to be scraped (an unparsable value counts as yes)
+    if own.get("prometheus_io_port") == PROMETHEUS_ANNOTATIONS["prometheus.io/port"]:
+        return {}  # already ours: injected before, or the user points at the agent
+    if "prometheus_io_port" in own or "prometheus_io_path" in own:
+        return {}  # the pod's own scrape target (see the module docstring)
+    return dict(PROMETHEUS_ANNOTATIONS)
 
 
 def interception_mode(pod: Mapping[str, Any]) -> str:
@@ -192,6 +245,7 @@ def injection_patch(
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     mode = interception_mode(pod)
+    scrape = prometheus_annotations(meta.get("annotations") or {}, values)
     native = native_sidecars(pod, values)
     hold = hold_application(pod, values) and not native
     init_containers, containers, volumes = template.copy()
@@ -217,6 +271,10 @@ def injection_patch(
             env = _set_env(env, "PILOT_ADDRESS", values.pilot_address)
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
+        for name, value in values.proxy_metadata:
+            env = _set_env(env, name, value)
+        if values.drain_duration is not None:
+            env = _set_env(env, "PILOTFISH_DRAIN_DURATION", f"{values.drain_duration:g}")
         c["env"] = env
     first: list[dict[str, Any]] = []
     if native:
@@ -267,11 +325,10 @@ def injection_patch(
         "containers": [c["name"] for c in (*first, *containers)],
         "volumes": [v["name"] for v in volumes],
     }
-    patch += _set_key(
+    patch += _set_keys(
         "/metadata/annotations",
         meta.get("annotations"),
-        STATUS_ANNOTATION,
-        json.dumps(status, separators=(",", ":")),
+        {STATUS_ANNOTATION: json.dumps(status, separators=(",", ":")), **scrape},
     )
     patch += _set_key("/metadata/labels", meta.get("labels"), TLS_MODE_LABEL, "istio")
     return decision, patch
@@ -349,9 +406,13 @@ def _append(path: str, existing: object, items: Sequence[Any]) -> list[dict[str,
 
 
 def _set_key(path: str, existing: object, key: str, value: str) -> list[dict[str, Any]]:
+    return _set_keys(path, existing, {key: value})
+
+
+def _set_keys(path: str, existing: object, items: Mapping[str, str]) -> list[dict[str, Any]]:
     if isinstance(existing, Mapping) and existing:
-        return [{"op": "add", "path": f"{path}/{_escape(key)}", "value": value}]
-    return [{"op": "add", "path": path, "value": {key: value}}]
+        return [{"op": "add", "path": f"{path}/{_escape(k)}", "value": v} for k, v in items.items()]
+    return [{"op": "add", "path": path, "value": dict(items)}]
 
 
 def _escape(token: str) -> str:
