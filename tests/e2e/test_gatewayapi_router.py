@@ -26,6 +26,7 @@ from control.model.gatewayapi import GROUP
 from tests.e2e.test_gateway_pods import TlsBackend, client_context, refused, tls_get
 from tests.integration.test_proxyless_grpc import METHOD
 from tests.integration.test_proxyless_grpc import backend as grpc_backend
+from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.gatewayapi import (
@@ -160,6 +161,23 @@ def _route_reasons(cp: ControlPlane, namespace: str, name: str) -> dict[str, str
     return {}
 
 
+def _router(cp: ControlPlane, tmp_path: Path, ip: str) -> AgentProcess:
+    """The router pod of Gateway infra/gw (labelled with its name), started."""
+    router = mesh_agent(
+        cp,
+        tmp_path,
+        ip,
+        "gw-router",
+        "gateway.networking.k8s.io/gateway-name=gw",
+        "--proxy-type",
+        "router",
+        namespace="infra",
+        service_account="gw",
+    )
+    router.start()
+    return router
+
+
 @contextlib.asynccontextmanager
 async def _apps(ips: dict[str, str]) -> AsyncIterator[dict[str, EchoApp]]:
     apps = {name: EchoApp(name, ips[name], APP_PORT) for name in ("v1", "v2")}
@@ -181,18 +199,7 @@ async def test_gateway_api_routes_through_a_real_router(tmp_path: Path) -> None:
     (cfg / "gateway.yaml").write_text(_config(ips))
     url = f"http://{router_ip}:{GATEWAY_PORT}"
     async with _apps(ips), running_control_plane(cfg) as cp:
-        router = mesh_agent(
-            cp,
-            tmp_path,
-            router_ip,
-            "gw-router",
-            "gateway.networking.k8s.io/gateway-name=gw",
-            "--proxy-type",
-            "router",
-            namespace="infra",
-            service_account="gw",
-        )
-        router.start()
+        router = _router(cp, tmp_path, router_ip)
         try:
             async with aiohttp.ClientSession() as session:
 
@@ -298,18 +305,7 @@ async def test_tls_passthrough_and_tcp_routes_through_a_real_router(tmp_path: Pa
     await tcp_backend.start()
     try:
         async with running_control_plane(cfg) as cp:
-            router = mesh_agent(
-                cp,
-                tmp_path,
-                router_ip,
-                "gw-router",
-                "gateway.networking.k8s.io/gateway-name=gw",
-                "--proxy-type",
-                "router",
-                namespace="infra",
-                service_account="gw",
-            )
-            router.start()
+            router = _router(cp, tmp_path, router_ip)
             try:
 
                 async def greeting() -> str | None:
