@@ -4,7 +4,7 @@ a 90/10 weighted split measured over 1,000 requests, header and path matches, a 
 and a RequestRedirect, a GRPCRoute reached by a real grpcio client, and an HTTPRoute in
 another namespace refused without a ReferenceGrant (status RefNotPermitted) and served once
 one exists; a TLSRoute passthrough by SNI (the client sees the backend's own certificate)
-and a TCPRoute."""
+and a TCPRoute; and the same from the Kubernetes API, with the status written back there."""
 
 from __future__ import annotations
 
@@ -21,14 +21,15 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from control.app import ControlPlane
+from control.app import ControlPlane, ControlPlaneOptions
 from control.model.gatewayapi import GROUP
+from control.xds.server import XdsOptions
 from tests.e2e.test_gateway_pods import TlsBackend, client_context, refused, tls_get
 from tests.integration.test_proxyless_grpc import METHOD
 from tests.integration.test_proxyless_grpc import backend as grpc_backend
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp, TcpEchoApp
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
 from tests.support.gatewayapi import (
     backend,
     dump,
@@ -38,6 +39,8 @@ from tests.support.gatewayapi import (
     reference_grant,
     route,
 )
+from tests.support.kubeapi import FakeKubeApi
+from tests.support.kubeapi import pod as kube_pod
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.testca import TestCA
@@ -333,3 +336,91 @@ async def test_tls_passthrough_and_tcp_routes_through_a_real_router(tmp_path: Pa
     finally:
         await tls_backend.close()
         await tcp_backend.close()
+
+
+async def test_kubernetes_mode_routes_and_writes_status(tmp_path: Path) -> None:
+    """The same path from the Kubernetes API: the Gateway API objects and the backend's Pod
+    come from the in-test API server, the route's status is written back there, and a
+    ReferenceGrant created later lets the router serve the other namespace's route."""
+    backend_ip, router_ip = pod_ip(), pod_ip()
+    app = EchoApp("v1", backend_ip, APP_PORT)
+    await app.start()
+    try:
+        async with FakeKubeApi(bookmark_interval=0.2) as api:
+            kubeconfig = tmp_path / "kubeconfig"
+            kubeconfig.write_text(api.kubeconfig())
+            for name in ("infra", "apps"):
+                api.put(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+                    }
+                )
+            api.put(_service("v1", "infra"))
+            api.put(kube_pod("v1-0", backend_ip, {"app": "v1"}, namespace="infra"))
+            api.put(gateway_class())
+            api.put(gateway(listeners=[listener("http", GATEWAY_PORT, from_="All")]))
+            guest = _cross_namespace_route()
+            guest["spec"]["rules"] = [{"backendRefs": [backend("v1", namespace="infra")]}]
+            api.put(guest)
+            cp = ControlPlane(
+                ControlPlaneOptions(
+                    kubernetes=True,
+                    kubeconfig=str(kubeconfig),
+                    xds_address="127.0.0.1:0",
+                    secure_xds_address="127.0.0.1:0",
+                    http_address="127.0.0.1:0",
+                    id="kube-cp",
+                    debounce_quiet=0.05,
+                    debounce_max=1.0,
+                    xds=XdsOptions(control_plane_id="kube-cp"),
+                )
+            )
+            await cp.start()
+            router = _router(cp, tmp_path, router_ip)
+            url = f"http://{router_ip}:{GATEWAY_PORT}/"
+            try:
+
+                def reasons() -> dict[str, str]:
+                    obj = api.objects[f"httproutes.{GROUP}"][("apps", "guest")]
+                    parents = (obj.get("status") or {}).get("parents") or []
+                    if not parents:
+                        return {}
+                    return {c["type"]: c["reason"] for c in parents[0]["conditions"]}
+
+                await eventually(
+                    lambda: reasons().get("ResolvedRefs") == "RefNotPermitted",
+                    what="RefNotPermitted in the API server",
+                )
+                async with aiohttp.ClientSession() as session:
+
+                    async def guest_status() -> int:
+                        try:
+                            status, _, _ = await _get(session, url, "guest.example.com")
+                        except aiohttp.ClientError:
+                            return 0
+                        return status
+
+                    await eventually(
+                        lambda: _is(guest_status(), 404), timeout=30, what="router up, 404"
+                    )
+                    api.put(reference_grant("apps-to-infra", "infra", "apps"))
+                    await eventually(
+                        lambda: reasons().get("ResolvedRefs") == "ResolvedRefs",
+                        what="ResolvedRefs in the API server",
+                    )
+                    await eventually(lambda: _is(guest_status(), 200), what="guest route served")
+                    _, body, _ = await _get(session, url, "guest.example.com")
+                    assert body["app"] == "v1"
+                gw = api.objects[f"gateways.{GROUP}"][("infra", "gw")]["status"]
+                assert gw["listeners"][0]["attachedRoutes"] == 1
+            finally:
+                assert router.terminate() == 0, router.log()[-3000:]
+                await bounded_teardown(cp.close(0.2), "control plane close")
+    finally:
+        await app.close()
+
+
+async def _is(call: Any, want: int) -> bool:
+    return bool(await call == want)
