@@ -269,6 +269,7 @@ class Translator:
             source=gw.source,
             selector=((GATEWAY_NAME_LABEL, gw.name),),
             servers=tuple(servers),
+            router_namespace=gw.namespace,
         )
 
     def _server_tls(self, gw: ApiGateway, listener: Listener) -> ServerTls | None:

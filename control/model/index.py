@@ -213,7 +213,7 @@ class MeshIndex:
     def gateway_listeners(
         self, proxy: Proxy, default_bind: str
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
-        return self._gateways.listeners(proxy.labels, default_bind)
+        return self._gateways.listeners(proxy.labels, default_bind, proxy.namespace)
 
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)

@@ -7,6 +7,9 @@ import re
 import pytest
 
 from control.gatewayapi.hostnames import intersect, route_hosts
+from control.generate import generators_for
+from control.generate.context import GenContext
+from control.generate.resource_names import LISTENER_TYPE
 from control.model.gateway import ServerTlsMode
 from control.model.gatewayapi import (
     GATEWAY_NAME_LABEL,
@@ -16,9 +19,12 @@ from control.model.gatewayapi import (
     ReferenceGrant,
     reference_granted,
 )
+from control.model.index import MeshIndex
+from control.model.proxy import proxy_from_node
 from control.model.traffic import MatchKind, VirtualService
 from control.model.traffic_index import TrafficIndex
 from control.model.types import MeshConfig, Protocol, SourceRef
+from control.xds.cache import ResourceCache
 from tests.support.gatewayapi import (
     backend,
     conditions,
@@ -704,3 +710,22 @@ def test_a_route_attached_through_two_listeners_of_one_port_is_served_once() -> 
         ls.name: ls.attached_routes for ls in status_of(mesh, "Gateway", "infra", "gw").listeners
     }
     assert attached == {"wild": 1, "exact": 1}
+
+
+def test_only_routers_in_the_gateways_namespace_serve_it() -> None:
+    mesh = load(*BASE, gateway(), route("r"))
+    (gw,) = mesh.gateways
+    labels = ((GATEWAY_NAME_LABEL, "gw"),)
+    assert gw.selects(labels, "infra")
+    assert not gw.selects(labels, "elsewhere")
+    ctx = GenContext(MeshIndex(mesh, ()), ResourceCache())
+
+    def listeners(namespace: str) -> list[str]:
+        proxy = proxy_from_node(
+            f"router~10.1.0.9~gw-0.{namespace}~{namespace}.svc.cluster.local",
+            {"LABELS": {GATEWAY_NAME_LABEL: "gw"}, "SDS": "true"},
+        )
+        return sorted(generators_for(proxy)[LISTENER_TYPE](ctx, proxy))
+
+    assert listeners("infra") == ["10.1.0.9_8080"]
+    assert listeners("elsewhere") == []
