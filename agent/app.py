@@ -22,7 +22,9 @@ from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
+from agent.envoy.drain import DrainPlan
 from agent.envoy.process import EnvoySupervisor
+from agent.health.appprobe import AppProbes, probe_destination
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
@@ -172,9 +174,20 @@ class Agent(Lifecycle):
                 cfg.workdir / "envoy-rev.json",
                 admin_url=admin,
                 drain_duration=cfg.drain_duration,
+                drain_plan=DrainPlan(
+                    duration=cfg.drain_duration,
+                    exit_on_zero_active_connections=cfg.exit_on_zero_active_connections,
+                    minimum=cfg.minimum_drain_duration,
+                ),
                 log_level="warning" if log_level != "debug" else "info",
                 run_as=self.run_as,
             )
+        # The app's own probes, rewritten by the injector to come through here.
+        self.app_probes = AppProbes(
+            cfg.app_probers,
+            probe_destination(cfg.ip, cfg.app_probe_localhost),
+            cfg.status_port,
+        )
         self.status = StatusServer(
             cfg.ip,
             cfg.status_port,
@@ -184,6 +197,8 @@ class Agent(Lifecycle):
             on_quit=self.request_stop,
             on_drain=self._start_drain,
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
+            app_probe=self.app_probes.answer,
+            app_probe_paths=cfg.app_probers,
         )
         self.stop_requested = asyncio.Event()
         self._started_at = time.monotonic()
