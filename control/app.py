@@ -98,6 +98,8 @@ class ControlPlaneOptions:
     injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
     injection_hold_application: bool = False  # defaultConfig.holdApplicationUntilProxyStarts
     injection_native_sidecars: bool = False  # Istio's ENABLE_NATIVE_SIDECARS
+    # Istio-style revision ("" = the default): injects only its pods (webhook/inject.py).
+    revision: str = ""
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
@@ -238,6 +240,7 @@ class ControlPlane(Lifecycle):
                 o.injection_pilot_address,
                 hold_application_until_proxy_starts=o.injection_hold_application,
                 native_sidecars=o.injection_native_sidecars,
+                revision=o.revision,
             )
             self.webhook = WebhookServer(template, self.watcher.namespace_labels, values)
             try:
@@ -334,12 +337,17 @@ class ControlPlane(Lifecycle):
 
 def _config_source(options: ControlPlaneOptions) -> ConfigSource:
     if options.kubernetes:
-        return KubeSource(kube_config(options.kubeconfig), domain=options.trust_domain)
+        return KubeSource(
+            kube_config(options.kubeconfig),
+            domain=options.trust_domain,
+            revision=options.revision,
+        )
     return ConfigWatcher(
         list(options.config_paths),
         debounce=options.config_settle,
         poll_interval=options.config_poll_interval,
         domain=options.trust_domain,
+        revision=options.revision,
     )
 
 

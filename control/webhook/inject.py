@@ -122,16 +122,22 @@ class Decision:
     reason: str
 
 
-def pod_revision(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -> str:
-    """The revision whose injector the pod belongs to ("" = the default revision)."""
+def pod_revision(
+    pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None
+) -> tuple[str, str]:
+    """(the revision whose injector the pod belongs to, "" = the default one; what said so:
+    "namespace" or "pod" for an istio.io/rev label, "" when no revision label applies)."""
     ns_labels = namespace_labels or {}
     if NAMESPACE_LABEL in ns_labels:
-        return ""
-    revision = ns_labels.get(REVISION_LABEL)
-    if revision is None:
-        revision = ((pod.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
-    revision = str(revision or "")
-    return "" if revision == DEFAULT_REVISION else revision
+        return "", ""
+    if REVISION_LABEL in ns_labels:
+        revision, where = str(ns_labels[REVISION_LABEL]), "namespace"
+    else:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if REVISION_LABEL not in labels:
+            return "", ""
+        revision, where = str(labels[REVISION_LABEL]), "pod"
+    return ("" if revision == DEFAULT_REVISION else revision), where
 
 
 def decide(
@@ -160,19 +166,26 @@ def decide(
     if value in ("false", "n", "no", "off", "0"):
         return Decision(False, f"{INJECT_KEY}={asked} (opt-out)")
     mine = "" if revision == DEFAULT_REVISION else revision
-    theirs = pod_revision(pod, ns_labels)
+    theirs, where = pod_revision(pod, ns_labels)
     if theirs != mine:
         return Decision(
             False, f"the pod is for revision {theirs or DEFAULT_REVISION}, not this one"
         )
-    if mine:
-        where = "namespace" if REVISION_LABEL in ns_labels else "pod"
-        return Decision(True, f"{where} label {REVISION_LABEL}={mine}")
+    if where:
+        return Decision(True, f"{where} label {REVISION_LABEL}={mine or DEFAULT_REVISION}")
     if value in ("true", "y", "yes", "on", "1"):
         return Decision(True, f"{INJECT_KEY}={asked}")
     if ns_labels.get(NAMESPACE_LABEL) == "enabled":
         return Decision(True, f"namespace label {NAMESPACE_LABEL}=enabled")
     return Decision(False, "neither the pod nor its namespace asks for injection")
+
+
+def pilot_address(values: InjectionValues) -> str:
+    """Where the injected agent connects: as given, else the revision's own control plane
+    service (Istio's istiod-<rev>), which is what keeps a canary's pods on the canary."""
+    if values.pilot_address or not values.revision:
+        return values.pilot_address
+    return f"istiod-{values.revision}.istio-system.svc:15012"
 
 
 def interception_mode(pod: Mapping[str, Any]) -> str:
@@ -269,8 +282,8 @@ def injection_patch(
         env = _set_env(
             env, "ISTIO_META_LABELS", ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         )
-        if values.pilot_address:
-            env = _set_env(env, "PILOT_ADDRESS", values.pilot_address)
+        if values.pilot_address or values.revision:
+            env = _set_env(env, "PILOT_ADDRESS", pilot_address(values))
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
         if probers:
