@@ -3,6 +3,8 @@
 - `serve NAME PORT`: an HTTP server on 0.0.0.0:PORT answering JSON with its name, the Host,
   the caller's address and the `x-forwarded-client-cert` header the sidecar set (so a test
   can see the caller's SPIFFE ID);
+- `grpc-health PORT`: a gRPC server on 0.0.0.0:PORT with only the standard health service
+  (grpcio-health-checking), SERVING;
 - `get URL`: one plain HTTP GET with the standard library (system resolver, no proxy
   settings: an app that knows nothing of the mesh), printing `STATUS BODY` or `ERROR why`.
 """
@@ -39,6 +41,21 @@ def serve(name: str, port: int) -> None:
     ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
 
 
+def grpc_health(port: int) -> None:
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(f"0.0.0.0:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
 def get(url: str) -> str:
     # No proxies even if the environment had some: the app must reach the mesh unaided.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -54,10 +71,12 @@ def get(url: str) -> str:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"] and len(argv) == 3:
         serve(argv[1], int(argv[2]))
+    elif argv[:1] == ["grpc-health"] and len(argv) == 2:
+        grpc_health(int(argv[1]))
     elif argv[:1] == ["get"] and len(argv) == 2:
         print(get(argv[1]))
     else:
-        sys.exit("usage: podapp serve NAME PORT | podapp get URL")
+        sys.exit("usage: podapp serve NAME PORT | podapp grpc-health PORT | podapp get URL")
 
 
 if __name__ == "__main__":
