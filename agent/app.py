@@ -166,7 +166,8 @@ class Agent(Lifecycle):
             )
             self.handlers.register(WORKLOAD_PROBE, self.health)
         self.envoy: EnvoySupervisor | None = None
-        admin = f"http://{cfg.ip}:{cfg.envoy_admin_port}"
+        host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
+        admin = f"http://{host}:{cfg.envoy_admin_port}"
         self._admin = admin
         if not cfg.proxy_only:
             self.envoy = EnvoySupervisor(

@@ -37,6 +37,9 @@ class AgentConfig:
     control_plane: tuple[str, ...] = ("127.0.0.1:15010",)
     workdir: Path = Path("pilotfish-run")
     ip: str = "127.0.0.1"
+    # Every IP of the pod (env INSTANCE_IPS, the downward API's status.podIPs: "v4,v6" in a
+    # dual-stack pod); () = just `ip`. Sent as node metadata INSTANCE_IPS, in this order.
+    instance_ips: tuple[str, ...] = ()
     pod_name: str = "pod"
     namespace: str = "default"
     service_account: str = "default"
@@ -118,7 +121,7 @@ class AgentConfig:
         meta: dict[str, object] = {
             "NAME": self.pod_name,
             "NAMESPACE": self.namespace,
-            "INSTANCE_IPS": self.ip,
+            "INSTANCE_IPS": ",".join(self.instance_ips or (self.ip,)),
             "SERVICE_ACCOUNT": self.service_account,
             "LABELS": dict(self.labels),
             "INTERCEPTION_MODE": self.interception_mode,
@@ -365,6 +368,14 @@ def config_from_args(
         raise AgentConfigError("--keepalive-time and --keepalive-timeout must be positive")
     if args.drain_duration < 0:
         raise AgentConfigError("--drain-duration must not be negative")
+    instance_ips = tuple(i.strip() for i in environ.get("INSTANCE_IPS", "").split(",") if i.strip())
+    for i in instance_ips:
+        try:
+            ipaddress.ip_address(i)
+        except ValueError:
+            raise AgentConfigError(f"INSTANCE_IPS: {i!r} is not an IP address") from None
+    if instance_ips and args.ip not in instance_ips:
+        instance_ips = (args.ip, *instance_ips)
     try:
         app_probers = parse_app_probers(environ.get(APP_PROBERS_ENV, ""))
     except AppProbersError as e:
@@ -395,6 +406,7 @@ def config_from_args(
         control_plane=addresses,
         workdir=workdir,
         ip=args.ip,
+        instance_ips=instance_ips,
         pod_name=args.pod_name,
         namespace=args.namespace,
         service_account=args.service_account,
