@@ -15,9 +15,14 @@ import aiohttp
 import pytest
 
 from control.webhook.probes import probers_env, rewrite_probes
-from tests.e2e.test_redirect_pods import _alive, ready, workdirs  # noqa: F401 (fixture)
+from tests.e2e.test_redirect_pods import (  # noqa: F401 (workdirs: a fixture)
+    _alive,
+    ready,
+    start_sidecar,
+    workdirs,
+)
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.mesh import mesh_agent, workload_group_yaml
+from tests.support.mesh import workload_group_yaml
 from tests.support.netns import pod_network
 
 pytestmark = pytest.mark.envoy
@@ -83,23 +88,17 @@ async def test_rewritten_probes_under_strict_mtls_with_capture(
             pod.python("-m", "tests.support.podapp", "grpc-health", "9090"), tmp_path / "api.log"
         )
         async with running_control_plane(cfg, host=net.gateway) as cp:
-            pod.run(sys.executable, "-m", "agent", "iptables", check=True)
-            agent = mesh_agent(
+            agent = start_sidecar(
+                pod,
                 cp,
+                net.gateway,
                 workdirs,
-                pod.ip,
-                pod.name,
-                "app=backend",
-                "--interception-mode",
-                "REDIRECT",
-                group="backend",
-                service_account="backend",
-                host=net.gateway,
-                wrap=pod.command(),
+                tmp_path,
+                "backend",
+                "backend",
+                capture=(),
                 env={"ISTIO_KUBE_APP_PROBERS": probers_env(probers)},
-                log_path=tmp_path / "agent.log",
             )
-            agent.start()
             try:
                 await eventually(
                     lambda: _alive(agent) and ready(pod), timeout=60, what="sidecar ready"

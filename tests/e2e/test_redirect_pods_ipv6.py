@@ -14,11 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_redirect_pods import _alive, _by_chain, envoy_stat, ready, workdirs  # noqa: F401
+from tests.e2e.test_redirect_pods import (  # noqa: F401 (workdirs: a fixture)
+    _alive,
+    _by_chain,
+    envoy_stat,
+    ready,
+    start_sidecar,
+    workdirs,
+)
 from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.iptables import nat_lines
-from tests.support.mesh import mesh_agent, workload_group_yaml
+from tests.support.mesh import workload_group_yaml
 from tests.support.netns import Pod, pod_network
 
 pytestmark = pytest.mark.envoy
@@ -133,23 +140,17 @@ async def test_dual_stack_pods_http_over_ipv6_with_mtls_and_authz(
                     (client, "client", "", f"{client.ip},{client.ip6}"),
                     (backend, "backend", "backend", f"{backend.ip6},{backend.ip}"),
                 ):
-                    pod.run(sys.executable, "-m", "agent", "iptables", check=True)
-                    agent = mesh_agent(
+                    agent = start_sidecar(
+                        pod,
                         cp,
+                        net.gateway,
                         workdirs,
-                        pod.ip,
-                        pod.name,
-                        f"app={app}",
-                        "--interception-mode",
-                        "REDIRECT",
-                        group=group,
-                        service_account=app,
-                        host=net.gateway,
-                        wrap=pod.command(),
+                        tmp_path,
+                        app,
+                        group,
+                        capture=(),
                         env={"INSTANCE_IPS": ips},
-                        log_path=tmp_path / f"{pod.name}-agent.log",
                     )
-                    agent.start()
                     agents.append(agent)
                 for pod, agent in zip((client, backend), agents, strict=True):
                     await eventually(
