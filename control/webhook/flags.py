@@ -41,10 +41,11 @@ def add_injection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--revision",
         type=revision,
-        default=os.environ.get("REVISION", ""),
+        default="",
         metavar="REV",
         help="Istio-style revision: inject only pods whose namespace (or, in a namespace "
         "naming no revision, the pod itself) is labelled istio.io/rev=REV; injected agents "
-        "connect to istiod-REV.istio-system.svc:15012 unless the pilot address is given "
-        "(env REVISION; default: none, the default revision)",
+        "connect to istiod-REV.istio-system.svc:15012 unless the pilot address is given; "
+        "pilotfish-control also reads only the Istio config labelled istio.io/rev=REV or "
+        "not labelled (default: none, the revision 'default')",
     )

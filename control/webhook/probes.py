@@ -56,18 +56,14 @@ def app_probe_path(container: str, suffix: str) -> str:
 
 
 def rewrite_probes(
-    containers: Sequence[Mapping[str, Any]],
-    status_port: int = STATUS_PORT,
-    skip: frozenset[str] = frozenset(),
+    containers: Sequence[Mapping[str, Any]], status_port: int = STATUS_PORT
 ) -> tuple[list[tuple[int, str, dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """([(container index, probe field, new probe)], probers for ISTIO_KUBE_APP_PROBERS).
-    Containers named in `skip` (the agent's own) keep their probes."""
+    """([(container index, probe field, new probe)], probers for ISTIO_KUBE_APP_PROBERS), for
+    the pod's own containers (injection adds the agent's after this)."""
     changes: list[tuple[int, str, dict[str, Any]]] = []
     probers: dict[str, dict[str, Any]] = {}
     for index, container in enumerate(containers):
         name = str(container.get("name") or "")
-        if name in skip:
-            continue
         for field, suffix in PROBE_KINDS:
             probe = container.get(field)
             if not isinstance(probe, Mapping):
