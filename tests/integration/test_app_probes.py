@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -29,8 +30,9 @@ from tests.support.admission import admission_review
 from tests.support.agentproc import ROOT, AgentProcess
 from tests.support.controlplane import eventually
 from tests.support.net import free_port, pod_ip
+from tests.support.testca import TestCA
 
-HTTP_PORT, TCP_PORT, GRPC_PORT = 8080, 7070, 9090
+HTTP_PORT, TCP_PORT, GRPC_PORT, HTTPS_PORT = 8080, 7070, 9090, 8443
 
 
 def probed_pod() -> dict[str, Any]:
@@ -58,6 +60,13 @@ def probed_pod() -> dict[str, Any]:
                     },
                     "livenessProbe": {"tcpSocket": {"port": TCP_PORT}, "failureThreshold": 5},
                     "startupProbe": {"exec": {"command": ["true"]}},
+                },
+                {
+                    "name": "secure",
+                    "image": "secure:1",
+                    "readinessProbe": {
+                        "httpGet": {"path": "/ready", "port": HTTPS_PORT, "scheme": "HTTPS"}
+                    },
                 },
                 {
                     "name": "api",
@@ -102,12 +111,14 @@ class HttpApp:
         self.headers = dict(request.headers)
         return web.Response(status=self.status, text=f"app says {self.status}")
 
-    async def start(self, ip: str) -> None:
+    async def start(
+        self, ip: str, port: int = HTTP_PORT, tls: ssl.SSLContext | None = None
+    ) -> None:
         app = web.Application()
         app.router.add_get("/ready", self._ready)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        await web.TCPSite(self.runner, ip, HTTP_PORT).start()
+        await web.TCPSite(self.runner, ip, port, ssl_context=tls).start()
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -126,7 +137,7 @@ async def status_of(url: str) -> tuple[int, str]:
 async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None:
     async with webhook(tmp_path) as cp:
         out = await injected(cp, probed_pod())
-    web_c, api_c, proxy = out["spec"]["containers"]
+    web_c, secure_c, api_c, proxy = out["spec"]["containers"]
     assert proxy["name"] == "istio-proxy"
     # The kubelet now probes the agent; the probe's timing fields are kept.
     assert web_c["readinessProbe"] == {
@@ -144,6 +155,10 @@ async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None
     }
     assert web_c["startupProbe"] == {"exec": {"command": ["true"]}}  # exec: left alone
     assert api_c["readinessProbe"] == {"httpGet": {"path": "/app-health/api/readyz", "port": 15020}}
+    # HTTPS to the app, plain HTTP from the kubelet to the agent.
+    assert secure_c["readinessProbe"] == {
+        "httpGet": {"path": "/app-health/secure/readyz", "port": 15020}
+    }
     env = {e["name"]: e.get("value") for e in proxy["env"]}
     probers = json.loads(env["ISTIO_KUBE_APP_PROBERS"])
     assert probers == {
@@ -156,6 +171,9 @@ async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None
             "timeoutSeconds": 2,
         },
         "/app-health/web/livez": {"tcpSocket": {"port": TCP_PORT}},
+        "/app-health/secure/readyz": {
+            "httpGet": {"path": "/ready", "port": HTTPS_PORT, "scheme": "HTTPS"}
+        },
         "/app-health/api/readyz": {"grpc": {"port": GRPC_PORT}},
         "/app-health/api/startupz": {"grpc": {"port": GRPC_PORT, "service": "api.v1.Api"}},
     }
@@ -164,6 +182,14 @@ async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None
     status_port = free_port(ip)
     http_app = HttpApp()
     await http_app.start(ip)
+    # HTTPS with a certificate the agent does not trust: probes do not verify (Kubernetes').
+    cert, key = (
+        TestCA().client_cert("spiffe://cluster.local/ns/shop/sa/secure").write(tmp_path, "secure")
+    )
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    https_app = HttpApp()
+    await https_app.start(ip, HTTPS_PORT, tls)
     tcp = socket.create_server((ip, TCP_PORT))
     health_servicer = health.aio.HealthServicer()
     grpc_server = grpc.aio.server()
@@ -207,6 +233,9 @@ async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None
         await http_app.stop()
         status, text = await status_of(base + "/app-health/web/readyz")
         assert status == 503 and "HTTP GET" in text, text
+        assert await status_of(base + "/app-health/secure/readyz") == (200, "app says 200")
+        https_app.status = 503
+        assert (await status_of(base + "/app-health/secure/readyz"))[0] == 503
         # TCP: a listener is up, then gone.
         tcp.close()
         status, text = await status_of(base + "/app-health/web/livez")
@@ -223,6 +252,7 @@ async def test_rewritten_probes_answered_by_a_real_agent(tmp_path: Path) -> None
         assert agent.terminate() == 0, agent.log()
         tcp.close()
         await http_app.stop()
+        await https_app.stop()
         await grpc_server.stop(None)
     assert "Traceback" not in agent.log(), agent.log()
 
