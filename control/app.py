@@ -125,6 +125,7 @@ class ControlPlaneOptions:
             secure_address=self.secure_xds_address,
             mtls_address=self.mtls_xds_address,
             replica_id=self.id,
+            revision=self.revision,
         )
 
 

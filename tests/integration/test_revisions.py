@@ -7,8 +7,10 @@ and serves only the Istio config labelled for it (or for every revision)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,21 @@ async def injected_by(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> 
     if "patch" not in response:
         return {}
     return apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
+
+
+async def tls_name_accepted(cp: ControlPlane, name: str) -> bool:
+    """Whether the webhook's certificate verifies for `name` against the mesh root."""
+    assert cp.ca is not None
+    ctx = ssl.create_default_context(cadata=cp.ca.root_pem)
+    try:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", cp.webhook_port, ssl=ctx, server_hostname=name
+        )
+    except ssl.SSLCertVerificationError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
 
 
 def service_entry(name: str, host: str, revision: str | None) -> dict[str, Any]:
@@ -111,6 +128,12 @@ async def test_default_and_canary_side_by_side(tmp_path: Path) -> None:
                     return all(w["clientConfig"]["caBundle"] == want for w in stored["webhooks"])
 
                 await eventually(patched, what=f"caBundle of {name}")
+
+            # Each serves its webhook under its own Service name (the canary's pods and the API
+            # server reach it as istiod-canary.istio-system.svc).
+            assert await tls_name_accepted(canary, "istiod-canary.istio-system.svc")
+            assert not await tls_name_accepted(default, "istiod-canary.istio-system.svc")
+            assert await tls_name_accepted(default, "istiod.istio-system.svc")
 
             cases = [
                 ("prod", app_pod(), "default"),

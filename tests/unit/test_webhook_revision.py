@@ -13,6 +13,7 @@ import pytest
 
 from control.config.loader import load_text
 from control.ctl.kubeinject import inject_documents
+from control.security import SecurityOptions
 from control.webhook.cabundle import default_name
 from control.webhook.flags import add_injection_flags
 from control.webhook.inject import (
@@ -102,6 +103,12 @@ def test_revision_flag() -> None:
     assert parse("--revision", "default").revision == ""
     with pytest.raises(argparse.ArgumentError, match="is not a revision"):
         parse("--revision", "Canary_1")
+    # A revision's serving certificates also name its own Service.
+    assert SecurityOptions(revision="canary").service_names == [
+        "istiod.istio-system.svc",
+        "istiod-canary.istio-system.svc",
+    ]
+    assert SecurityOptions().service_names == ["istiod.istio-system.svc"]
     assert default_name("") == "pilotfish-sidecar-injector"
     assert default_name("canary") == "pilotfish-sidecar-injector-canary"
 
