@@ -122,6 +122,9 @@ class Agent(Lifecycle):
         # its own rather than a wildcard bind: its replies must come from 127.0.0.1 for
         # conntrack to map them back to the resolver address the app asked.
         self.dns_local: DnsServer | None = None
+        # The same on ::1, where ip6tables' REDIRECT delivers queries to IPv6 resolvers in a
+        # dual-stack pod; only when the pod's loopback has ::1 (IPv6 enabled).
+        self.dns_local6: DnsServer | None = None
         # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
         self.run_as: tuple[int, int] | None = None
         if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
@@ -252,6 +255,12 @@ class Agent(Lifecycle):
             await self.dns.start()
         if self.dns_local is not None:
             await self.dns_local.start()
+        if self.dns_local6 is not None:
+            try:
+                await self.dns_local6.start()
+            except OSError as e:  # IPv6 disabled here: nothing is redirected to ::1 either
+                logger.debug("no DNS server on ::1: %s", e)
+                self.dns_local6 = None
         await self.status.start()
         tl.mark("status server")
         logger.info(
@@ -290,6 +299,8 @@ class Agent(Lifecycle):
         for task in self._timeline_tasks:
             task.cancel()
         await asyncio.gather(*self._timeline_tasks, return_exceptions=True)
+        if self.dns_local6 is not None:
+            await self.dns_local6.close()
         if self.dns_local is not None:
             await self.dns_local.close()
         if self.dns is not None:
@@ -323,6 +334,8 @@ class Agent(Lifecycle):
         self.dns = DnsServer(cfg.ip, cfg.dns_port, responder, forwarder)
         if cfg.redirect and cfg.ip != "127.0.0.1":
             self.dns_local = DnsServer("127.0.0.1", cfg.dns_port, responder, forwarder)
+        if cfg.redirect and cfg.ip != "::1":
+            self.dns_local6 = DnsServer("::1", cfg.dns_port, responder, forwarder)
 
     def request_stop(self) -> None:
         self.stop_requested.set()

@@ -15,7 +15,7 @@ from agent.capture.rules import (
     CaptureSettings,
     CaptureSettingsError,
     installed_rules,
-    ipv4_servers,
+    nameservers,
     parse_cidrs,
     parse_include_ports,
     parse_ports,
@@ -130,7 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> CaptureSettings:
         exclude_outbound_ports=parse_ports(args.exclude_outbound_ports, "--exclude-outbound-ports"),
         capture_dns=args.capture_dns,
         dns_port=args.dns_port,
-        dns_servers=ipv4_servers(servers) if args.capture_dns else (),
+        dns_servers=nameservers(servers) if args.capture_dns else (),
     )
 
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if settings.capture_dns and not settings.dns_servers:
         print(
-            "pilotfish-agent iptables: --capture-dns: no IPv4 nameserver in /etc/resolv.conf "
+            "pilotfish-agent iptables: --capture-dns: no nameserver in /etc/resolv.conf "
             "(give --dns-servers)",
             file=sys.stderr,
         )

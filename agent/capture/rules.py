@@ -16,9 +16,8 @@ our own in the `nat` table so that removing them touches nothing else:
 IPv6 (dual stack) mirrors the IPv4 rules in ip6tables' nat table, `family=6` below: the same
 chains, ports and exclusions, `::1` in place of 127.0.0.1, and of the CIDR lists only the
 IPv6 ones (an include list naming only IPv4 ranges captures no IPv6 outbound traffic, as
-Istio's). DNS is captured over IPv4 only: the agent's DNS server listens on 127.0.0.1 (where
-a REDIRECT in OUTPUT delivers), not on ::1, so queries to IPv6 resolvers go to them as before
-(UDP other than DNS is left alone in both families).
+Istio's); DNS to IPv6 resolvers goes to the agent on [::1]:15053 (where a REDIRECT in OUTPUT
+delivers; the agent listens there in mode REDIRECT).
 
 Rules are written in the exact form `iptables-save` prints them back (`-d` before `-p`,
 `-m tcp` spelled out, `/32` on addresses), so `--dry-run` output can be compared with what is
@@ -176,7 +175,7 @@ def chain_rules(settings: CaptureSettings, family: int = 4) -> tuple[str, ...]:
     if settings.capture_dns:
         # ... the app's DNS queries to its resolvers go to the agent, whatever else is excluded
         # (a resolver on loopback, e.g. 127.0.0.53, included) ...
-        for server in _of_family(settings.dns_servers, family) if family == 4 else ():
+        for server in _of_family(settings.dns_servers, family):
             for proto in ("udp", "tcp"):
                 r.append(
                     f"-A {OUTPUT} -d {server}/{host} -p {proto} -m {proto} --dport 53 "

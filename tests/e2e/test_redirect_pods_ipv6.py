@@ -2,7 +2,8 @@
 installs the ip6tables half of the capture next to the IPv4 one (what --dry-run prints is what
 is installed; --cleanup removes exactly it), and HTTP from a client pod to a backend pod runs
 over IPv6 through both sidecars: captured on both sides ([::]:15001, [::]:15006), mTLS
-(STRICT) with the client's SPIFFE identity, and the backend's AuthorizationPolicy."""
+(STRICT) with the client's SPIFFE identity, and the backend's AuthorizationPolicy; DNS to an
+IPv6 resolver is captured to the agent."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ MESH = textwrap.dedent(
     kind: Service
     metadata: {name: backend, namespace: default}
     spec:
+      clusterIP: 10.96.0.60
       selector: {app: backend}
       ports: [{name: http, port: 9080, targetPort: 9080}]
     ---
@@ -133,6 +135,10 @@ async def test_dual_stack_pods_http_over_ipv6_with_mtls_and_authz(
             tmp_path / "backend-app.log",
         )
         async with running_control_plane(cfg, host=net.gateway) as cp:
+            # The client's resolver is IPv6 (nothing listens there): DNS capture over IPv6 is
+            # what lets its app resolve mesh names at all.
+            resolv = Path("/etc/netns") / client.netns / "resolv.conf"
+            resolv.write_text(resolv.read_text().replace(net.gateway, net.gateway6))
             try:
                 # The backend lists its IPv6 address first (an IPv6-primary dual-stack pod):
                 # that is its endpoint, so the client's sidecar reaches it over IPv6.
@@ -148,7 +154,7 @@ async def test_dual_stack_pods_http_over_ipv6_with_mtls_and_authz(
                         tmp_path,
                         app,
                         group,
-                        capture=(),
+                        capture=("--capture-dns",),
                         env={"INSTANCE_IPS": ips},
                     )
                     agents.append(agent)
@@ -173,6 +179,11 @@ async def test_dual_stack_pods_http_over_ipv6_with_mtls_and_authz(
                 # Captured once on each side, on the listeners' IPv6 addresses.
                 assert await envoy_stat(client, "listener.0.0.0.0_15001.downstream_cx_total") >= 1
                 assert await envoy_stat(backend, "listener.0.0.0.0_15006.downstream_cx_total") >= 1
+                # A mesh name through the IPv6 resolver, answered by the client's agent on
+                # [::1]:15053 with the VIP; the call then reaches the backend as before.
+                status, body = await app_get(client, f"http://{HOST}/ok")
+                assert status == 200 and isinstance(body, dict), body
+                assert body["app"] == "backend" and "sa/client" in body["xfcc"], body
                 # AuthorizationPolicy: another path is denied, for the same caller.
                 status, text = await app_get(client, f"http://[{backend.ip6}]:9080/no", HOST)
                 assert status == 403, text

@@ -37,10 +37,11 @@ def test_ranges_and_resolvers_split_by_family() -> None:
     assert not any("fd00" in r for r in v4)
     assert "-A PILOTFISH_OUTPUT -d fd00:10::/64 -j PILOTFISH_REDIRECT" in v6
     assert "-A PILOTFISH_OUTPUT -d fd00:10::5/128 -j RETURN" in v6
-    # DNS only over IPv4 (the agent's DNS is on 127.0.0.1); other UDP untouched in both.
-    dns4 = "-A PILOTFISH_OUTPUT -d 10.0.0.10/32 -p udp -m udp --dport 53 -j REDIRECT"
-    assert f"{dns4} --to-ports 15053" in v4
-    assert not any("--dport 53" in r for r in v6)
+    # Each family's resolvers to the agent (127.0.0.1 or ::1, where REDIRECT delivers).
+    dns = "-p udp -m udp --dport 53 -j REDIRECT --to-ports 15053"
+    assert f"-A PILOTFISH_OUTPUT -d 10.0.0.10/32 {dns}" in v4
+    assert f"-A PILOTFISH_OUTPUT -d fd00::a/128 {dns}" in v6
+    assert not any("fd00::a" in r for r in v4)
     assert "-A PILOTFISH_OUTPUT -p udp -j RETURN" in v6
     assert not any("10.0.0" in r or "10.1.0" in r for r in v6)
     # Only IPv4 ranges included: no IPv6 outbound is captured (Istio's meaning).
