@@ -1,8 +1,9 @@
 """Runs the app's original probes for the kubelet (`/app-health/<container>/<kind>` on the
 status port), as Istio's agent does: from inside the pod, to the pod IP (or to loopback with
-Istio's REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true), in plaintext and outside the capture
-(the agent's connections on the pod's loopback are not redirected; in a Kubernetes pod the
-agent also runs as the proxy UID the capture excludes).
+Istio's REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true), in plaintext and outside the capture:
+the capture rules exclude the proxy's UID/GID 1337, which the agent's connections carry (in a
+Kubernetes pod the container runs as 1337; as root in mode REDIRECT the agent joins GID 1337),
+and a connection made inside the pod never passes the inbound (PREROUTING) rules.
 
 The kubelet gets the probe's outcome: for httpGet the app's status code and the start of its
 body (so the kubelet's own 200-399 rule and its event messages are the app's); for tcpSocket
