@@ -142,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_injection_flags(p)
     p.add_argument(
         "--webhook-config-name",
-        default="pilotfish-sidecar-injector",
+        default=None,
         metavar="NAME",
         help="with --kubernetes: the MutatingWebhookConfiguration whose caBundle is kept equal "
-        "to our CA root ('' disables; default %(default)s)",
+        "to our CA root ('' disables; default pilotfish-sidecar-injector, with --revision "
+        "pilotfish-sidecar-injector-REV as Istio names a revision's)",
     )
     p.add_argument(
         "--root-cert-excluded-namespaces",
@@ -269,6 +270,7 @@ async def _run(args: argparse.Namespace) -> int:
     from control.ca.authority import CaError
     from control.config.errors import ConfigError
     from control.kube.rootcert import DEFAULT_EXCLUDED
+    from control.webhook.cabundle import default_name as default_webhook_name
     from control.webhook.template import TemplateError
     from control.xds.server import XdsOptions
 
@@ -314,7 +316,12 @@ async def _run(args: argparse.Namespace) -> int:
         injection_pilot_address=args.injection_pilot_address,
         injection_hold_application=args.hold_application_until_proxy_starts,
         injection_native_sidecars=args.native_sidecars,
-        webhook_config_name=args.webhook_config_name,
+        revision=args.revision,
+        webhook_config_name=(
+            args.webhook_config_name
+            if args.webhook_config_name is not None
+            else default_webhook_name(args.revision)
+        ),
         root_cert_excluded_namespaces=(
             DEFAULT_EXCLUDED
             if args.root_cert_excluded_namespaces is None

@@ -103,6 +103,8 @@ class ControlPlaneOptions:
     injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
     injection_hold_application: bool = False  # defaultConfig.holdApplicationUntilProxyStarts
     injection_native_sidecars: bool = False  # Istio's ENABLE_NATIVE_SIDECARS
+    # Istio-style revision ("" = the default): injects only its pods (webhook/inject.py).
+    revision: str = ""
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
@@ -156,6 +158,7 @@ class ControlPlaneOptions:
             secure_address=self.secure_xds_address,
             mtls_address=self.mtls_xds_address,
             replica_id=self.id,
+            revision=self.revision,
         )
 
 
@@ -276,6 +279,7 @@ class ControlPlane(Lifecycle):
                     o.injection_image,
                     o.injection_pilot_address,
                     native_sidecars=o.injection_native_sidecars,
+                    revision=o.revision,
                 ),
                 self.mesh.current,
             )
@@ -397,13 +401,17 @@ def _config_source(
 ) -> ConfigSource:
     if options.kubernetes:
         return KubeSource(
-            kube_config(options.kubeconfig), domain=options.trust_domain, on_events=on_events
+            kube_config(options.kubeconfig),
+            domain=options.trust_domain,
+            on_events=on_events,
+            revision=options.revision,
         )
     return ConfigWatcher(
         list(options.config_paths),
         debounce=options.config_settle,
         poll_interval=options.config_poll_interval,
         domain=options.trust_domain,
+        revision=options.revision,
     )
 
 

@@ -45,7 +45,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate import listeners_explicit
-from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
+from control.generate.addresses import WILDCARD_BIND, WILDCARD_BIND_IPV6, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
 from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext
@@ -127,7 +127,7 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     chains = ctx.memo(
         ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
     )
-    key = (chains, ctx.index.outbound_policy(proxy))
+    key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
     tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
     return ctx.resource(
         LISTENER_TYPE,
@@ -136,6 +136,18 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
         lambda: with_telemetry(build_virtual_outbound(*key), tel),
         variant=(*key, tel),
     )
+
+
+def has_ipv6(proxy: Proxy) -> bool:
+    """A dual-stack (or IPv6) pod: ip6tables redirects its IPv6 traffic to `[::]:15001` and
+    `[::]:15006`, so the virtual listeners listen there too (one listener, two addresses:
+    its name, stats and filter chains stay those of the IPv4 listener)."""
+    return any(":" in ip for ip in proxy.ips)
+
+
+def _dual_stack(listener: Listener, port: int) -> None:
+    extra = listener.additional_addresses.add()
+    extra.address.CopyFrom(socket_address(WILDCARD_BIND_IPV6, port))
 
 
 def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
@@ -193,7 +205,9 @@ def _tls_inspector() -> ListenerFilter:
     return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
-def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Listener:
+def build_virtual_outbound(
+    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+) -> Listener:
     listener = Listener(
         name=VIRTUAL_OUTBOUND,
         address=socket_address(WILDCARD_BIND, OUTBOUND_CAPTURE_PORT),
@@ -202,6 +216,8 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
         # no hand-off to other listeners (there are none in this mode).
         listener_filters=[_original_dst()],
     )
+    if ipv6:
+        _dual_stack(listener, OUTBOUND_CAPTURE_PORT)
     for kind, number, prefixes, server_names, cluster in chains:
         match = FilterChainMatch(destination_port=UInt32Value(value=number))
         match.prefix_ranges.extend(_cidr(p) for p in prefixes)
@@ -244,7 +260,7 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
         if mode is not None:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
-    key = (tuple(specs), default, policies)
+    key = (tuple(specs), default, policies, has_ipv6(proxy))
     tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
     return ctx.resource(
         LISTENER_TYPE,
@@ -275,6 +291,7 @@ def build_virtual_inbound(
     ports: tuple[InboundSpec, ...],
     default: MtlsMode | None,
     policies: tuple[AuthorizationPolicy, ...] = (),
+    ipv6: bool = False,
 ) -> Listener:
     listener = Listener(
         name=VIRTUAL_INBOUND,
@@ -282,6 +299,8 @@ def build_virtual_inbound(
         traffic_direction=TrafficDirection.INBOUND,
         listener_filters=[_original_dst()],
     )
+    if ipv6:
+        _dual_stack(listener, INBOUND_CAPTURE_PORT)
     inspect = False
     for number, http, mode in ports:
         # Mode NONE's chains for this port, told apart from other ports by the destination.

@@ -28,7 +28,7 @@ from control.config import kinds
 from control.config.delivery import WarningLog, deliver
 from control.config.errors import ConfigError
 from control.config.kinds.gatewayapi import KINDS as GATEWAY_API_KINDS
-from control.config.manifest import RawObject
+from control.config.manifest import RawObject, in_revision
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
 from control.kube.client import KubeClient, KubeConfig
@@ -195,6 +195,7 @@ class KubeSource(Lifecycle):
         on_change: OnChange | None = None,
         *,
         domain: str = "cluster.local",
+        revision: str = "",
         debounce: float = 0.05,
         watch_timeout: int = 300,
         page_size: int = 500,
@@ -207,6 +208,7 @@ class KubeSource(Lifecycle):
         self.client = KubeClient(config)
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.domain = domain
+        self.revision = revision  # Istio config labelled for another istio.io/rev is left out
         self.debounce = debounce
         self.watch_timeout = watch_timeout
         self.page_size = page_size
@@ -400,6 +402,8 @@ class KubeSource(Lifecycle):
             data={**obj, "apiVersion": resource.api_version, "kind": resource.kind},
             lines={},
         )
+        if not in_revision(raw, self.revision):
+            return None
         try:
             converted = kinds.convert(raw, self.domain)
         except ConfigError as e:

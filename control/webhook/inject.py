@@ -9,6 +9,16 @@ Who gets a sidecar follows Istio:
 - otherwise the namespace label `istio-injection=enabled` opts the pod in;
 - a namespace labelled `istio-injection=disabled` is never injected.
 
+Revisions, as the selectors of Istio's revisioned MutatingWebhookConfigurations: a pod
+belongs to the revision its namespace names (`istio.io/rev`; a namespace with an
+`istio-injection` label belongs to the default revision), or, in a namespace naming none, the
+revision its own `istio.io/rev` label names. An injector started with `--revision R` injects
+only pods of revision R (unless they opt out with `sidecar.istio.io/inject=false`); one
+without a revision injects only pods of the default revision (no `istio.io/rev`, or
+`istio.io/rev=default`), by the rules above. A revision's pods get the label `istio.io/rev=R`.
+
+App probes are rewritten to go through the agent (control/webhook/probes.py).
+
 What it adds: the template's agent container (with the pod's labels as ISTIO_META_LABELS), its
 volumes, the status annotation and the `security.istio.io/tlsMode: istio` label (auto mTLS
 knows the pod has a sidecar). When the pod asks for interception mode REDIRECT (annotation
@@ -45,6 +55,13 @@ from typing import Any
 
 import yaml
 
+from control.webhook.probes import (
+    PROBERS_ENV,
+    ProbeRewriteError,
+    probers_env,
+    rewrite_probes,
+    rewrite_wanted,
+)
 from control.webhook.template import PROXY_CONTAINER, SidecarTemplate
 
 NAMESPACE_LABEL = "istio-injection"
@@ -52,6 +69,8 @@ INJECT_KEY = "sidecar.istio.io/inject"
 STATUS_ANNOTATION = "sidecar.istio.io/status"
 INTERCEPTION_ANNOTATION = "sidecar.istio.io/interceptionMode"
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
+REVISION_LABEL = "istio.io/rev"
+DEFAULT_REVISION = "default"
 IGNORED_NAMESPACES = frozenset(("kube-system", "kube-public"))
 INTERCEPTION_MODES = ("NONE", "REDIRECT")
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
@@ -119,6 +138,11 @@ class InjectionValues:
     # sets it; defaultConfig.drainDuration (seconds; None: the agent's default).
     proxy_metadata: tuple[tuple[str, str], ...] = ()
     drain_duration: float | None = None
+    # Istio's sidecarInjectorWebhook.rewriteAppHTTPProbe: the default for pods without the
+    # sidecar.istio.io/rewriteAppHTTPProbers annotation.
+    rewrite_app_probes: bool = True
+    # The control plane's --revision ("" = the default revision).
+    revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +151,27 @@ class Decision:
     reason: str
 
 
-def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -> Decision:
+def pod_revision(
+    pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None
+) -> tuple[str, str]:
+    """(the revision whose injector the pod belongs to, "" = the default one; what said so:
+    "namespace" or "pod" for an istio.io/rev label, "" when no revision label applies)."""
+    ns_labels = namespace_labels or {}
+    if NAMESPACE_LABEL in ns_labels:
+        return "", ""
+    if REVISION_LABEL in ns_labels:
+        revision, where = str(ns_labels[REVISION_LABEL]), "namespace"
+    else:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if REVISION_LABEL not in labels:
+            return "", ""
+        revision, where = str(labels[REVISION_LABEL]), "pod"
+    return ("" if revision == DEFAULT_REVISION else revision), where
+
+
+def decide(
+    pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None, revision: str = ""
+) -> Decision:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     namespace = str(meta.get("namespace") or "")
@@ -147,12 +191,19 @@ def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -
         return Decision(False, f"namespace label {NAMESPACE_LABEL}=disabled")
     labels = meta.get("labels") or {}
     asked = labels.get(INJECT_KEY, annotations.get(INJECT_KEY))
-    if asked is not None:
-        value = str(asked).strip().lower()
-        if value in ("false", "n", "no", "off", "0"):
-            return Decision(False, f"{INJECT_KEY}={asked} (opt-out)")
-        if value in ("true", "y", "yes", "on", "1"):
-            return Decision(True, f"{INJECT_KEY}={asked}")
+    value = str(asked).strip().lower() if asked is not None else ""
+    if value in ("false", "n", "no", "off", "0"):
+        return Decision(False, f"{INJECT_KEY}={asked} (opt-out)")
+    mine = "" if revision == DEFAULT_REVISION else revision
+    theirs, where = pod_revision(pod, ns_labels)
+    if theirs != mine:
+        return Decision(
+            False, f"the pod is for revision {theirs or DEFAULT_REVISION}, not this one"
+        )
+    if where:
+        return Decision(True, f"{where} label {REVISION_LABEL}={mine or DEFAULT_REVISION}")
+    if value in ("true", "y", "yes", "on", "1"):
+        return Decision(True, f"{INJECT_KEY}={asked}")
     if ns_labels.get(NAMESPACE_LABEL) == "enabled":
         return Decision(True, f"namespace label {NAMESPACE_LABEL}=enabled")
     return Decision(False, "neither the pod nor its namespace asks for injection")
@@ -180,6 +231,14 @@ def prometheus_annotations(
     if "prometheus_io_port" in own or "prometheus_io_path" in own:
         return {}  # the pod's own scrape target (see the module docstring)
     return dict(PROMETHEUS_ANNOTATIONS)
+
+
+def pilot_address(values: InjectionValues) -> str:
+    """Where the injected agent connects: as given, else the revision's own control plane
+    service (Istio's istiod-<rev>), which is what keeps a canary's pods on the canary."""
+    if values.pilot_address or not values.revision:
+        return values.pilot_address
+    return f"istiod-{values.revision}.istio-system.svc:15012"
 
 
 def interception_mode(pod: Mapping[str, Any]) -> str:
@@ -239,13 +298,21 @@ def injection_patch(
 ) -> tuple[Decision, list[dict[str, Any]]]:
     """The decision and the JSON patch ([] when the pod is not injected). Raises
     InjectionError when the pod asks for injection but cannot get it."""
-    decision = decide(pod, namespace_labels)
+    decision = decide(pod, namespace_labels, values.revision)
     if not decision.inject:
         return decision, []
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     mode = interception_mode(pod)
     scrape = prometheus_annotations(meta.get("annotations") or {}, values)
+    try:
+        probe_changes, probers = (
+            rewrite_probes(spec.get("containers") or ())
+            if rewrite_wanted(meta.get("annotations") or {}, values.rewrite_app_probes)
+            else ([], {})
+        )
+    except ProbeRewriteError as e:
+        raise InjectionError(str(e)) from None
     native = native_sidecars(pod, values)
     hold = hold_application(pod, values) and not native
     init_containers, containers, volumes = template.copy()
@@ -257,6 +324,8 @@ def injection_patch(
             c["args"] = [*(c.get("args") or ()), *capture_args]
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     labels[TLS_MODE_LABEL] = "istio"
+    if values.revision:
+        labels[REVISION_LABEL] = values.revision
     for c in (*init_containers, *containers):
         if values.image:
             c["image"] = values.image
@@ -267,14 +336,16 @@ def injection_patch(
         env = _set_env(
             env, "ISTIO_META_LABELS", ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         )
-        if values.pilot_address:
-            env = _set_env(env, "PILOT_ADDRESS", values.pilot_address)
+        if values.pilot_address or values.revision:
+            env = _set_env(env, "PILOT_ADDRESS", pilot_address(values))
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
         for name, value in values.proxy_metadata:
             env = _set_env(env, name, value)
         if values.drain_duration is not None:
             env = _set_env(env, "PILOTFISH_DRAIN_DURATION", f"{values.drain_duration:g}")
+        if probers:
+            env = _set_env(env, PROBERS_ENV, probers_env(probers))
         c["env"] = env
     first: list[dict[str, Any]] = []
     if native:
@@ -302,7 +373,11 @@ def injection_patch(
     )
     _check_clashes("volume", spec, ("volumes",), volumes)
 
-    patch: list[dict[str, Any]] = []
+    # Probes first: their paths index the pod's containers before any is inserted.
+    patch: list[dict[str, Any]] = [
+        {"op": "add", "path": f"/spec/containers/{index}/{field}", "value": probe}
+        for index, field, probe in probe_changes
+    ]
     if init_containers:
         if spec.get("initContainers"):
             # Capture first, as Istio does: the pod's own init containers then already run
@@ -320,10 +395,11 @@ def injection_patch(
     else:
         patch += _append("/spec/containers", spec.get("containers"), [*first, *containers])
     patch += _append("/spec/volumes", spec.get("volumes"), volumes)
-    status = {
+    status: dict[str, Any] = {
         "initContainers": [c["name"] for c in init_containers],
         "containers": [c["name"] for c in (*first, *containers)],
         "volumes": [v["name"] for v in volumes],
+        "revision": values.revision or DEFAULT_REVISION,
     }
     patch += _set_keys(
         "/metadata/annotations",
@@ -331,6 +407,12 @@ def injection_patch(
         {STATUS_ANNOTATION: json.dumps(status, separators=(",", ":")), **scrape},
     )
     patch += _set_key("/metadata/labels", meta.get("labels"), TLS_MODE_LABEL, "istio")
+    if values.revision:
+        # As Istio's template: which revision's proxy the pod runs (what `istioctl
+        # proxy-status` and a canary's rollout look at).
+        patch += _set_key(
+            "/metadata/labels", {TLS_MODE_LABEL: "istio"}, REVISION_LABEL, values.revision
+        )
     return decision, patch
 
 
