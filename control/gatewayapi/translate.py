@@ -54,6 +54,7 @@ from control.model.gatewayapi import (
 )
 from control.model.traffic import (
     Destination,
+    Fault,
     HttpMatch,
     HttpRoute,
     MatchKind,
@@ -382,7 +383,10 @@ class Translator:
     def _destinations(
         self, route: ApiRoute, problems: list[tuple[str, str]]
     ) -> list[tuple[Destination, ...]]:
-        """The destinations of every rule (in order); failures are added to `problems`."""
+        """The destinations of every rule (in order); failures are added to `problems`. An
+        HTTP backend that does not resolve keeps its share of the traffic, sent nowhere (an
+        `.invalid` host, which has no cluster): the spec wants errors for that share, not
+        the valid backends taking it over."""
         out: list[tuple[Destination, ...]] = []
         for rule in route.rules:
             dests: list[Destination] = []
@@ -390,6 +394,9 @@ class Translator:
                 dest, reason, message = self._resolve(route, backend)
                 if dest is None:
                     problems.append((reason, message))
+                    if route.kind in (RouteKind.HTTP, RouteKind.GRPC) and backend.weight > 0:
+                        host = f"{backend.ref.name}.{backend.ref.namespace}{UNRESOLVED}"
+                        dests.append(Destination(host, port=backend.port, weight=backend.weight))
                 elif dest.weight > 0:
                     dests.append(dest)
             out.append(tuple(dests))
@@ -489,7 +496,7 @@ class Translator:
         gw = state.gateway
         port = ls.listener.port
         if route.kind in (RouteKind.TLS, RouteKind.TCP):
-            dests = tuple(d for rule in destinations for d in rule)
+            dests = tuple(d for rule in destinations for d in rule if not _unresolved(d))
             if not dests:
                 return
             vs_hosts: tuple[str, ...] = hosts if route.kind is RouteKind.TLS else ("*",)
@@ -514,8 +521,11 @@ class Translator:
         for host in hosts:
             items = http.setdefault((gw.namespace, gw.name, port, host), [])
             for r, (rule, dests) in enumerate(zip(route.rules, destinations, strict=True)):
-                if rule.redirect is None and not dests:
-                    continue  # nothing valid to send it to (reported as ResolvedRefs)
+                fault = None
+                if rule.redirect is None and all(_unresolved(d) for d in dests):
+                    # Nothing valid to send it to (reported as ResolvedRefs): the spec's 500.
+                    fault = Fault(abort_status=500)
+                    dests = dests or (Destination(f"no-backend{UNRESOLVED}"),)
                 mirror, mirror_percent = self._mirror(route, rule)
                 for m, match in enumerate(rule.matches):
                     order = (*_precedence(match), route.created, route.namespace, route.name, r, m)
@@ -536,6 +546,7 @@ class Translator:
                                 mirror=mirror,
                                 mirror_percent=mirror_percent,
                                 headers=rule.headers,
+                                fault=fault,
                             ),
                         )
                     )
@@ -557,6 +568,14 @@ class Translator:
             http=tuple(i.route for i in sorted(items, key=lambda i: i.order)),
             gateways=(state.ref,),
         )
+
+
+# The host of a backend that does not resolve: `.invalid` (RFC 2606) is never a service.
+UNRESOLVED = ".invalid"
+
+
+def _unresolved(dest: Destination) -> bool:
+    return dest.host.endswith(UNRESOLVED)
 
 
 def _family(protocol: str) -> str:

@@ -504,7 +504,11 @@ def test_cross_namespace_backend_needs_a_reference_grant() -> None:
         "Accepted": "True/Accepted",
         "ResolvedRefs": "False/RefNotPermitted",
     }
-    assert refused.virtual_services == ()
+    # Accepted, but nothing it may reach: its requests get the spec's 500.
+    (r,) = only_vs(refused).http
+    assert r.fault is not None and r.fault.abort_status == 500
+    assert r.fault.abort_percent == 100.0
+    assert [d.host for d in r.destinations] == ["v1.infra.invalid"]
     granted = load(*objects, reference_grant("apps-in", "infra", "apps"))
     assert conditions(granted, "HTTPRoute", "apps", "r")["ResolvedRefs"] == "True/ResolvedRefs"
     (r,) = only_vs(granted).http
@@ -522,7 +526,7 @@ def test_cross_namespace_backend_needs_a_reference_grant() -> None:
         )
 
 
-def test_backend_problems_are_reported_and_the_valid_ones_served() -> None:
+def test_backend_problems_are_reported_and_answered_with_errors() -> None:
     mesh = load(
         *BASE,
         gateway(),
@@ -542,8 +546,19 @@ def test_backend_problems_are_reported_and_the_valid_ones_served() -> None:
         ),
     )
     assert conditions(mesh, "HTTPRoute", "infra", "r")["ResolvedRefs"] == ("False/BackendNotFound")
-    (r,) = only_vs(mesh).http
-    assert [d.host for d in r.destinations] == ["v1.infra.svc.cluster.local"]
+    by_path = {r.matches[0].uri.value if r.matches[0].uri else "": r for r in only_vs(mesh).http}
+    # A missing backend keeps its share of the split, sent to no cluster (an error), rather
+    # than the valid backend taking it over.
+    split = by_path["/"]
+    assert split.fault is None
+    assert [(d.host, d.weight) for d in split.destinations] == [
+        ("v1.infra.svc.cluster.local", 1),
+        ("nope.infra.invalid", 1),
+    ]
+    # A rule with no backend that resolves answers 500 (it does not fall through to others).
+    for path in ("/p(/.*)?", "/k(/.*)?"):
+        fault = by_path[path].fault
+        assert fault is not None and fault.abort_status == 500, path
     message = status_of(mesh, "HTTPRoute", "infra", "r").parents[0].conditions[1].message
     assert "nope" in message and "9999" in message and "ConfigMap" in message
 
