@@ -201,6 +201,21 @@ def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subproce
     )
 
 
+class RunFailed(Exception):
+    pass
+
+
+def measured(url: str, ip: str, port: int, requests: int, log: Path) -> tuple[float, float]:
+    """One figure; a run with failed requests is repeated (twice at most) and said, never
+    averaged in: a failure is a fact about the run, not a slow request."""
+    for attempt in range(3):
+        try:
+            return h2load(url, ip, port, requests, log)
+        except RunFailed as e:
+            print(f"run failed (attempt {attempt + 1}): {str(e).splitlines()[0]}", flush=True)
+    raise SystemExit(f"{url} at {ip}:{port}: three runs in a row had failed requests")
+
+
 def h2load(url: str, ip: str, port: int, requests: int, log: Path) -> tuple[float, float]:
     """(requests per second, p99 seconds) of one h2load run against ip:port."""
     out = subprocess.run(
@@ -224,7 +239,7 @@ def h2load(url: str, ip: str, port: int, requests: int, log: Path) -> tuple[floa
         check=True,
     ).stdout
     if not re.search(rf"{requests} succeeded, 0 failed, 0 errored", out):
-        raise SystemExit(f"h2load saw failures against {url} at {ip}:{port}:\n{out}")
+        raise RunFailed(f"h2load saw failures against {url} at {ip}:{port}:\n{out}")
     rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out).group(1))  # type: ignore[union-attr]
     durations = sorted(int(line.split("\t")[2]) for line in log.read_text().splitlines() if line)
     return rps, durations[int(len(durations) * 0.99) - 1] / 1e6
@@ -300,7 +315,7 @@ async def main() -> None:
                     for side, ip in order if r % 2 == 0 else reversed(order):
                         log = tmp / f"{scheme}-{side}-{r}.tsv"
                         results.setdefault((scheme, side), []).append(
-                            h2load(url, ip, port, args.requests, log)
+                            measured(url, ip, port, args.requests, log)
                         )
             summary: dict[str, float] = {}
             for scheme in ("http", "https"):
