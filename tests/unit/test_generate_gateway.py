@@ -263,3 +263,31 @@ def test_merge_keeps_http_servers_of_several_gateways_on_one_port() -> None:
 )
 def test_host_intersection(a: str, b: str, both: str | None) -> None:
     assert host_intersection(a, b) == both
+
+
+def test_server_port_is_the_router_services_port_as_istio() -> None:
+    """A Gateway's `port: 80` behind a Service mapping 80 -> 8080 (the ingress gateway
+    Service): the listener listens on 8080; Host and route matching stay on 80."""
+    service = textwrap.dedent(
+        """
+        ---
+        apiVersion: v1
+        kind: Service
+        metadata: {name: istio-ingressgateway, namespace: edge}
+        spec:
+          selector: {istio: ingressgateway}
+          ports: [{name: http, port: 80, targetPort: 8080}]
+        """
+    )
+    sets = generate(mesh_config(GATEWAY_MESH, service), router())
+    assert "127.0.1.9_8080" in sets[LISTENER_TYPE] and "127.0.1.9_80" not in sets[LISTENER_TYPE]
+    listener = unpack(sets[LISTENER_TYPE], "127.0.1.9_8080", Listener)
+    hcm = HttpConnectionManager()
+    assert listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)  # type: ignore[attr-defined]
+    assert hcm.rds.route_config_name == "http.8080"
+    routes = unpack(sets[ROUTE_TYPE], "http.8080", RouteConfiguration)
+    plain = next(v for v in routes.virtual_hosts if v.name.startswith("plain."))  # type: ignore[attr-defined]
+    assert list(plain.domains) == ["plain.example.com", "plain.example.com:80"]
+    # A router the Service does not select keeps the server's own port.
+    other = generate(mesh_config(GATEWAY_MESH, service), router(namespace="other"))
+    assert "127.0.1.9_80" in other[LISTENER_TYPE]
