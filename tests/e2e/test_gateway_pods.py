@@ -3,7 +3,7 @@
 HTTP and TLS clients that verify what they are shown.
 
 - HTTP by Host and path to two services; an unknown Host gets 404; `httpsRedirect` answers
-  301;
+  301; a GRPC server carries a real gRPC client's calls;
 - HTTPS SIMPLE: SNI picks one of two file certificates (the client verifies the chain and
   the name); a third server whose certificate file is missing refuses its handshakes, is
   reported by the agent (no traceback), and holds nothing else back;
@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -175,6 +176,28 @@ def dns_names(cert: x509.Certificate) -> list[str]:
     return list(san.get_values_for_type(x509.DNSName))
 
 
+ECHO_METHOD = "/echo.Echo/Say"
+
+
+async def echo_grpc_server(ip: str, port: int) -> grpc.aio.Server:
+    """A gRPC backend (raw bytes in and out): answers `echo:<request>`."""
+
+    async def say(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return b"echo:" + request
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "echo.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)}
+            ),
+        )
+    )
+    server.add_insecure_port(f"{ip}:{port}")
+    await server.start()
+    return server
+
+
 @dataclass
 class TlsBackend:
     """A TLS server outside the mesh (PASSTHROUGH's backend): greets with its name."""
@@ -224,6 +247,8 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
           servers:
           - port: {{number: 8080, name: http, protocol: HTTP}}
             hosts: [alpha.example.com, beta.example.com]
+          - port: {{number: 8090, name: grpc, protocol: GRPC}}
+            hosts: [grpc.example.com]
           - port: {{number: 8081, name: http-redirect, protocol: HTTP}}
             hosts: [secure.example.com]
             tls: {{httpsRedirect: true}}
@@ -263,6 +288,17 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
 
 ROUTES = (
     _doc(
+        f"""
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {{name: grpc, namespace: default}}
+        spec:
+          hosts: [grpc.example.com]
+          gateways: [{GATEWAY_NS}/ingress]
+          http: [{{route: [{{destination: {{host: echo}}}}]}}]
+        """
+    )
+    + _doc(
         f"""
         apiVersion: networking.istio.io/v1
         kind: VirtualService
@@ -329,13 +365,15 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
     backend_cert = ca.server_cert(["pass.example.com"])
     missing = files / "gone.pem"
 
-    alpha_ip, beta_ip, tls_ip = pod_ip(), pod_ip(), pod_ip()
+    alpha_ip, beta_ip, tls_ip, grpc_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(
         kube_service("alpha", 9080, 8080)
         + kube_service("beta", 9080, 8080)
         + kube_service("tlsbackend", 9443, 9443, "tls")
+        + kube_service("echo", 9090, 9090, "grpc")
+        + workload_entry("echo", grpc_ip)
         + workload_entry("alpha", alpha_ip)
         + workload_entry("beta", beta_ip)
         + workload_entry("tlsbackend", tls_ip)
@@ -347,6 +385,7 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
     for app in apps:
         await app.start()
     await tls_backend.start()
+    grpc_server = await echo_grpc_server(grpc_ip, 9090)
     router: Router | None = None
     try:
         async with running_control_plane(cfg) as cp:
@@ -361,6 +400,7 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
         if router is not None:
             router.agent.kill()
         await tls_backend.close()
+        await grpc_server.stop(None)
         for app in apps:
             await app.close()
 
@@ -382,6 +422,13 @@ async def test_istio_gateway_ingress(tmp_path: Path, caplog: pytest.LogCaptureFi
         assert await app_of("beta.example.com", "/other") == "alpha"
         status, _, _ = await http_get(ip, 8080, "/", "nobody.example.com")
         assert status == 404
+
+        # GRPC: a real gRPC client over h2c, routed by :authority.
+        async with grpc.aio.insecure_channel(
+            f"{ip}:8090", options=[("grpc.default_authority", "grpc.example.com")]
+        ) as channel:
+            say = channel.unary_unary(ECHO_METHOD)
+            assert await say(b"ping", timeout=10) == b"echo:ping"
 
         # httpsRedirect: 301 to https, nothing proxied.
         status, headers, _ = await http_get(ip, 8081, "/login?x=1", "secure.example.com")
