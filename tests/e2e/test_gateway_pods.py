@@ -3,7 +3,8 @@
 HTTP and TLS clients that verify what they are shown.
 
 - HTTP by Host and path to two services; an unknown Host gets 404; `httpsRedirect` answers
-  301; a GRPC server carries a real gRPC client's calls;
+  301; a GRPC server carries a real gRPC client's calls; a TCP server proxies to the
+  VirtualService's tcp destination;
 - HTTPS SIMPLE: SNI picks one of two file certificates (the client verifies the chain and
   the name); a third server whose certificate file is missing refuses its handshakes, is
   reported by the agent (no traceback), and holds nothing else back;
@@ -35,7 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from control.app import ControlPlane
 from tests.e2e.test_ctl import columns, ctl
 from tests.support.agentproc import AgentProcess
-from tests.support.apps import EchoApp
+from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import backend_yaml, mesh_agent, workload_group_yaml
 from tests.support.net import pod_ip
@@ -268,6 +269,8 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
               serverCertificate: {m[0]}
               privateKey: {m[1]}
               caCertificates: {client_ca}
+          - port: {{number: 9000, name: tcp, protocol: TCP}}
+            hosts: ["*"]
           - port: {{number: 9444, name: tls-pass, protocol: TLS}}
             hosts: [pass.example.com]
             tls: {{mode: PASSTHROUGH}}
@@ -288,6 +291,17 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
 
 ROUTES = (
     _doc(
+        f"""
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {{name: tcp, namespace: default}}
+        spec:
+          hosts: [tcpecho]
+          gateways: [{GATEWAY_NS}/ingress]
+          tcp: [{{match: [{{port: 9000}}], route: [{{destination: {{host: tcpecho}}}}]}}]
+        """
+    )
+    + _doc(
         f"""
         apiVersion: networking.istio.io/v1
         kind: VirtualService
@@ -365,7 +379,7 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
     backend_cert = ca.server_cert(["pass.example.com"])
     missing = files / "gone.pem"
 
-    alpha_ip, beta_ip, tls_ip, grpc_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
+    alpha_ip, beta_ip, tls_ip, grpc_ip, tcp_ip = (pod_ip() for _ in range(5))
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(
@@ -373,6 +387,8 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
         + kube_service("beta", 9080, 8080)
         + kube_service("tlsbackend", 9443, 9443, "tls")
         + kube_service("echo", 9090, 9090, "grpc")
+        + kube_service("tcpecho", 9000, 9000, "tcp")
+        + workload_entry("tcpecho", tcp_ip)
         + workload_entry("echo", grpc_ip)
         + workload_entry("alpha", alpha_ip)
         + workload_entry("beta", beta_ip)
@@ -380,7 +396,11 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
         + ingress_yaml(certs, files / "client-ca.pem", missing)
         + ROUTES
     )
-    apps = [EchoApp("alpha", alpha_ip, 8080), EchoApp("beta", beta_ip, 8080)]
+    apps: list[EchoApp | TcpEchoApp] = [
+        EchoApp("alpha", alpha_ip, 8080),
+        EchoApp("beta", beta_ip, 8080),
+        TcpEchoApp("tcpecho", tcp_ip, 9000),
+    ]
     tls_backend = TlsBackend(tls_ip, 9443, backend_cert.write(files, "pass"))
     for app in apps:
         await app.start()
@@ -429,6 +449,15 @@ async def test_istio_gateway_ingress(tmp_path: Path, caplog: pytest.LogCaptureFi
         ) as channel:
             say = channel.unary_unary(ECHO_METHOD)
             assert await say(b"ping", timeout=10) == b"echo:ping"
+
+        # TCP: the bytes go to the VirtualService's tcp destination and back.
+        reader, writer = await asyncio.open_connection(ip, 9000)
+        try:
+            assert await asyncio.wait_for(reader.readline(), 10) == b"tcpecho\n"
+            writer.write(b"hello\n")
+            assert await asyncio.wait_for(reader.readline(), 10) == b"hello\n"
+        finally:
+            writer.close()
 
         # httpsRedirect: 301 to https, nothing proxied.
         status, headers, _ = await http_get(ip, 8081, "/login?x=1", "secure.example.com")

@@ -29,7 +29,7 @@ from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceCache, ResourceSet
 from protos.typeurls import NAME_TABLE
-from tests.support.gateways import GATEWAY_MESH, router
+from tests.support.gateways import GATEWAY_MESH, SERVICES, router
 from tests.support.traffic import mesh_config
 
 M = type[Message]
@@ -291,3 +291,90 @@ def test_server_port_is_the_router_services_port_as_istio() -> None:
     # A router the Service does not select keeps the server's own port.
     other = generate(mesh_config(GATEWAY_MESH, service), router(namespace="other"))
     assert "127.0.1.9_80" in other[LISTENER_TYPE]
+
+
+def test_binding_follows_server_host_namespaces_and_export_to() -> None:
+    """`shop/*` binds only VirtualServices of shop; a VirtualService exported only to its
+    own namespace is not bound by a Gateway elsewhere; a bare gateway name is the
+    VirtualService's namespace."""
+    gateway = _gateway(
+        "gw",
+        """
+        - port: {number: 80, protocol: HTTP}
+          hosts: ["shop/*", "*/open.example.com"]
+        """,
+    )
+
+    def vs(name: str, namespace: str, host: str, extra: str = "") -> str:
+        return (
+            textwrap.dedent(
+                f"""
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {{name: {name}, namespace: {namespace}}}
+            spec:
+              hosts: [{host}]
+              gateways: [edge/gw]
+              http: [{{route: [{{destination: {{host: reviews.default.svc.cluster.local}}}}]}}]
+            """
+            )
+            + extra
+        )
+
+    config = mesh_config(
+        SERVICES,
+        gateway,
+        vs("in-shop", "shop", "shop.example.com"),
+        vs("elsewhere", "default", "other.example.com"),
+        vs("open", "default", "open.example.com"),
+        vs("private", "default", "open2.example.com", "  exportTo: ['.']\n"),
+        _gateway("local", '- port: {number: 81, protocol: HTTP}\n  hosts: ["*"]\n', "shop"),
+        textwrap.dedent(
+            """
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {name: bare, namespace: shop}
+            spec:
+              hosts: [bare.example.com]
+              gateways: [local]
+              http: [{route: [{destination: {host: reviews.default.svc.cluster.local}}]}]
+            """
+        ),
+    )
+    sets = generate(config, router())
+    http80 = unpack(sets[ROUTE_TYPE], "http.80", RouteConfiguration)
+    assert sorted(v.name for v in http80.virtual_hosts) == [  # type: ignore[attr-defined]
+        "open.example.com:80",
+        "shop.example.com:80",
+    ]
+    http81 = unpack(sets[ROUTE_TYPE], "http.81", RouteConfiguration)
+    assert [v.name for v in http81.virtual_hosts] == ["bare.example.com:81"]  # type: ignore[attr-defined]
+
+
+def test_tls_versions_reach_the_downstream_context() -> None:
+    from envoy.extensions.transport_sockets.tls.v3.common_pb2 import TlsParameters
+
+    config = mesh_config(
+        GATEWAY_MESH,
+        _gateway(
+            "versions",
+            """
+            - port: {number: 7443, protocol: HTTPS}
+              hosts: [v.example.com]
+              tls: {credentialName: v, minProtocolVersion: TLSV1_3, maxProtocolVersion: TLSV1_3}
+            """,
+        ),
+    )
+    sets = generate(config, router())
+    listener = unpack(sets[LISTENER_TYPE], "127.0.1.9_7443", Listener)
+    tls = DownstreamTlsContext()
+    assert listener.filter_chains[0].transport_socket.typed_config.Unpack(tls)  # type: ignore[attr-defined]
+    params = tls.common_tls_context.tls_params
+    assert params.tls_minimum_protocol_version == TlsParameters.TLSv1_3
+    assert params.tls_maximum_protocol_version == TlsParameters.TLSv1_3
+    # Unset: Istio's gateway default, TLS 1.2 at least.
+    a = unpack(sets[LISTENER_TYPE], "127.0.1.40_443", Listener)
+    assert a.filter_chains[0].transport_socket.typed_config.Unpack(tls)  # type: ignore[attr-defined]
+    assert tls.common_tls_context.tls_params.tls_minimum_protocol_version == TlsParameters.TLSv1_2
