@@ -289,67 +289,52 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
     )
 
 
+def ingress_route(name: str, hosts: str, routes: str) -> str:
+    """A VirtualService in `default` bound to the ingress Gateway; `routes` its route lines."""
+    head = _doc(
+        f"""
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {{name: {name}, namespace: default}}
+        spec:
+          hosts: {hosts}
+          gateways: [{GATEWAY_NS}/ingress]
+        """
+    )
+    return head + textwrap.indent(textwrap.dedent(routes).strip("\n"), "  ") + "\n"
+
+
 ROUTES = (
-    _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: tcp, namespace: default}}
-        spec:
-          hosts: [tcpecho]
-          gateways: [{GATEWAY_NS}/ingress]
-          tcp: [{{match: [{{port: 9000}}], route: [{{destination: {{host: tcpecho}}}}]}}]
-        """
+    ingress_route(
+        "tcp",
+        "[tcpecho]",
+        "tcp: [{match: [{port: 9000}], route: [{destination: {host: tcpecho}}]}]",
     )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: grpc, namespace: default}}
-        spec:
-          hosts: [grpc.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          http: [{{route: [{{destination: {{host: echo}}}}]}}]
-        """
+    + ingress_route("grpc", "[grpc.example.com]", "http: [{route: [{destination: {host: echo}}]}]")
+    + ingress_route(
+        "alpha",
+        "[alpha.example.com, secure.example.com, a.example.com, b.example.com,"
+        " broken.example.com, m.example.com]",
+        "http: [{route: [{destination: {host: alpha}}]}]",
     )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: alpha, namespace: default}}
-        spec:
-          hosts: [alpha.example.com, secure.example.com, a.example.com, b.example.com,
-                  broken.example.com, m.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          http: [{{route: [{{destination: {{host: alpha}}}}]}}]
+    + ingress_route(
+        "beta",
+        "[beta.example.com]",
         """
+        http:
+        - match: [{uri: {prefix: /api}}]
+          route: [{destination: {host: beta}}]
+        - route: [{destination: {host: alpha}}]
+        """,
     )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: beta, namespace: default}}
-        spec:
-          hosts: [beta.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          http:
-          - match: [{{uri: {{prefix: /api}}}}]
-            route: [{{destination: {{host: beta}}}}]
-          - route: [{{destination: {{host: alpha}}}}]
+    + ingress_route(
+        "pass",
+        "[pass.example.com]",
         """
-    )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: pass, namespace: default}}
-        spec:
-          hosts: [pass.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          tls:
-          - match: [{{port: 9444, sniHosts: [pass.example.com]}}]
-            route: [{{destination: {{host: tlsbackend, port: {{number: 9443}}}}}}]
-        """
+        tls:
+        - match: [{port: 9444, sniHosts: [pass.example.com]}]
+          route: [{destination: {host: tlsbackend, port: {number: 9443}}}]
+        """,
     )
 )
 
