@@ -76,7 +76,9 @@ class BoundServer:
         if self.server.protocol.is_http:
             return f"http.{self.server.port}"
         s, g = self.server, self.gateway
-        return f"https.{s.port}.{s.port_name or s.protocol.lower()}.{g.name}.{g.namespace}"
+        # An unnamed port gets its position, so two unnamed servers do not share routes.
+        name = s.port_name or f"{s.protocol.lower()}-{self.position}"
+        return f"https.{s.port}.{name}.{g.name}.{g.namespace}"
 
 
 @dataclass(frozen=True, slots=True)
