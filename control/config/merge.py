@@ -73,6 +73,10 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
             "selector",
         )
     )
+    telemetries = [t for obj in objects for t in obj.telemetries]
+    warnings.extend(
+        _namespace_wide([t for t in telemetries if t.selector is None], "Telemetry", "selector")
+    )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
     warnings.extend(virtual_service_conflicts(virtual_services))
@@ -87,7 +91,7 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
-        telemetries=tuple(t for obj in objects for t in obj.telemetries),
+        telemetries=tuple(telemetries),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

@@ -19,7 +19,7 @@ from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
 from control.generate.access_logs import access_logs
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
-from control.generate.tracing import hcm_tracing, service_name
+from control.generate.tracing import hcm_tracing, request_id_extension, service_name
 from control.generate.wire import pack
 from control.model.proxy import Proxy
 from control.model.telemetry import SideTelemetry, WorkloadMode
@@ -63,6 +63,8 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
                 hcm.access_log.extend(logs)
                 if hcm_trace is not None:
                     hcm.tracing.CopyFrom(hcm_trace)
+                if tracing is not None and not tracing.use_request_id:
+                    hcm.request_id_extension.typed_config.CopyFrom(request_id_extension(False))
                 f.typed_config.CopyFrom(pack(hcm))
             elif f.name == TCP_PROXY_FILTER and logs:
                 tcp = TcpProxy()

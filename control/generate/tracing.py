@@ -25,8 +25,10 @@ from envoy.config.trace.v3.zipkin_pb2 import ZipkinConfig
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
 )
+from envoy.extensions.request_id.uuid.v3.uuid_pb2 import UuidRequestIdConfig
 from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag as EnvoyCustomTag
 from envoy.type.v3.percent_pb2 import Percent
+from google.protobuf.any_pb2 import Any as AnyProto
 from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
 from control.generate.context import GenContext
@@ -67,6 +69,16 @@ def hcm_tracing(settings: TracingSettings, service: str) -> HttpConnectionManage
     if settings.provider.max_tag_length:
         tracing.max_path_tag_length.CopyFrom(UInt32Value(value=settings.provider.max_tag_length))
     return tracing
+
+
+def request_id_extension(use_for_sampling: bool) -> AnyProto:
+    """Envoy's UUID request id, saying whether the sampling decision rides in it."""
+    return pack(
+        UuidRequestIdConfig(
+            pack_trace_reason=BoolValue(value=True),
+            use_request_id_for_trace_sampling=BoolValue(value=use_for_sampling),
+        )
+    )
 
 
 def _tracer(provider: Collector, service: str) -> HttpTracer.Http:

@@ -488,3 +488,32 @@ def test_a_mesh_config_change_is_a_full_push() -> None:
     assert same.changed_since(old) is not None  # derived: only workloads could differ
     new = old.next(config, mesh=MeshSettings(access_log_file="/dev/stdout"))
     assert new.changed_since(old) is None
+
+
+def test_use_request_id_for_trace_sampling_false_reaches_the_hcm() -> None:
+    from envoy.extensions.request_id.uuid.v3.uuid_pb2 import UuidRequestIdConfig
+
+    config = mesh_config(
+        APP, telemetry("own", "default", "tracing: [{useRequestIdForTraceSampling: false}]")
+    )
+    for _, any_config in filters(listeners(config, TRACED, proxy()), HCM_FILTER):
+        hcm = HttpConnectionManager()
+        assert any_config.Unpack(hcm)
+        uuid = UuidRequestIdConfig()
+        assert hcm.request_id_extension.typed_config.Unpack(uuid)
+        assert uuid.use_request_id_for_trace_sampling.value is False
+    # Not said: Envoy's default, no extension.
+    for _, any_config in filters(listeners(mesh_config(APP), TRACED, proxy()), HCM_FILTER):
+        hcm = HttpConnectionManager()
+        assert any_config.Unpack(hcm) and not hcm.HasField("request_id_extension")
+
+
+def test_two_namespace_wide_telemetries_are_reported_and_the_first_used() -> None:
+    config = mesh_config(
+        telemetry("b", "default", "tracing: [{randomSamplingPercentage: 2}]"),
+        telemetry("a", "default", "tracing: [{randomSamplingPercentage: 1}]"),
+    )
+    assert any("more than one Telemetry without selector" in w.message for w in config.warnings)
+    mesh = "extensionProviders:\n- name: z\n  zipkin: {service: 127.0.0.9, port: 9411}\n"
+    mesh += "defaultProviders: {tracing: [z]}\n"
+    assert tel(index(config, mesh), app="x").client.tracing.sampling == 1.0  # "a"
