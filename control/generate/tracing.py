@@ -42,6 +42,7 @@ from control.xds.cache import Resource
 ZIPKIN_TRACER: Final = "envoy.tracers.zipkin"
 OTEL_TRACER: Final = "envoy.tracers.opentelemetry"
 CANONICAL_NAME_LABEL: Final = "service.istio.io/canonical-name"
+CANONICAL_REVISION_LABEL: Final = "service.istio.io/canonical-revision"
 
 Collector = ZipkinProvider | OpenTelemetryProvider
 
@@ -52,18 +53,42 @@ def collector_cluster(provider: Collector) -> str:
 
 def service_name(proxy: Proxy) -> str:
     """How the proxy names itself in spans: Istio's `<canonical service>.<namespace>`."""
+    return f"{_canonical(proxy)}.{proxy.namespace}"
+
+
+def _canonical(proxy: Proxy) -> str:
     labels = dict(proxy.labels)
-    name = labels.get(CANONICAL_NAME_LABEL) or labels.get("app") or proxy.pod_name
-    return f"{name}.{proxy.namespace}"
+    return labels.get(CANONICAL_NAME_LABEL) or labels.get("app") or proxy.pod_name
 
 
-def hcm_tracing(settings: TracingSettings, service: str) -> HttpConnectionManager.Tracing:
-    """The HCM's `tracing`: the tracer, Istio's sampling fields and the custom tags."""
+def istio_tags(proxy: Proxy, mesh_id: str) -> tuple[tuple[str, str], ...]:
+    """The literal tags Istio puts on every span of a proxy."""
+    labels = dict(proxy.labels)
+    revision = labels.get(CANONICAL_REVISION_LABEL) or labels.get("version") or "latest"
+    return (
+        ("istio.canonical_revision", revision),
+        ("istio.canonical_service", _canonical(proxy)),
+        ("istio.mesh_id", mesh_id),
+        ("istio.namespace", proxy.namespace),
+    )
+
+
+def hcm_tracing(
+    settings: TracingSettings, service: str, tags: tuple[tuple[str, str], ...] = ()
+) -> HttpConnectionManager.Tracing:
+    """The HCM's `tracing`: the tracer, Istio's sampling fields, Istio's literal `tags`
+    and the Telemetry's custom tags (which win on the same name)."""
     tracing = HttpConnectionManager.Tracing(
         random_sampling=Percent(value=settings.sampling),
         client_sampling=Percent(value=100.0),
         overall_sampling=Percent(value=100.0),
         provider=_tracer(settings.provider, service),
+    )
+    custom = {t.tag for t in settings.custom_tags}
+    tracing.custom_tags.extend(
+        EnvoyCustomTag(tag=k, literal=EnvoyCustomTag.Literal(value=v))
+        for k, v in tags
+        if k not in custom
     )
     tracing.custom_tags.extend(_custom_tag(t) for t in settings.custom_tags)
     if settings.provider.max_tag_length:

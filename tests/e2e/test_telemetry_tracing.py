@@ -332,6 +332,10 @@ def check_trace(spans: list[Span], trace_id: str) -> None:
     assert server.kind == "SERVER" and server.service.startswith("backend")
     assert set(by_id) == {root.span_id, client.span_id, server.span_id}
     assert root.tags.get("team") == "checkout"
+    # Istio's own tags on every span.
+    assert root.tags.get("istio.canonical_service") == "frontend"
+    assert server.tags.get("istio.canonical_service") == "backend"
+    assert server.tags.get("istio.namespace") == "default"
 
 
 @pytest.mark.parametrize("provider", ["zipkin", "otel"])

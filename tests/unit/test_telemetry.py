@@ -450,6 +450,9 @@ def test_tracing_zipkin_on_every_hcm_and_its_collector_cluster() -> None:
         assert zipkin.collector_endpoint == "/api/v2/spans"
         assert zipkin.collector_endpoint_version == ZipkinConfig.HTTP_JSON
         assert zipkin.trace_id_128bit
+        tags = {t.tag: t.literal.value for t in hcm.tracing.custom_tags if t.HasField("literal")}
+        assert tags["istio.canonical_service"] == "backend"
+        assert tags["istio.namespace"] == "default" and tags["istio.mesh_id"] == "cluster.local"
     idx = MeshIndex(config, [p.as_workload()], mesh=parse_mesh_config(TRACED, "m"))
     clusters = GENERATORS[CLUSTER_TYPE](GenContext(idx, ResourceCache()), p)
     assert "outbound|9411||127.0.0.9" in clusters
