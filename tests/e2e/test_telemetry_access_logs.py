@@ -69,10 +69,12 @@ async def get(url: str, host: str = "backend") -> int:
 
 
 async def listener_loggers(ip: str) -> int:
-    """How many file access loggers the pod's Envoy runs in its listeners now."""
+    """How many access loggers (file or stdout) the pod's Envoy runs in its listeners now."""
     dump = await dynamic_listeners(ip)
-    return (
-        -1 if dump is None else dump.count("envoy.extensions.access_loggers.file.v3.FileAccessLog")
+    if dump is None:
+        return -1
+    return dump.count("access_loggers.file.v3.FileAccessLog") + dump.count(
+        "access_loggers.stream.v3.StdoutAccessLog"
     )
 
 

@@ -12,6 +12,7 @@ from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.trace.v3.opentelemetry_pb2 import OpenTelemetryConfig
 from envoy.config.trace.v3.zipkin_pb2 import ZipkinConfig
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
+from envoy.extensions.access_loggers.stream.v3.stream_pb2 import StdoutAccessLog
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
 )
@@ -422,13 +423,15 @@ def test_json_and_filter_are_generated() -> None:
     (log,) = hcm.access_log
     comparison = log.filter.status_code_filter.comparison
     assert comparison.op == ComparisonFilter.GE and comparison.value.default_value == 400
-    file_log = FileAccessLog()
+    # /dev/stdout: Envoy's stdout logger (it writes to the inherited fd, whatever its owner).
+    stdout_log = StdoutAccessLog()
     ls = listeners(
         mesh_config(APP), "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\n", proxy()
     )
     assert filters(ls, HCM_FILTER)[0][1].Unpack(hcm)
-    hcm.access_log[0].typed_config.Unpack(file_log)
-    assert dict(file_log.log_format.json_format.items()) == dict(ISTIO_JSON_LABELS)
+    assert hcm.access_log[0].name == "envoy.access_loggers.stdout"
+    assert hcm.access_log[0].typed_config.Unpack(stdout_log)
+    assert dict(stdout_log.log_format.json_format.items()) == dict(ISTIO_JSON_LABELS)
 
 
 def test_tracing_zipkin_on_every_hcm_and_its_collector_cluster() -> None:
