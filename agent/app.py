@@ -23,6 +23,7 @@ from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.process import EnvoySupervisor
+from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
@@ -98,6 +99,7 @@ class Agent(Lifecycle):
         self.timeline = timeline or StartupTimeline()
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
+        self.handlers.observer = HandlerMetricsObserver(self.metrics)
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:
@@ -188,6 +190,7 @@ class Agent(Lifecycle):
             on_quit=self.request_stop,
             on_drain=self._start_drain,
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
+            handlers=self.handlers.describe,
         )
         self.stop_requested = asyncio.Event()
         self._started_at = time.monotonic()
@@ -202,7 +205,8 @@ class Agent(Lifecycle):
         runs on another core while those start here."""
         tl = self.timeline
         await asyncio.to_thread(make_workdir, self.cfg.workdir)
-        loaded = self.handlers.load_entry_points()
+        # Plug-ins import their modules (file I/O) and may look up message types.
+        loaded = await asyncio.to_thread(self.handlers.load_entry_points)
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
         await self.upstream.start()
@@ -290,6 +294,7 @@ class Agent(Lifecycle):
         if self.cert_files is not None:
             await self.cert_files.close()
         await self.secrets.close()
+        await self.handlers.close()
         await self.upstream.close()
 
     def _setup_dns(self, cfg: AgentConfig) -> None:

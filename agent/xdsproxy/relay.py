@@ -7,8 +7,9 @@ written downstream before the next one is read from upstream, so a slow consumer
 own upstream stream through gRPC flow control instead of growing a buffer.
 
 Responses are routed by type URL, read from the raw bytes without decoding the resources:
-a type with a registered handler goes to the handler and is ACKed or NACKed by the agent;
-anything else is forwarded as the exact bytes the control plane sent.
+a type with a consuming handler goes to the handler and is ACKed or NACKed by the agent;
+anything else is forwarded as the exact bytes the control plane sent, and then, for an
+observed type, queued (the same bytes, no copy) for its observer.
 """
 
 from __future__ import annotations
@@ -181,10 +182,12 @@ class Relay:
                     raise UpstreamEnded(grpc.StatusCode.INTERNAL, f"bad response: {e}") from e
                 type_url = fields.get(_TYPE_URL, "")
                 self._stats.on_response(type_url)
-                if type_url in self._handlers:
+                if self._handlers.consumes(type_url):
                     queue.put_nowait(await self._handle(type_url, raw))
                     continue
                 await context.write(raw)
+                if self._handlers.observes(type_url):
+                    self._handlers.observe(type_url, raw, delta=self._delta)
         except grpc.aio.AioRpcError as e:
             raise UpstreamEnded(e.code(), e.details() or "") from e
         # The control plane closed the stream cleanly: the downstream must re-dial too.
@@ -227,6 +230,6 @@ class Relay:
             type_url = wire.scan_strings(raw, _TYPE_ONLY).get(_TYPE_URL, "")
         except ValueError:
             return ""
-        if not self._delta and type_url in self._handlers:
+        if not self._delta and self._handlers.consumes(type_url):
             self._handler_names[type_url] = list(DiscoveryRequest.FromString(raw).resource_names)
         return type_url
