@@ -51,9 +51,11 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "pilotfish.agent.handlers"
 BUILTIN_PACKAGE = "pilotfish"
-# Responses waiting for observers; beyond this they are dropped (an observer is an audit
-# or mirror: it must never hold up Envoy's config, nor buffer without bound).
-OBSERVE_QUEUE = 64
+# Responses waiting for one observer; beyond either bound they are dropped (an observer is
+# an audit or mirror: it must never hold up Envoy's config, nor buffer without bound). The
+# byte bound is what matters for big SotW responses (a 1,000-cluster CDS is ~1 MB).
+OBSERVE_QUEUE = 16
+OBSERVE_QUEUE_BYTES = 16 << 20
 
 ResponseHandler = Callable[[Sequence[Message]], Awaitable[None] | None]
 Mode = Literal["consume", "observe"]
@@ -133,8 +135,7 @@ class HandlerRegistry:
         self.counts: dict[str, HandlerCounts] = {}
         self.observer = observer
         self._loading: _Loading | None = None
-        self._queue: asyncio.Queue[tuple[str, bytes, bool]] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._observers: dict[str, _ObserverQueue] = {}
 
     # --- registration ----------------------------------------------------------------------
 
@@ -231,29 +232,19 @@ class HandlerRegistry:
 
     def observe(self, type_url: str, raw: bytes, *, delta: bool) -> None:
         """Queue a relayed response (its exact bytes) for the type's observer. Never waits:
-        the relay calls this after it forwarded the response."""
-        if self._queue is None:
-            self._queue = asyncio.Queue(OBSERVE_QUEUE)
-            self._worker = asyncio.create_task(self._observe_loop(), name="handler-observers")
-        try:
-            self._queue.put_nowait((type_url, raw, delta))
-        except asyncio.QueueFull:
-            reg = self._handlers[type_url]
+        the relay calls this after it forwarded the response. Each observer has its own
+        queue and task, so a slow one drops only its own responses."""
+        reg = self._handlers[type_url]
+        queue = self._observers.get(type_url)
+        if queue is None:
+            queue = self._observers[type_url] = _ObserverQueue(
+                lambda raw, delta: self._observe_one(reg, raw, delta)
+            )
+        if not queue.offer(raw, delta):
             self.counts[type_url].observe_dropped += 1
             if self.observer is not None:
                 self.observer.observe_dropped(reg.name, type_url)
             logger.debug("observer of %s is behind; response dropped", type_url)
-
-    async def _observe_loop(self) -> None:
-        assert self._queue is not None
-        while True:
-            type_url, raw, delta = await self._queue.get()
-            reg = self._handlers.get(type_url)
-            try:
-                if reg is not None:
-                    await self._observe_one(reg, raw, delta)
-            finally:
-                self._queue.task_done()
 
     async def _observe_one(self, reg: Registration, raw: bytes, delta: bool) -> None:
         counts = self.counts[reg.type_url]
@@ -277,16 +268,13 @@ class HandlerRegistry:
 
     async def drain_observers(self) -> None:
         """Wait until every queued response has been observed (tests, benchmarks)."""
-        if self._queue is not None:
-            await self._queue.join()
+        for queue in list(self._observers.values()):
+            await queue.join()
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-        self._worker = None
-        self._queue = None
+        observers, self._observers = self._observers, {}
+        for queue in observers.values():
+            await queue.close()
 
     # --- plug-ins --------------------------------------------------------------------------
 
@@ -319,6 +307,45 @@ class HandlerRegistry:
                 "handler plug-in %s (%s) loaded: %s", ep.name, package, ", ".join(registered)
             )
         return loaded
+
+
+class _ObserverQueue:
+    """One observer's pending responses, bounded in count and bytes, and the task that works
+    through them (started with the first response, on the relay's loop)."""
+
+    def __init__(self, work: Callable[[bytes, bool], Awaitable[None]]) -> None:
+        self._work = work
+        self._queue: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue()
+        self._bytes = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def offer(self, raw: bytes, delta: bool) -> bool:
+        if self._queue.qsize() >= OBSERVE_QUEUE or self._bytes + len(raw) > OBSERVE_QUEUE_BYTES:
+            return False
+        self._bytes += len(raw)
+        self._queue.put_nowait((raw, delta))
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="handler-observer")
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            raw, delta = await self._queue.get()
+            try:
+                await self._work(raw, delta)
+            finally:
+                self._bytes -= len(raw)
+                self._queue.task_done()
+
+    async def join(self) -> None:
+        await self._queue.join()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
 
 def _class_for(type_url: str) -> type[Message]:

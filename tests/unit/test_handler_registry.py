@@ -243,3 +243,34 @@ def test_plug_ins_are_named_skipped_when_broken_and_fatal_for_unknown_types(
         assert "\n" not in message
     finally:
         sys.path.remove(str(tmp_path))
+
+
+async def test_observers_queue_apart_and_big_responses_are_bounded_by_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    big = sotw(*(Cluster(name=f"c{i}") for i in range(100)))
+    monkeypatch.setattr(handlers_mod, "OBSERVE_QUEUE_BYTES", len(big) * 2)
+    release = asyncio.Event()
+
+    async def stuck(resources: Sequence[Message]) -> None:
+        await release.wait()
+
+    listeners: list[int] = []
+    r = HandlerRegistry()
+    r.register(typeurls.CLUSTER, stuck, mode="observe")
+    r.register(typeurls.LISTENER, lambda rs: listeners.append(len(rs)), mode="observe")
+    for _ in range(4):
+        r.observe(typeurls.CLUSTER, big, delta=False)
+    # Two fit the byte budget; the stuck CDS observer does not hold up the LDS one.
+    assert r.counts[typeurls.CLUSTER].observe_dropped == 2
+    listener = DiscoveryResponse(type_url=typeurls.LISTENER)
+    r.observe(typeurls.LISTENER, listener.SerializeToString(), delta=False)
+    for _ in range(100):
+        if listeners:
+            break
+        await asyncio.sleep(0.01)
+    assert listeners == [0]
+    release.set()
+    await r.drain_observers()
+    assert r.counts[typeurls.CLUSTER].handled == 2
+    await r.close()
