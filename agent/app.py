@@ -36,6 +36,7 @@ from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
+from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
@@ -100,6 +101,12 @@ class Agent(Lifecycle):
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
         self.handlers.observer = HandlerMetricsObserver(self.metrics)
+        # ECDS: remote Wasm code becomes a file in the workdir before Envoy sees the config;
+        # plug-ins add fetchers for other schemes (registry.register_fetcher).
+        self.handlers.fetchers.setdefault("http", fetch_http)
+        self.handlers.rewriters.setdefault(
+            EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
+        )
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:

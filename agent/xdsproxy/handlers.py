@@ -58,6 +58,18 @@ OBSERVE_QUEUE = 16
 OBSERVE_QUEUE_BYTES = 16 << 20
 
 ResponseHandler = Callable[[Sequence[Message]], Awaitable[None] | None]
+# Fetches what a URI names (a Wasm module for ECDS, agent/xdsproxy/ecds.py).
+Fetch = Callable[[str], Awaitable[bytes]]
+
+
+class ResponseRewriter(Protocol):
+    """Changes relayed responses of one type before they are forwarded (ECDS's remote Wasm
+    code to local files): the bytes to forward instead, None for unchanged, HandlerError to
+    NACK (then nothing is forwarded)."""
+
+    async def rewrite(self, raw: bytes, *, delta: bool) -> bytes | None: ...
+
+
 Mode = Literal["consume", "observe"]
 MODES: tuple[Mode, ...] = ("consume", "observe")
 
@@ -136,6 +148,8 @@ class HandlerRegistry:
         self.observer = observer
         self._loading: _Loading | None = None
         self._observers: dict[str, _ObserverQueue] = {}
+        self.rewriters: dict[str, ResponseRewriter] = {}
+        self.fetchers: dict[str, Fetch] = {}
 
     # --- registration ----------------------------------------------------------------------
 
@@ -169,6 +183,14 @@ class HandlerRegistry:
             loading.registered.append(type_url)
         self._reindex()
         logger.debug("%s handler registered for %s", mode, type_url)
+
+    def register_fetcher(self, scheme: str, fetch: Fetch) -> None:
+        """Fetch URIs of `scheme` (e.g. a Wasm module's `oci://` or `https://` source for
+        ECDS) with `fetch(uri) -> bytes`; replaces the built-in one for that scheme."""
+        if not scheme or not scheme.isascii() or ":" in scheme:
+            raise ValueError(f"not a URI scheme: {scheme!r}")
+        self.fetchers[scheme.lower()] = fetch
+        logger.debug("fetcher registered for %s://", scheme)
 
     def unregister(self, type_url: str) -> None:
         self._handlers.pop(type_url, None)
