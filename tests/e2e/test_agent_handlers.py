@@ -25,8 +25,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from envoy.config.core.v3.extension_pb2 import TypedExtensionConfig
+from envoy.extensions.filters.http.router.v3.router_pb2 import Router
+from envoy.service.runtime.v3.rtds_pb2 import Runtime
 
+from control import generate
 from control.app import ControlPlane
+from control.generate.context import GenContext
+from control.model.proxy import Proxy as ProxyModel
+from control.xds.cache import ResourceSet
 from protos import typeurls
 from tests.e2e.test_security_pods import tcp_connections_to
 from tests.support.agentproc import AgentProcess
@@ -39,18 +46,21 @@ pytestmark = pytest.mark.envoy
 
 ROOT = Path(__file__).resolve().parents[2]
 ECDS = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+RTDS = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 CONSUMED = {
     typeurls.CLUSTER: "envoy.config.cluster.v3.Cluster",
     typeurls.LISTENER: "envoy.config.listener.v3.Listener",
     typeurls.ROUTE: "envoy.config.route.v3.RouteConfiguration",
     typeurls.ENDPOINT: "envoy.config.endpoint.v3.ClusterLoadAssignment",
     ECDS: "envoy.config.core.v3.TypedExtensionConfig",
+    # Runtime discovery: a type whose module nothing in the agent imports (checked below).
+    RTDS: "envoy.service.runtime.v3.Runtime",
 }
 
 # A plug-in that records what it is given (type, decoded class, names) and rejects clusters.
 RECORDER = textwrap.dedent(
     """\
-    import json, os
+    import json, os, sys
 
     TYPES = {types!r}
 
@@ -68,6 +78,9 @@ RECORDER = textwrap.dedent(
         return handle
 
     def setup(registry):
+        with open(os.environ["PF_RECORD_FILE"], "a") as f:
+            loaded = sorted(m for m in sys.modules if m.endswith("rtds_pb2"))
+            f.write(json.dumps({{"type": "setup", "loaded": loaded}}) + "\\n")
         for type_url in TYPES:
             registry.register(type_url, _handler(type_url))
     """
@@ -151,9 +164,34 @@ def stream_rows(cp: ControlPlane, ip: str, type_url: str) -> list[dict[str, Any]
     return rows
 
 
+def serve_extension_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control plane has no config kind that makes ECDS or RTDS yet (Istio's WasmPlugin):
+    give its real server generators for the types, one resource each per proxy."""
+
+    def ecds(ctx: GenContext, proxy: ProxyModel) -> ResourceSet:
+        def build() -> TypedExtensionConfig:
+            tec = TypedExtensionConfig(name="default.router")
+            tec.typed_config.Pack(Router())
+            return tec
+
+        return ResourceSet([ctx.resource(ECDS, "default.router", "ecds-test", build)])
+
+    def rtds(ctx: GenContext, proxy: ProxyModel) -> ResourceSet:
+        def build() -> Runtime:
+            layer = Runtime(name="layer0")
+            layer.layer.update({"re2.max_program_size.error_level": 200})
+            return layer
+
+        return ResourceSet([ctx.resource(RTDS, "layer0", "rtds-test", build)])
+
+    monkeypatch.setitem(generate.GENERATORS, ECDS, ecds)
+    monkeypatch.setitem(generate.GENERATORS, RTDS, rtds)
+
+
 async def test_consuming_plug_in_gets_every_type_decoded_and_its_error_is_a_nack(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    serve_extension_configs(monkeypatch)
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(backend_yaml())
@@ -185,9 +223,7 @@ async def test_consuming_plug_in_gets_every_type_decoded_and_its_error_is_a_nack
             seen = records(record)
             for type_url, message in CONSUMED.items():
                 classes = {c for r in seen if r["type"] == type_url for c in r["classes"]}
-                # The control plane serves no ECDS yet: its (empty) responses reach the
-                # handler all the same; decoding that type is tests/unit/test_protos_messages.
-                assert classes == (set() if type_url == ECDS else {message}), (type_url, classes)
+                assert classes == {message}, (type_url, classes)
             # The types the control plane computes for this pod arrive with their resources.
             names = {t: {n for r in seen if r["type"] == t for n in r["names"]} for t in CONSUMED}
             assert f"{ip}_9080" in names[typeurls.LISTENER]
@@ -195,6 +231,10 @@ async def test_consuming_plug_in_gets_every_type_decoded_and_its_error_is_a_nack
             assert backend in names[typeurls.CLUSTER]
             assert backend in names[typeurls.ENDPOINT]
             assert "9080" in names[typeurls.ROUTE]
+            assert names[ECDS] == {"default.router"}
+            assert names[RTDS] == {"layer0"}
+            # Decoded although the agent had not imported its module when the plug-in loaded.
+            assert [r["loaded"] for r in seen if r["type"] == "setup"] == [[]]
 
             def nacked() -> str:
                 for row in stream_rows(cp, ip, typeurls.CLUSTER):
