@@ -23,7 +23,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from envoy.config.core.v3.extension_pb2 import TypedExtensionConfig
 from envoy.extensions.filters.http.router.v3.router_pb2 import Router
@@ -35,6 +34,7 @@ from control.generate.context import GenContext
 from control.model.proxy import Proxy as ProxyModel
 from control.xds.cache import ResourceSet
 from protos import typeurls
+from tests.e2e.test_agent_pods import _ok, get
 from tests.e2e.test_security_pods import tcp_connections_to
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
@@ -127,17 +127,6 @@ def install_example(tmp_path: Path) -> Path:
     return target
 
 
-async def get(url: str, host: str | None = None) -> tuple[int, str]:
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s,
-            s.get(url, headers={"Host": host} if host else {}) as r,
-        ):
-            return r.status, await r.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return 0, ""
-
-
 def metric(text: str, name: str, **labels: str) -> float:
     """The value of one sample of the Prometheus text (0 when absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -188,6 +177,14 @@ def serve_extension_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(generate.GENERATORS, RTDS, rtds)
 
 
+def last_nack(cp: ControlPlane, ip: str, type_url: str) -> str:
+    """The NACK text of the pod's stream for `type_url` while it is in ERROR, else ""."""
+    for row in stream_rows(cp, ip, type_url):
+        if row["status"] == "ERROR":
+            return str(row["last_nack"])
+    return ""
+
+
 async def test_consuming_plug_in_gets_every_type_decoded_and_its_error_is_a_nack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,13 +233,9 @@ async def test_consuming_plug_in_gets_every_type_decoded_and_its_error_is_a_nack
             # Decoded although the agent had not imported its module when the plug-in loaded.
             assert [r["loaded"] for r in seen if r["type"] == "setup"] == [[]]
 
-            def nacked() -> str:
-                for row in stream_rows(cp, ip, typeurls.CLUSTER):
-                    if row["status"] == "ERROR":
-                        return str(row["last_nack"])
-                return ""
-
-            message = await eventually(nacked, timeout=20, what="CDS NACK in syncz")
+            message = await eventually(
+                lambda: last_nack(cp, ip, typeurls.CLUSTER), timeout=20, what="CDS NACK in syncz"
+            )
             assert "clusters are audited elsewhere" in message
             # ...and over HTTP, as an operator reads it.
             _, body = await get(f"http://127.0.0.1:{cp.http_port}/debug/syncz")
@@ -375,13 +368,11 @@ async def test_observing_example_sees_every_listener_response_and_never_nacks(
             # The agent's own DNS handler is listed too, as the agent's.
             assert listed[typeurls.NAME_TABLE]["package"] == "pilotfish"
 
-            def nacked() -> str:
-                for row in stream_rows(cp, consumer_ip, typeurls.LISTENER):
-                    if row["status"] == "ERROR":
-                        return str(row["last_nack"])
-                return ""
-
-            message = await eventually(nacked, timeout=20, what="consumer's LDS NACK")
+            message = await eventually(
+                lambda: last_nack(cp, consumer_ip, typeurls.LISTENER),
+                timeout=20,
+                what="consumer's LDS NACK",
+            )
             assert "missing listeners: no-such-listener" in message
         finally:
             for a in (client, consumer, backend):
@@ -417,8 +408,3 @@ async def test_plug_in_registering_an_unknown_type_stops_the_agent_with_one_line
         assert "handler plug-in bad-types (pf-bad-types)" in errors[0]
         assert repr(bad) in errors[0]
         assert "Traceback" not in log
-
-
-async def _ok(call: Any) -> tuple[int, str] | None:
-    status, body = await call
-    return (status, body) if status == 200 else None

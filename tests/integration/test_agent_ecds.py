@@ -32,6 +32,7 @@ from tests.integration.test_agent_xdsproxy import MESH, Proxy, sotw_request
 from tests.support.adsclient import AdsStream
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.net import pod_ip
+from tests.unit.test_ecds import wasm_config
 
 MODULE = b"\x00asm\x01\x00\x00\x00" + bytes(range(256)) * 64
 SHA = hashlib.sha256(MODULE).hexdigest()
@@ -55,18 +56,6 @@ async def module_url() -> AsyncIterator[str]:
         yield f"http://{ip}:{port}/filter.wasm"
     finally:
         await runner.cleanup()
-
-
-def wasm_config(name: str, uri: str, sha: str) -> TypedExtensionConfig:
-    wasm = Wasm()
-    wasm.config.name = name
-    wasm.config.vm_config.runtime = "envoy.wasm.runtime.v8"
-    wasm.config.vm_config.code.remote.http_uri.uri = uri
-    wasm.config.vm_config.code.remote.http_uri.cluster = "wasm-source"
-    wasm.config.vm_config.code.remote.sha256 = sha
-    tec = TypedExtensionConfig(name=name)
-    tec.typed_config.Pack(wasm)
-    return tec
 
 
 @pytest.fixture

@@ -14,24 +14,14 @@ import pytest
 from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-from google.protobuf import any_pb2
-from google.protobuf.message import Message
 
 from agent.xdsproxy.handlers import HandlerError, HandlerRegistry
 from protos import typeurls
+from tests.unit.test_handler_registry import packed
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "handlers"))
 import listener_audit
-
-
-def packed(*messages: Message) -> list[any_pb2.Any]:
-    out = []
-    for m in messages:
-        a = any_pb2.Any()
-        a.Pack(m)
-        out.append(a)
-    return out
 
 
 def test_example_observes_by_default_and_mirrors_every_response(
