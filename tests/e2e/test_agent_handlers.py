@@ -354,9 +354,15 @@ async def test_observing_example_sees_every_listener_response_and_never_nacks(
                 )
                 == relayed
             )
-            # Envoy ACKed its listeners; the observer's failures NACKed nothing.
-            rows = stream_rows(cp, client_ip, typeurls.LISTENER)
-            assert rows and all(r["status"] == "SYNCED" for r in rows), rows
+
+            # Envoy ACKed its listeners; the observer's failures NACKed nothing (a NACK would
+            # hold the row in ERROR until the next push).
+            def synced() -> bool:
+                rows = stream_rows(cp, client_ip, typeurls.LISTENER)
+                return bool(rows) and all(r["status"] == "SYNCED" for r in rows)
+
+            await eventually(synced, timeout=20, what="client's LDS SYNCED")
+            assert last_nack(cp, client_ip, typeurls.LISTENER) == ""
             _, body = await get(f"http://{client_ip}:15020/debug/handlers")
             listed = {h["type_url"]: h for h in json.loads(body)}
             entry = listed[typeurls.LISTENER]
