@@ -24,8 +24,8 @@ from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.drain import DrainPlan
 from agent.envoy.process import EnvoySupervisor
-from agent.health.appprobe import AppProbes, probe_destination
 from agent.handlermetrics import HandlerMetricsObserver
+from agent.health.appprobe import AppProbes, probe_destination
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
