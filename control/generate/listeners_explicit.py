@@ -64,6 +64,11 @@ from control.generate.plans import (
 )
 from control.generate.resource_names import LISTENER_TYPE, inbound_cluster_name, listener_name
 from control.generate.route_translation import FAULT_FILTER
+from control.generate.telemetry_metrics import (
+    WorkloadTelemetry,
+    instrument_listener,
+    workload_telemetry,
+)
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
@@ -86,6 +91,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     taken: set[tuple[str, int]] = set()
     peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
     policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
+    telemetry = workload_telemetry(ctx, proxy)
     for inbound in inbound_ports(ctx, proxy):
         taken.add((inbound.bind, inbound.number))
         mode = peer.mode_for(inbound.number)
@@ -103,7 +109,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 )
                 continue
             mode = MtlsMode.DISABLE
-        resources.append(_inbound(ctx, inbound, mode, policies))
+        resources.append(_inbound(ctx, inbound, mode, policies, telemetry))
     for port in plan.ports:
         bind = egress_bind(sidecar, port.number, proxy.ip)
         if (bind, port.number) in taken:
@@ -116,23 +122,37 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 port.number,
             )
             continue
-        resources.append(_outbound(ctx, port, bind, plan.scope))
+        resources.append(_outbound(ctx, port, bind, plan.scope, telemetry))
     return ResourceSet(resources)
 
 
-def _outbound(ctx: GenContext, port: OutboundPort, bind: str, scope: str) -> Resource:
+def _outbound(
+    ctx: GenContext,
+    port: OutboundPort,
+    bind: str,
+    scope: str,
+    telemetry: WorkloadTelemetry | None = None,
+) -> Resource:
     name = listener_name(bind, port.number)
     if port.http:
         # Everything else an HTTP listener needs comes from RDS, so the address is all it reads.
         http_key = (bind, port.number)
         return variant_resource(
-            ctx, LISTENER_TYPE, name, ("http", *http_key), lambda: build_outbound_http(*http_key)
+            ctx,
+            LISTENER_TYPE,
+            name,
+            ("http", *http_key, telemetry),
+            lambda: instrument_listener(build_outbound_http(*http_key), telemetry),
         )
     # The plan lives in the push memo, so id(port) cannot be reused during the push.
     chains = ctx.memo(("lds-chains", id(port), scope), lambda: tcp_chains(port, ctx.index, scope))
     tcp_key = (bind, port.number, chains)
     return variant_resource(
-        ctx, LISTENER_TYPE, name, ("tcp", *tcp_key), lambda: build_outbound_tcp(*tcp_key)
+        ctx,
+        LISTENER_TYPE,
+        name,
+        ("tcp", *tcp_key, telemetry),
+        lambda: instrument_listener(build_outbound_tcp(*tcp_key), telemetry),
     )
 
 
@@ -183,9 +203,16 @@ def _inbound(
     port: InboundPort,
     mode: MtlsMode,
     policies: tuple[AuthorizationPolicy, ...],
+    telemetry: WorkloadTelemetry | None = None,
 ) -> Resource:
     key = (port.bind, port.number, port.protocol.is_http, mode, policies)
-    return variant_resource(ctx, LISTENER_TYPE, port.listener, key, lambda: build_inbound(*key))
+    return variant_resource(
+        ctx,
+        LISTENER_TYPE,
+        port.listener,
+        (*key, telemetry),
+        lambda: instrument_listener(build_inbound(*key), telemetry),
+    )
 
 
 # --- pure builders ---------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from control.generate.filters import (
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
+from control.generate.telemetry_metrics import instrument_listener, workload_telemetry
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
@@ -123,8 +124,13 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     plan = outbound_plan(ctx, proxy)
     chains = ctx.memo(("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports))
     key = (chains, ctx.index.outbound_policy(proxy))
+    telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_OUTBOUND,
+        (*key, telemetry),
+        lambda: instrument_listener(build_virtual_outbound(*key), telemetry),
+        variant=(*key, telemetry),
     )
 
 
@@ -230,8 +236,13 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies)
+    telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_INBOUND, key, lambda: build_virtual_inbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_INBOUND,
+        (*key, telemetry),
+        lambda: instrument_listener(build_virtual_inbound(*key), telemetry),
+        variant=(*key, telemetry),
     )
 
 

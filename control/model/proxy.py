@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from control.model.types import Labels, SourceRef, Workload, labels_of
+from protos.telemetry import ALS_NODE_METADATA
 
 # The certificate provider instance proxyless config names, as Istio's agent names it in the
 # gRPC bootstrap; its certificate names are `default` (chain and key) and `ROOTCA`.
@@ -47,6 +48,9 @@ class Proxy:
     # CERTIFICATE_PROVIDER, written by the agent in proxy-only mode): only then may its config
     # name that provider (gRPC rejects a whole CDS or LDS response naming one it lacks).
     cert_provider: bool = False
+    # The proxy's bootstrap has the cluster to its agent's access log service (node metadata
+    # PILOTFISH_ALS): only then may its listeners log there (protos/telemetry.py).
+    als: bool = False
 
     @property
     def is_grpc(self) -> bool:
@@ -126,4 +130,5 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         workload_group=_str(metadata, "WORKLOAD_GROUP") or _str(metadata, "AUTO_REGISTER_GROUP"),
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
+        als=_str(metadata, ALS_NODE_METADATA).lower() == "true",
     )
