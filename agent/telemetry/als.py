@@ -64,8 +64,10 @@ class AccessLogServer(Lifecycle):
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> StreamAccessLogsResponse:
         self.streams += 1
-        message = StreamAccessLogsMessage()
         async for raw in requests:
+            # A fresh message each time: a reused one keeps every parse's memory (its arena
+            # only grows), which would grow with traffic.
+            message = StreamAccessLogsMessage()
             try:
                 message.ParseFromString(raw)
             except DecodeError as e:

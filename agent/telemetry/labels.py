@@ -14,7 +14,8 @@ What a label may say, and where it comes from (protos/telemetry.py has the wire 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from functools import lru_cache
+from operator import itemgetter
 from typing import Final
 
 from envoy.data.accesslog.v3.accesslog_pb2 import (
@@ -58,6 +59,8 @@ TCP_LABELS: Final = tuple(
 )
 
 LabelValues = tuple[str, ...]
+_HTTP_ORDER: Final = itemgetter(*HTTP_LABELS)
+_TCP_ORDER: Final = itemgetter(*TCP_LABELS)
 
 # Envoy's short response flag codes, in the order Envoy prints them.
 _FLAG_CODES: Final = (
@@ -91,11 +94,17 @@ _FLAG_CODES: Final = (
 )
 
 
+_FLAG_ORDER: Final = {field: i for i, (field, _) in enumerate(_FLAG_CODES)}
+_FLAG_CODE: Final = {**dict(_FLAG_CODES), "unauthorized_details": "UAEX"}
+
+
 def response_flags(flags: ResponseFlags) -> str:
-    codes = [code for field, code in _FLAG_CODES if getattr(flags, field)]
-    if flags.HasField("unauthorized_details"):
-        codes.append("UAEX")
-    return ",".join(codes) or "-"
+    # Only the set fields: most entries have none, and this runs once per request.
+    names = [f.name for f, _ in flags.ListFields()]
+    if not names:
+        return "-"
+    names.sort(key=lambda n: _FLAG_ORDER.get(n, len(_FLAG_ORDER)))
+    return ",".join(_FLAG_CODE.get(n, n) for n in names)
 
 
 def http_labels(entry: HTTPAccessLogEntry) -> LabelValues:
@@ -112,7 +121,7 @@ def http_labels(entry: HTTPAccessLogEntry) -> LabelValues:
     values["response_code"] = str(response.response_code.value)
     values["grpc_response_status"] = status
     values["response_flags"] = response_flags(common.response_flags)
-    return tuple(values[n] for n in HTTP_LABELS)
+    return _HTTP_ORDER(values)  # type: ignore[no-any-return]
 
 
 def caller_unknown_yet(common: AccessLogCommon) -> bool:
@@ -131,7 +140,7 @@ def tcp_labels(entry: TCPAccessLogEntry) -> LabelValues:
     values = _peer_labels(common, "")
     values["request_protocol"] = "tcp"
     values["response_flags"] = response_flags(common.response_flags)
-    return tuple(values[n] for n in TCP_LABELS)
+    return _TCP_ORDER(values)  # type: ignore[no-any-return]
 
 
 def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
@@ -149,7 +158,7 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
     if reporter == t.REPORTER_DESTINATION:
         caller = _spiffe(common.tls_properties.peer_certificate_properties)
         mtls = caller != UNKNOWN
-        peer = _peer(t.decode_peer(claimed) if mtls else {})
+        peer = _peer(claimed if mtls else "")
         source, destination = peer, own
         source_principal = caller
         destination_principal = (
@@ -158,7 +167,9 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
         if destination_principal == UNKNOWN and mtls:
             destination_principal = tags.get(t.TAG_PRINCIPAL) or UNKNOWN
         policy = "mutual_tls" if mtls else "none"
-        service = _inbound_service(authority, own["workload_namespace"], tags)
+        service = _inbound_service(
+            authority, own["workload_namespace"], tags.get(t.TAG_CLUSTER_DOMAIN, "")
+        )
     else:
         reporter = t.REPORTER_SOURCE
         upstream = (
@@ -167,7 +178,7 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
             else ""
         )
         mtls = upstream.startswith("spiffe://")
-        peer = _peer(t.decode_peer(claimed) if mtls else {})
+        peer = _peer(claimed if mtls else "")
         source, destination = own, peer
         source_principal = (tags.get(t.TAG_PRINCIPAL) or UNKNOWN) if mtls else UNKNOWN
         destination_principal = upstream if mtls else UNKNOWN
@@ -177,7 +188,9 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
         if service[0] == UNKNOWN and not common.upstream_cluster:
             # Answered before a cluster was picked (a fault abort, no route): the service the
             # client addressed.
-            service = _inbound_service(authority, own["workload_namespace"], tags)
+            service = _inbound_service(
+                authority, own["workload_namespace"], tags.get(t.TAG_CLUSTER_DOMAIN, "")
+            )
     return {
         "reporter": reporter,
         "source_workload": source["workload"],
@@ -197,7 +210,13 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
     }
 
 
-def _peer(decoded: Mapping[str, str]) -> dict[str, str]:
+# Label derivation runs once per request in the agent; the same few peers, authorities and
+# clusters recur, so their parsing is cached (bounded: distinct values beyond these sizes
+# only cost the parsing again).
+@lru_cache(maxsize=1024)
+def _peer(claimed: str) -> dict[str, str]:
+    """The peer's fields from its header value (callers must not modify the result)."""
+    decoded = t.decode_peer(claimed)
     return {
         "workload": decoded.get(t.TAG_WORKLOAD, UNKNOWN),
         "workload_namespace": decoded.get(t.TAG_NAMESPACE, UNKNOWN),
@@ -213,6 +232,7 @@ def _spiffe(cert: TLSProperties.CertificateProperties) -> str:
     return UNKNOWN
 
 
+@lru_cache(maxsize=1024)
 def _outbound_service(cluster: str, authority: str) -> tuple[str, str, str]:
     """From the upstream cluster `outbound|PORT|SUBSET|HOST`, as Istio's client side names the
     service; the passthrough and blackhole clusters name themselves, with the authority's
@@ -226,15 +246,14 @@ def _outbound_service(cluster: str, authority: str) -> tuple[str, str, str]:
     return UNKNOWN, UNKNOWN, UNKNOWN
 
 
-def _inbound_service(
-    authority: str, namespace: str, tags: Mapping[str, str]
-) -> tuple[str, str, str]:
+@lru_cache(maxsize=1024)
+def _inbound_service(authority: str, namespace: str, domain: str) -> tuple[str, str, str]:
     """From the request's authority, completed as a Kubernetes name in this workload's
     namespace (`backend` → `backend.<ns>.svc.<domain>`); unknown for an IP or none."""
     host = _host(authority)
     if not host or _is_ip(host):
         return UNKNOWN, UNKNOWN, UNKNOWN
-    domain = tags.get(t.TAG_CLUSTER_DOMAIN) or "cluster.local"
+    domain = domain or "cluster.local"
     labels = host.split(".")
     if len(labels) == 1:
         host = f"{host}.{namespace}.svc.{domain}"
