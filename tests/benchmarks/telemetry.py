@@ -274,7 +274,8 @@ async def main() -> int:
                 # Alternating rounds, so the machine's other load falls on both sides alike;
                 # each side's best round is its figure.
                 for r in range(args.rounds):
-                    for pair in (off, on):
+                    # Which side goes first alternates too (no position advantage).
+                    for pair in (off, on) if r % 2 == 0 else (on, off):
                         before = {k: cpu_seconds(pid) for k, pid in pair.pids().items()}
                         rate, p99 = await asyncio.to_thread(
                             pair.load, args.requests, tmp / f"{pair.name}-{r}.log", args
