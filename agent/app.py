@@ -36,6 +36,8 @@ from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
+from agent.telemetry.aggregator import MetricsAggregator
+from agent.telemetry.als import AccessLogServer
 from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
@@ -181,6 +183,14 @@ class Agent(Lifecycle):
                 cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
             )
             self.handlers.register(WORKLOAD_PROBE, self.health)
+        # Istio's standard metrics, from the access log stream of Envoy's generated loggers;
+        # served with the agent's own metrics.
+        self.als: AccessLogServer | None = None
+        if cfg.standard_metrics and not cfg.proxy_only:
+            aggregator = MetricsAggregator()
+            self.metrics.registry.register(aggregator)
+            owner = self.run_as[0] if self.run_as else None
+            self.als = AccessLogServer(cfg.als_socket, aggregator, owner=owner)
         self.envoy: EnvoySupervisor | None = None
         host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
         admin = f"http://{host}:{cfg.envoy_admin_port}"
@@ -245,6 +255,8 @@ class Agent(Lifecycle):
         if self.cert_files is not None:
             await self.cert_files.start()
         await self.downstream.start()
+        if self.als is not None:
+            await self.als.start()
         if self.run_as is not None:
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, self.cfg.xds_socket, -1, self.run_as[1])
@@ -323,6 +335,8 @@ class Agent(Lifecycle):
         if self.health is not None:
             await self.health.close()
         await self.agent_stream.close()
+        if self.als is not None:
+            await self.als.close()
         await self.downstream.close()
         await self.sds.close()
         if self.cert_files is not None:
