@@ -87,6 +87,7 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
+        secrets=tuple(s for obj in objects for s in obj.secrets),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

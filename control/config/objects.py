@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from control.model.secret import TlsSecret
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
@@ -33,6 +34,7 @@ class ConfigObject:
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
+    secrets: tuple[TlsSecret, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

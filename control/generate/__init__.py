@@ -10,7 +10,8 @@ Where each decision is made:
 - per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
   interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
   implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
-  route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe);
+  route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe), secrets (SDS
+  for a router's agent: gateway certificates);
 - proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
   (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
 - what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
@@ -35,12 +36,13 @@ from control.generate import (
     names,
     probes,
     route_tables,
+    secrets,
 )
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
-from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, SECRET, WORKLOAD_PROBE
 
 Generator = Callable[[GenContext, Proxy], ResourceSet]
 
@@ -53,6 +55,8 @@ GENERATORS: Final[dict[str, Generator]] = {
     NAME_TABLE: names.generate,
     # For the agent: the readiness probe of its WorkloadGroup.
     WORKLOAD_PROBE: probes.generate,
+    # For a router's agent: gateway certificates (who may ask: control/secretaccess.py).
+    SECRET: secrets.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {

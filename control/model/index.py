@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
 from control.model.proxy import Proxy
+from control.model.secret import NO_GRANTS, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.traffic_index import TrafficIndex
@@ -71,6 +72,9 @@ class MeshIndex:
         self._security = SecurityIndex(config)
         self._traffic = TrafficIndex(config, self.service_by_host)
         self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
+        # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
+        self.secrets = SecretIndex(config.secrets)
+        self.secret_grants: ReferenceGrants = NO_GRANTS
         self._endpoints = EndpointIndex(
             self.services,
             self.service_by_host,
@@ -109,6 +113,8 @@ class MeshIndex:
                 new.__dict__.update(self.__dict__)
                 new.config = config
                 new.version = version
+                # Equal rules hold the same Secrets, but not their contents (a rotation).
+                new.secrets = SecretIndex(config.secrets)
                 new._token = object()
                 new._derived_from = self._token
                 new._endpoints, new._changed = self._endpoints.derive(workloads, removed, added)
@@ -205,6 +211,8 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.destination_rules,
         # What members register as and the probe their agents get (generate/probes.py).
         config.workload_groups,
+        # Which Secrets exist (listeners may depend on it); their contents change SDS only.
+        tuple(s.shape for s in config.secrets),
     )
 
 

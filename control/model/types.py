@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from control.model.secret import TlsSecret
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
 
@@ -358,6 +359,8 @@ class MeshConfig:
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
+    # Gateway certificates (`v1 Secret`, control/model/secret.py).
+    secrets: tuple[TlsSecret, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

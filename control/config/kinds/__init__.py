@@ -14,6 +14,7 @@ from control.config.kinds import (
     authorizationpolicy,
     destinationrule,
     peerauthentication,
+    secret,
     service,
     serviceentry,
     sidecar,
@@ -29,6 +30,7 @@ Converter = Callable[[Context, str], ConfigObject]
 
 CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
     "Service": (service.API_VERSIONS, service.convert),
+    "Secret": (secret.API_VERSIONS, secret.convert),
     "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
     "WorkloadGroup": (workloadgroup.API_VERSIONS, workloadgroup.convert),
     "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
