@@ -1,0 +1,363 @@
+"""Gateway certificates end to end: a real control plane holds `v1 Secret`s (config files, or
+the in-test Kubernetes API server), a router's agent fetches them over its one upstream
+connection (SDS over ADS) and serves them on its SDS socket, and a real Envoy whose static
+listener terminates TLS with `kubernetes://gw-cert` from that socket serves the Secret's
+certificate to a real TLS client that verifies the chain.
+
+Rotation (rewriting the file, or changing the Secret in the API server) changes what new
+handshakes see within 5 s, with no failed request under concurrent load. A sidecar's agent
+and a router of another namespace are refused (PERMISSION_DENIED on their SDS stream and
+fetch); a missing Secret leaves the router's other certificates serving and is reported.
+
+The router side here is the agent's own parts in this process (upstream channel, secret
+manager, SDS server), with a router node id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+
+from agent.sds.remote import RemoteSecrets
+from agent.sds.secrets import SecretManager
+from agent.sds.server import SdsServer
+from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
+from control.app import ControlPlane, ControlPlaneOptions
+from control.ca.identity import Identity
+from control.xds.server import XdsOptions
+from protos import typeurls
+from tests.integration.test_sds_envoy import Conn, bootstrap, mtls_listener, running_envoy
+from tests.support.controlplane import (
+    agent_token,
+    bounded_teardown,
+    eventually,
+    running_control_plane,
+)
+from tests.support.envoy import EnvoyProcess
+from tests.support.kubeapi import FakeKubeApi
+from tests.support.mesh import mesh_agent, root_file
+from tests.support.net import pod_ip
+from tests.support.secrets import secret_object, secret_yaml
+from tests.support.testca import IssuedCert, TestCA
+
+pytestmark = pytest.mark.envoy
+
+EDGE = Identity("edge", "gateway")
+HOST = "gw.example.com"
+SDS_SERVICE = "/envoy.service.secret.v3.SecretDiscoveryService"
+
+
+@asynccontextmanager
+async def router_sds(
+    cp: ControlPlane, tmp: Path, ip: str, identity: Identity = EDGE
+) -> AsyncIterator[Path]:
+    """A router's agent parts on the control plane's TLS port; yields its SDS socket."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    token = tmp / "token"
+    token.write_text(agent_token(cp, identity.namespace, identity.service_account))
+    token.chmod(0o600)
+    upstream = UpstreamChannel(
+        [f"127.0.0.1:{cp.secure_xds_port}"], tls=UpstreamTls(root_file(cp, tmp), token)
+    )
+    ns = identity.namespace
+    remote = RemoteSecrets(
+        lambda: upstream.ads(delta=False),
+        node_id=f"router~{ip}~gw-1.{ns}~{ns}.svc.cluster.local",
+        metadata={"NAMESPACE": ns, "SERVICE_ACCOUNT": identity.service_account},
+    )
+    sock = tmp / "SDS"
+    async with (
+        upstream,
+        SecretManager(TestCA(), remote=remote) as manager,
+        SdsServer(sock, manager),
+    ):
+        yield sock
+
+
+def tls_listener(name: str, ip: str, port: int, secret: str) -> dict[str, Any]:
+    """An HTTPS listener answering 200 "hi" with `secret` (from SDS) as its certificate; no
+    client certificate asked."""
+    listener = mtls_listener(name, ip, port, secret, "unused")
+    tls = listener["filter_chains"][0]["transport_socket"]["typed_config"]
+    tls["require_client_certificate"] = False
+    del tls["common_tls_context"]["validation_context_sds_secret_config"]
+    # A secret that never comes must not hold Envoy's start (the other listeners serve).
+    sds = tls["common_tls_context"]["tls_certificate_sds_secret_configs"][0]["sds_config"]
+    sds["initial_fetch_timeout"] = "1s"
+    return listener
+
+
+def client_context(ca: TestCA) -> ssl.SSLContext:
+    """A TLS client that verifies the chain against the Secret's CA and the host name."""
+    return ssl.create_default_context(cadata=ca.root_pem.decode())
+
+
+async def handshake_serial(ip: str, port: int, ctx: ssl.SSLContext) -> int:
+    r, w = await asyncio.wait_for(
+        asyncio.open_connection(ip, port, ssl=ctx, server_hostname=HOST), 5
+    )
+    conn = Conn(r, w)
+    try:
+        assert await conn.get() == (200, b"hi")
+        return conn.peer_serial
+    finally:
+        await conn.close()
+
+
+@dataclass
+class Load:
+    """Concurrent clients doing new handshakes and requests until stopped."""
+
+    ip: str
+    port: int
+    ctx: ssl.SSLContext
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    serials: set[int] = field(default_factory=set)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _worker(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.serials.add(await handshake_serial(self.ip, self.port, self.ctx))
+                self.ok += 1
+            except (OSError, ssl.SSLError, AssertionError, TimeoutError) as e:
+                self.failures.append(repr(e))
+
+    @asynccontextmanager
+    async def running(self, workers: int = 8) -> AsyncIterator[Load]:
+        tasks = [asyncio.create_task(self._worker()) for _ in range(workers)]
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            await asyncio.gather(*tasks)
+
+
+async def wait_serving(envoy: EnvoyProcess, ip: str, port: int, ctx: ssl.SSLContext) -> int:
+    async def serial() -> int | None:
+        try:
+            return await handshake_serial(ip, port, ctx)
+        except (OSError, ssl.SSLError, TimeoutError):
+            return None
+
+    async def serving() -> bool:
+        return await serial() is not None
+
+    await envoy.wait_for(serving, timeout=30, what="HTTPS listener serving the Secret")
+    found = await serial()
+    assert found is not None
+    return found
+
+
+async def rotate_under_load(
+    envoy: EnvoyProcess,
+    ip: str,
+    port: int,
+    ca: TestCA,
+    first: IssuedCert,
+    rotate: Any,
+) -> None:
+    ctx = client_context(ca)
+    assert await wait_serving(envoy, ip, port, ctx) == first.serial
+    async with Load(ip, port, ctx).running() as load:
+        await eventually(lambda: load.ok >= 100, timeout=30, what="load running")
+        newer = ca.server_cert([HOST])
+        started = time.monotonic()
+        await rotate(newer)
+        # What new handshakes see changes within 5 s (the acceptance bound).
+        await eventually(lambda: newer.serial in load.serials, timeout=5, what="rotated cert")
+        took = time.monotonic() - started
+        done = load.ok
+        await eventually(lambda: load.ok >= done + 100, timeout=30, what="load after")
+    assert load.failures == [], load.failures[:5]
+    assert load.serials <= {first.serial, newer.serial}
+    # After the switch, only the new certificate is served.
+    assert await handshake_serial(ip, port, ctx) == newer.serial
+    logging.getLogger(__name__).info("rotation seen after %.2fs, %d requests", took, load.ok)
+
+
+def _write(cfg: Path, text: str) -> None:
+    tmp = cfg / ".mesh.tmp"
+    tmp.write_text(text)
+    tmp.replace(cfg / "mesh.yaml")
+
+
+async def test_envoy_serves_and_rotates_a_secret_from_a_config_file(tmp_path: Path) -> None:
+    ip, port = pod_ip(), 8443
+    ca = TestCA()
+    first = ca.server_cert([HOST])
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    _write(cfg, secret_yaml("gw-cert", first, namespace="edge"))
+    async with (
+        running_control_plane(cfg) as cp,
+        router_sds(cp, tmp_path / "router", ip) as sock,
+        running_envoy(
+            bootstrap(ip, sock, [tls_listener("gw", ip, port, "kubernetes://gw-cert")]),
+            tmp_path / "envoy",
+        ) as envoy,
+    ):
+
+        async def rotate(newer: IssuedCert) -> None:
+            _write(cfg, secret_yaml("gw-cert", newer, namespace="edge"))
+
+        await rotate_under_load(envoy, ip, port, ca, first, rotate)
+        assert await envoy.stat("sds.kubernetes://gw-cert.update_rejected") in (0, None)
+
+
+async def test_envoy_serves_and_rotates_a_secret_from_the_kubernetes_api(tmp_path: Path) -> None:
+    ip, port = pod_ip(), 8443
+    ca = TestCA()
+    first = ca.server_cert([HOST])
+    async with FakeKubeApi() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(api.kubeconfig())
+        api.put(secret_object("gw-cert", first, namespace="edge"))
+        cp = ControlPlane(
+            ControlPlaneOptions(
+                kubernetes=True,
+                kubeconfig=str(kubeconfig),
+                xds_address="127.0.0.1:0",
+                secure_xds_address="127.0.0.1:0",
+                http_address="127.0.0.1:0",
+                id="kube-cp",
+                debounce_quiet=0.05,
+                debounce_max=1.0,
+                xds=XdsOptions(control_plane_id="kube-cp"),
+            )
+        )
+        await cp.start()
+        try:
+            async with (
+                router_sds(cp, tmp_path / "router", ip) as sock,
+                running_envoy(
+                    bootstrap(ip, sock, [tls_listener("gw", ip, port, "kubernetes://gw-cert")]),
+                    tmp_path / "envoy",
+                ) as envoy,
+            ):
+
+                async def rotate(newer: IssuedCert) -> None:
+                    api.put(secret_object("gw-cert", newer, namespace="edge"))
+
+                await rotate_under_load(envoy, ip, port, ca, first, rotate)
+        finally:
+            await bounded_teardown(cp.close(0.2), "control plane close")
+
+
+async def test_a_missing_secret_leaves_the_others_serving_and_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ip, good_port, missing_port = pod_ip(), 8443, 9443
+    ca = TestCA()
+    cert = ca.server_cert([HOST])
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    _write(cfg, secret_yaml("gw-cert", cert, namespace="edge"))
+    caplog.set_level(logging.WARNING)
+    listeners = [
+        tls_listener("gw", ip, good_port, "kubernetes://gw-cert"),
+        tls_listener("missing", ip, missing_port, "kubernetes://gw-missing"),
+    ]
+    async with (
+        running_control_plane(cfg) as cp,
+        router_sds(cp, tmp_path / "router", ip) as sock,
+        running_envoy(bootstrap(ip, sock, listeners), tmp_path / "envoy") as envoy,
+    ):
+        assert await wait_serving(envoy, ip, good_port, client_context(ca)) == cert.serial
+
+        def reported(logger: str) -> bool:
+            return any(
+                r.name == logger and "kubernetes://gw-missing" in r.getMessage()
+                for r in caplog.records
+            )
+
+        # The control plane says which Secret it lacks, and so does the agent.
+        await eventually(lambda: reported("control.secretaccess"), what="control plane warning")
+        await eventually(lambda: reported("agent.sds.remote"), what="agent warning")
+        assert all(r.exc_info is None for r in caplog.records), "a traceback was logged"
+        with pytest.raises((OSError, ssl.SSLError, TimeoutError)):
+            await handshake_serial(ip, missing_port, client_context(ca))
+
+
+async def _sds_status(sock: Path, name: str) -> tuple[grpc.StatusCode, str]:
+    """StreamSecrets for `name` on an SDS socket, as Envoy asks: the status it ends with."""
+    async with grpc.aio.insecure_channel(f"unix:{sock}") as channel:
+        call = channel.stream_stream(
+            f"{SDS_SERVICE}/StreamSecrets",
+            request_serializer=DiscoveryRequest.SerializeToString,
+            response_deserializer=DiscoveryResponse.FromString,
+        )()
+        await call.write(DiscoveryRequest(type_url=typeurls.SECRET, resource_names=[name]))
+        try:
+            async with asyncio.timeout(15):
+                async for resp in call:
+                    return grpc.StatusCode.OK, f"served {len(resp.resources)} resources"
+        except grpc.aio.AioRpcError as e:
+            return e.code(), e.details() or ""
+        return await call.code(), await call.details()
+
+
+async def _fetch_status(sock: Path, name: str, timeout: float = 15) -> tuple[grpc.StatusCode, str]:
+    async with grpc.aio.insecure_channel(f"unix:{sock}") as channel:
+        fetch = channel.unary_unary(
+            f"{SDS_SERVICE}/FetchSecrets",
+            request_serializer=DiscoveryRequest.SerializeToString,
+            response_deserializer=DiscoveryResponse.FromString,
+        )
+        try:
+            await fetch(
+                DiscoveryRequest(type_url=typeurls.SECRET, resource_names=[name]), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            return e.code(), e.details() or ""
+        return grpc.StatusCode.OK, ""
+
+
+async def test_a_sidecar_agent_and_another_namespace_router_get_permission_denied(
+    tmp_path: Path,
+) -> None:
+    ca = TestCA()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    _write(cfg, secret_yaml("gw-cert", ca.server_cert([HOST]), namespace="edge"))
+    async with running_control_plane(cfg) as cp:
+        # A real sidecar agent (its own Envoy and all) of the Secret's namespace.
+        sidecar_ip = pod_ip()
+        sidecar = mesh_agent(
+            cp, tmp_path, sidecar_ip, "app", "app=app", namespace="edge", service_account="app"
+        )
+        sidecar.start()
+        try:
+            sock = tmp_path / "app" / "SDS"
+            await eventually(sock.exists, timeout=30, what="sidecar SDS socket")
+            code, details = await _sds_status(sock, "kubernetes://gw-cert")
+            assert code is grpc.StatusCode.PERMISSION_DENIED, (code, details)
+            assert "only a gateway (router)" in details
+            code, details = await _fetch_status(sock, "kubernetes://gw-cert")
+            assert code is grpc.StatusCode.PERMISSION_DENIED, (code, details)
+            # Its own certificate is still served on the same socket.
+            code, _ = await _sds_status(sock, "default")
+            assert code is grpc.StatusCode.OK
+        finally:
+            assert sidecar.terminate() == 0, sidecar.log()[-3000:]
+        assert "Traceback" not in sidecar.log()
+
+        # A router of another namespace asking for edge's Secret.
+        async with router_sds(cp, tmp_path / "other", pod_ip(), Identity("other", "gw")) as sock:
+            code, details = await _sds_status(sock, "kubernetes://edge/gw-cert")
+            assert code is grpc.StatusCode.PERMISSION_DENIED, (code, details)
+            assert "no ReferenceGrant" in details
+            # Its own namespace has no such Secret: nothing is served, nothing is refused.
+            code, details = await _fetch_status(sock, "kubernetes://gw-cert", timeout=3)
+            assert code is grpc.StatusCode.UNAVAILABLE, (code, details)
