@@ -280,9 +280,9 @@ class XdsServer:
                 self._on_health(conn.proxy, conn.identity, health_error(req))
             return
         guard = self._guards.get(req.type_url)
-        if guard is not None:
+        if guard is not None and (names := _guarded_names(conn, req)) is not None:
             try:
-                guard(conn.proxy, conn.identity, req.resource_names)
+                guard(conn.proxy, conn.identity, names)
             except StreamRefused as refused:
                 # This stream only: the proxy's other streams (its Envoy's ADS) go on.
                 logger.info("stream %s refused: %s", conn.id, refused.message)
@@ -436,6 +436,18 @@ class XdsServer:
             if answer is not None:
                 frames.append((type_url, encode_response(answer, self._control_plane)))
         return frames
+
+
+def _guarded_names(conn: Connection, req: Any) -> list[str] | None:
+    """The names a guard must pass: a SotW request's whole list; a delta request's newly
+    subscribed names (the earlier ones passed already), or none for its first request of the
+    type (a wildcard subscription). None: nothing new to check."""
+    if not conn.delta:
+        return list(req.resource_names)
+    added = list(req.resource_names_subscribe)
+    if added or req.type_url not in conn.state.subscribed_types:
+        return added
+    return None
 
 
 def _short(type_url: str) -> str:

@@ -10,16 +10,22 @@ appears."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from pathlib import Path
 
 import grpc
 import pytest
 from envoy.extensions.transport_sockets.tls.v3.secret_pb2 import Secret
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from envoy.service.discovery.v3.discovery_pb2 import (
+    DeltaDiscoveryRequest,
+    DiscoveryRequest,
+    DiscoveryResponse,
+)
 
 from control.ca.identity import Identity
 from protos import typeurls
+from tests.integration.test_syncz_and_debug import http_get
 from tests.security.common import plain_channel, tls_channel, token
 from tests.support.adsclient import AdsStream
 from tests.support.controlplane import eventually, running_control_plane
@@ -125,6 +131,13 @@ async def test_a_router_fetches_its_namespace_secret_and_rotation_pushes_only_it
             await _ack(one, resp, names, EDGE)
             # The stream holding the other Secret is not sent anything.
             await two.expect_silence(1.0)
+
+            # /debug/configz shows the Secrets, never their contents.
+            status, text = await http_get(f"http://127.0.0.1:{cp.http_port}/debug/configz")
+            assert status == 200 and "<redacted>" in text and "gw-two" in text
+            for pem in (rotated.key_pem, rotated.cert_pem, second.key_pem):
+                assert base64.b64encode(pem).decode()[:32] not in text
+                assert pem.decode()[40:80] not in text
         finally:
             await one.close()
             await two.close()
@@ -219,4 +232,51 @@ async def test_a_missing_secret_is_warned_about_and_sent_when_it_appears(
         finally:
             await good.close()
             await late.close()
+            await channel.close()
+
+
+def _delta_request(names: list[str], identity: Identity, kind: str) -> DeltaDiscoveryRequest:
+    r = DeltaDiscoveryRequest(type_url=typeurls.SECRET, resource_names_subscribe=names)
+    r.node.CopyFrom(_request([], identity, kind).node)
+    return r
+
+
+async def test_delta_streams_are_guarded_too(tmp_path: Path, ca: TestCA) -> None:
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    cert = ca.server_cert(["gw"])
+    _write(cfg, secret_yaml("gw-cert", cert, namespace="edge"))
+    async with running_control_plane(cfg) as cp:
+        channel = tls_channel(cp, cp.secure_xds_port)
+        md = (("authorization", f"Bearer {token(cp, EDGE)}"),)
+        router = AdsStream(channel, delta=True, metadata=md)
+        sidecar = AdsStream(channel, delta=True, metadata=md)
+        try:
+            await router.send(_delta_request(["kubernetes://gw-cert"], EDGE, "router"))
+            resp = await router.recv()
+            (res,) = resp.resources
+            secret = Secret()
+            res.resource.Unpack(secret)
+            assert secret.tls_certificate.certificate_chain.inline_bytes == cert.cert_pem
+            # An ACK subscribes nothing new: not refused as a wildcard.
+            await router.send(
+                DeltaDiscoveryRequest(type_url=typeurls.SECRET, response_nonce=resp.nonce)
+            )
+            # Subscribing to another namespace's Secret later is refused.
+            await router.send(
+                DeltaDiscoveryRequest(
+                    type_url=typeurls.SECRET, resource_names_subscribe=["kubernetes://x/y"]
+                )
+            )
+            err = await _refused(router)
+            assert err.code() is grpc.StatusCode.PERMISSION_DENIED and "x/y" in (
+                err.details() or ""
+            )
+
+            await sidecar.send(_delta_request(["kubernetes://gw-cert"], EDGE, "sidecar"))
+            err = await _refused(sidecar)
+            assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+        finally:
+            await router.close()
+            await sidecar.close()
             await channel.close()
