@@ -6,13 +6,15 @@ import base64
 import json
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from control.config.errors import ConfigError
 from control.config.loader import load_text
 from control.config.merge import merge
 from control.model.secret import TlsSecret
+from tests.support.pki import ca_cert, cert_pem, key_pem
 from tests.support.secrets import secret_object, secret_yaml
-from tests.support.testca import TestCA
+from tests.support.testca import IssuedCert, TestCA
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +109,13 @@ def test_configz_shows_the_secret_redacted(ca: TestCA) -> None:
     assert raw["stringData"] == {"extra": "<redacted>"}
     assert "plain secret text" not in json.dumps(raw)
     assert raw["metadata"]["name"] == "gw" and raw["type"] == "kubernetes.io/tls"
+
+
+def test_an_rsa_certificate_and_key_load_and_a_wrong_rsa_key_is_refused() -> None:
+    key, other = (rsa.generate_private_key(65537, 2048) for _ in range(2))
+    cert = ca_cert("gw.example.com", key, is_ca=False)
+    good = IssuedCert(cert_pem(cert), key_pem(key), cert.serial_number)
+    (secret,) = _secrets(secret_yaml("gw", good))
+    assert secret.private_key == good.key_pem
+    bad = IssuedCert(cert_pem(cert), key_pem(other), cert.serial_number)
+    assert "does not belong" in str(_error(secret_yaml("gw", bad)))
