@@ -13,6 +13,7 @@ import yaml
 from hypothesis import strategies as st
 
 from tests.support.traffic import TRAFFIC_YAML
+from tests.unit.test_config_secret import GW_SECRET
 from tests.unit.test_config_service import REVIEWS
 from tests.unit.test_config_serviceentry import EXTERNAL_API
 from tests.unit.test_config_sidecar import RATINGS
@@ -64,6 +65,7 @@ CORPUS: dict[str, str] = {
     "workloadentry": VM.lstrip("\n"),
     "workloadgroup": GROUP.lstrip("\n"),
     "security": SECURITY,
+    "secret": GW_SECRET.removeprefix("---\n"),
     "demo": (ROOT / "examples/local/mesh.yaml").read_text(),
     "sample-app": (ROOT / "examples/kubernetes/sample-app.yaml").read_text(),
 }

@@ -17,9 +17,16 @@ from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
 
 
+_CA = TestCA()
+# A gateway certificate with its CA, as a config file holds it (also in the config fuzz corpus).
+GW_SECRET = secret_yaml(
+    "gw-cert", _CA.server_cert(["gw.example.com"]), namespace="edge", ca=_CA.root_pem
+)
+
+
 @pytest.fixture(scope="module")
 def ca() -> TestCA:
-    return TestCA()
+    return _CA
 
 
 def _secrets(text: str) -> tuple[TlsSecret, ...]:
