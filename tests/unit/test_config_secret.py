@@ -16,7 +16,6 @@ from tests.support.pki import ca_cert, cert_pem, key_pem
 from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
 
-
 _CA = TestCA()
 # A gateway certificate with its CA, as a config file holds it (also in the config fuzz corpus).
 GW_SECRET = secret_yaml(
