@@ -125,3 +125,13 @@ def test_an_rsa_certificate_and_key_load_and_a_wrong_rsa_key_is_refused() -> Non
     assert secret.private_key == good.key_pem
     bad = IssuedCert(cert_pem(cert), key_pem(other), cert.serial_number)
     assert "does not belong" in str(_error(secret_yaml("gw", bad)))
+
+
+def test_empty_certificate_keys_are_a_certificate_not_issued_yet() -> None:
+    obj = secret_object("pending", None)
+    obj["data"] = {"tls.crt": "", "tls.key": ""}
+    loaded = load_text(json.dumps(obj), "gw.yaml")
+    assert merge([loaded]).secrets == () and loaded.warnings == ()
+    obj["data"]["ca.crt"] = base64.b64encode(_CA.root_pem).decode()
+    (secret,) = _secrets(json.dumps(obj))
+    assert secret.has_ca and not secret.has_certificate

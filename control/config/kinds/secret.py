@@ -54,7 +54,11 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         for name, value in ((CERT_KEY, cert), (KEY_KEY, key)):
             if value is None:
                 ctx.fail(("data",), f"{name} is required in a Secret of type {TLS_TYPE}")
-    elif cert is None and key is None and ca is None:
+    if cert is not None and key is not None and not cert[1] and not key[1]:
+        # Both keys empty: a certificate not issued yet (cert-manager creates its Secrets
+        # so). Served once it is there; until then the Secret has no certificate.
+        cert = key = None
+    if cert is None and key is None and ca is None:
         return ConfigObject(ctx.source, redacted)  # an Opaque Secret of some other use
     if (cert is None) != (key is None):
         missing = KEY_KEY if key is None else CERT_KEY
