@@ -46,7 +46,9 @@ from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 logger = logging.getLogger(__name__)
 
 _UPDATE_STATS = "/stats?filter=" + quote(
-    "^((cluster_manager.cds|listener_manager.lds).update_success|server.state)$", safe=""
+    "^((cluster_manager.cds|listener_manager.lds).update_success|server.state"
+    "|listener_manager.workers_started)$",
+    safe="",
 )
 
 
@@ -125,7 +127,9 @@ class Agent(Lifecycle):
         self.run_as: tuple[int, int] | None = None
         if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
             self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
-        if cfg.dns_port:
+        # DNS proxying is for sidecars (Istio's too): a router resolves nothing for an app,
+        # and the control plane sends routers no name table to wait for.
+        if cfg.dns_port and not cfg.is_router:
             self._setup_dns(cfg)
         # Workload certificates: signed over the same upstream channel, served to Envoy (and
         # proxyless clients) as SDS `default` / `ROOTCA` on <workdir>/SDS.
@@ -378,6 +382,10 @@ class Agent(Lifecycle):
         # connections only once its initialization is over (server.state 0 = LIVE).
         if values.get("server.state", "").strip() != "0":
             return "envoy is still initializing (server.state is not LIVE)"
+        # LIVE can come before the listeners accept: workers start (and listen) only once
+        # every first listener has warmed, e.g. has the certificates its chains name.
+        if values.get("listener_manager.workers_started", "").strip() != "1":
+            return "envoy's listeners are still warming (listener_manager.workers_started is 0)"
         return None
 
 

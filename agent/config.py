@@ -26,6 +26,9 @@ LOCAL_ROOT_CERT = Path("pilotfish-state/root-cert.pem")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
+PROXY_TYPES = ("sidecar", "router")
+
+
 class AgentConfigError(ValueError):
     """A flag or environment variable has a value the agent cannot use."""
 
@@ -45,6 +48,10 @@ class AgentConfig:
     workload_group: str = ""
     token_file: Path | None = None
     proxy_only: bool = False
+    # "sidecar", or "router" for a gateway (Istio's `pilot-agent proxy router`): same agent
+    # and Envoy, but only the servers of the Gateways selecting it, and no DNS proxy (Istio
+    # proxies DNS for sidecars only: nothing in a gateway's pod resolves mesh names).
+    proxy_type: str = "sidecar"
     dns_upstream: tuple[str, ...] = ()
     ca_root_cert: Path | None = None
     status_port: int = 15020
@@ -76,10 +83,13 @@ class AgentConfig:
         return self.interception_mode == "REDIRECT"
 
     @property
+    def is_router(self) -> bool:
+        return self.proxy_type == "router"
+
+    @property
     def node_id(self) -> str:
-        kind = "sidecar"
         return (
-            f"{kind}~{self.ip}~{self.pod_name}.{self.namespace}~"
+            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
             f"{self.namespace}.svc.{self.cluster_domain}"
         )
 
@@ -224,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--proxy-only", action="store_true", help="no Envoy: serve proxyless gRPC clients only"
     )
+    p.add_argument(
+        "--proxy-type",
+        choices=PROXY_TYPES,
+        default="sidecar",
+        help="sidecar, or router for a gateway: Envoy serves only the Gateways whose selector "
+        "matches --labels, and no DNS proxy runs (default %(default)s)",
+    )
     p.add_argument("--dns-upstream", default="", help="HOST[:PORT],... (default: resolv.conf)")
     p.add_argument(
         "--ca-root-cert",
@@ -336,6 +353,11 @@ def config_from_args(
         raise AgentConfigError(
             f"--interception-mode: {args.interception_mode!r} is not NONE or REDIRECT"
         )
+    proxy_type = getattr(args, "proxy_type", "sidecar")
+    if proxy_type not in PROXY_TYPES:
+        raise AgentConfigError(f"--proxy-type: {proxy_type!r} is not sidecar or router")
+    if proxy_type == "router" and args.proxy_only:
+        raise AgentConfigError("--proxy-type router runs Envoy: it cannot be --proxy-only")
     if args.workload_group and not _DNS_SUBDOMAIN.fullmatch(args.workload_group):
         raise AgentConfigError(
             f"--workload-group: {args.workload_group!r} is not a valid object name "
@@ -352,6 +374,7 @@ def config_from_args(
         workload_group=args.workload_group,
         token_file=Path(args.token_file) if args.token_file else workdir / "token",
         proxy_only=args.proxy_only,
+        proxy_type=proxy_type,
         dns_upstream=upstream or resolv_conf_servers(),
         ca_root_cert=Path(args.ca_root_cert)
         if args.ca_root_cert

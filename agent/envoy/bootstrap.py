@@ -47,6 +47,7 @@ class BootstrapOptions:
     ip: str
     pod_name: str
     namespace: str = "default"
+    proxy_type: str = "sidecar"  # or "router" (a gateway)
     service_account: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
     # Where ADS lives: "unix:///path/XDS" or "host:port".
@@ -67,7 +68,7 @@ class BootstrapOptions:
     @property
     def node_id(self) -> str:
         return (
-            f"sidecar~{self.ip}~{self.pod_name}.{self.namespace}~"
+            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
             f"{self.namespace}.svc.{self.cluster_domain}"
         )
 
@@ -82,6 +83,7 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
         ip=cfg.ip,
         pod_name=cfg.pod_name,
         namespace=cfg.namespace,
+        proxy_type=cfg.proxy_type,
         service_account=cfg.service_account,
         labels=dict(cfg.labels),
         xds_address=f"unix://{cfg.xds_socket.absolute()}",

@@ -215,7 +215,7 @@ def build_outbound_tcp(bind: str, number: int, chains: Chains) -> Listener:
         traffic_direction=TrafficDirection.OUTBOUND,
     )
     for server_names, (targets, source_ip) in chains:
-        chain = FilterChain(filters=[_weighted_tcp_proxy(targets, source_ip, number)])
+        chain = FilterChain(filters=[weighted_tcp_proxy(targets, source_ip, number)])
         if server_names:
             chain.filter_chain_match.CopyFrom(
                 FilterChainMatch(server_names=list(server_names), transport_protocol="tls")
@@ -300,7 +300,7 @@ def _inbound_filters(
     return [hcm_filter(hcm)]
 
 
-def _weighted_tcp_proxy(
+def weighted_tcp_proxy(
     targets: tuple[tuple[str, int], ...], source_ip: bool, number: int
 ) -> Filter:
     if len(targets) == 1 and not source_ip:

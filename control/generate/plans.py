@@ -294,7 +294,10 @@ def inbound_ports(ctx: GenContext, proxy: Proxy) -> tuple[InboundPort, ...]:
     """The proxy's inbound ports from its Sidecar's ingress listeners. In interception mode
     NONE nothing else can reach the pod through the sidecar, so no Sidecar means no inbound.
     In REDIRECT, without Sidecar ingress, they are the ports of the services that select the
-    workload (as Istio derives them), forwarded to the app at the pod IP."""
+    workload (as Istio derives them), forwarded to the app at the pod IP. A router has no
+    inbound side (its listeners are its Gateways' servers)."""
+    if proxy.is_router:
+        return ()
     sidecar = sidecar_of(ctx, proxy)
     if sidecar is None or not sidecar.ingress:
         if proxy.interception_mode == "REDIRECT":

@@ -113,10 +113,10 @@ def _routes(
                 DEFAULT_ROUTE, (), (target,), _hash(index, service.hostname, port, "", scope)
             ),
         )
-    return _vs_routes(index, vs, port, client_namespace, scope)
+    return vs_routes(index, vs, port, client_namespace, scope)
 
 
-def _vs_routes(
+def vs_routes(
     index: MeshIndex, vs: VirtualService, port: int, client_namespace: str, scope: str
 ) -> tuple[RouteSpec, ...]:
     out: list[RouteSpec] = []

@@ -80,14 +80,16 @@ _ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
 
 def _plural(kind: str) -> str:
     lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "o", "u"):
+        return lower[:-1] + "ies"  # policies; but gateways
+    return lower + "s"
 
 
 def istio_resources() -> list[Resource]:
     """Every Istio kind a converter exists for, at the group's v1 version."""
     out = []
-    for kind, (versions, _) in sorted(kinds.CONVERTERS.items()):
-        groups = {v.split("/")[0] for v in versions if "/" in v}
+    for kind, entries in sorted(kinds.CONVERTERS.items()):
+        groups = {v.split("/")[0] for versions, _ in entries for v in versions if "/" in v}
         for group in _ISTIO_GROUPS:
             if group in groups:
                 out.append(Resource(kind, f"{group}/v1", _plural(kind)))

@@ -12,9 +12,10 @@ MeshIndex decides when to derive and what "only workloads changed" means (`rules
 `endpoints_only`); the lookups themselves live in one part per concern, each built from its
 own slice of the config: endpoint_index (endpoints and identities: the only part that
 depends on workloads, and the only one a derived index patches), traffic_index
-(VirtualService, DestinationRule), security_index (PeerAuthentication, AuthorizationPolicy)
-and visibility_index (Sidecar scope, visible services). A derived index shares the other three
-parts, memos and all, with its parent.
+(VirtualService, DestinationRule), security_index (PeerAuthentication, AuthorizationPolicy),
+visibility_index (Sidecar scope, visible services) and gateway_index (the servers a router
+serves, the VirtualServices bound to them). A derived index shares the rule-only parts, memos
+and all, with its parent.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
+from control.model.gateway_index import (
+    BoundServer,
+    GatewayIndex,
+    GatewayListener,
+    ServerConflict,
+)
 from control.model.proxy import Proxy
 from control.model.secret import NO_GRANTS, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
@@ -72,6 +79,7 @@ class MeshIndex:
         self._security = SecurityIndex(config)
         self._traffic = TrafficIndex(config, self.service_by_host)
         self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
+        self._gateways = GatewayIndex(config)
         # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
         self.secrets = SecretIndex(config.secrets)
         self.secret_grants: ReferenceGrants = NO_GRANTS
@@ -196,6 +204,16 @@ class MeshIndex:
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         return self._visibility.visible_services(proxy)
 
+    # --- gateways (gateway_index) ----------------------------------------------------------
+
+    def gateway_listeners(
+        self, proxy: Proxy, default_bind: str
+    ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
+        return self._gateways.listeners(proxy.labels, default_bind)
+
+    def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
+        return self._gateways.virtual_services(bound)
+
 
 def rules_of(config: MeshConfig) -> tuple[object, ...]:
     """The config objects that everything but endpoints is built from: services, Sidecars,
@@ -211,6 +229,7 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.destination_rules,
         # What members register as and the probe their agents get (generate/probes.py).
         config.workload_groups,
+        config.gateways,
         # Which Secrets exist (listeners may depend on it); their contents change SDS only.
         tuple(s.shape for s in config.secrets),
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from control.model.gateway import Gateway
     from control.model.secret import TlsSecret
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
@@ -359,6 +360,7 @@ class MeshConfig:
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
+    gateways: tuple[Gateway, ...] = ()
     # Gateway certificates (`v1 Secret`, control/model/secret.py).
     secrets: tuple[TlsSecret, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.

@@ -32,7 +32,6 @@ from control.generate import (
     names,
     probes,
     route_tables,
-    secrets,
 )
 from control.generate.addresses import Upstream, parse_default_endpoint
 from control.generate.context import GenContext
@@ -56,7 +55,7 @@ from control.model.types import (
     labels_of,
 )
 from control.xds.cache import Resource, ResourceCache, ResourceSet
-from protos.typeurls import NAME_TABLE, SECRET, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 
 M = TypeVar("M", bound=Message)
 
@@ -568,7 +567,6 @@ def test_generators_table() -> None:
         ROUTE_TYPE: route_tables.generate,
         NAME_TABLE: names.generate,
         WORKLOAD_PROBE: probes.generate,
-        SECRET: secrets.generate,  # routers only: gateway certificates
     }
 
 
