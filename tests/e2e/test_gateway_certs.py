@@ -9,8 +9,8 @@ handshakes see within 5 s, with no failed request under concurrent load. A sidec
 and a router of another namespace are refused (PERMISSION_DENIED on their SDS stream and
 fetch); a missing Secret leaves the router's other certificates serving and is reported.
 
-The router side here is the agent's own parts in this process (upstream channel, secret
-manager, SDS server), with a router node id."""
+The router is a real `pilotfish-agent --proxy-type router` process; the test's own Envoy reads
+the agent's SDS socket as the router's Envoy would."""
 
 from __future__ import annotations
 
@@ -28,24 +28,20 @@ import grpc
 import pytest
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 
-from agent.sds.remote import RemoteSecrets
-from agent.sds.secrets import SecretManager
-from agent.sds.server import SdsServer
-from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from control.app import ControlPlane, ControlPlaneOptions
 from control.ca.identity import Identity
 from control.xds.server import XdsOptions
 from protos import typeurls
 from tests.integration.test_sds_envoy import Conn, bootstrap, mtls_listener, running_envoy
+from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import (
-    agent_token,
     bounded_teardown,
     eventually,
     running_control_plane,
 )
 from tests.support.envoy import EnvoyProcess
 from tests.support.kubeapi import FakeKubeApi
-from tests.support.mesh import mesh_agent, root_file
+from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
@@ -59,29 +55,29 @@ SDS_SERVICE = "/envoy.service.secret.v3.SecretDiscoveryService"
 
 @asynccontextmanager
 async def router_sds(
-    cp: ControlPlane, tmp: Path, ip: str, identity: Identity = EDGE
-) -> AsyncIterator[Path]:
-    """A router's agent parts on the control plane's TLS port; yields its SDS socket."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    token = tmp / "token"
-    token.write_text(agent_token(cp, identity.namespace, identity.service_account))
-    token.chmod(0o600)
-    upstream = UpstreamChannel(
-        [f"127.0.0.1:{cp.secure_xds_port}"], tls=UpstreamTls(root_file(cp, tmp), token)
+    cp: ControlPlane, tmp: Path, identity: Identity = EDGE
+) -> AsyncIterator[tuple[AgentProcess, Path]]:
+    """A real router agent (`--proxy-type router`, its own Envoy serving no Gateway) on the
+    control plane's TLS port; yields it and its SDS socket, where the test's Envoy reads."""
+    agent = mesh_agent(
+        cp,
+        tmp,
+        pod_ip(),
+        "gw-1",
+        "app=gw",
+        "--proxy-type",
+        "router",
+        namespace=identity.namespace,
+        service_account=identity.service_account,
     )
-    ns = identity.namespace
-    remote = RemoteSecrets(
-        lambda: upstream.ads(delta=False),
-        node_id=f"router~{ip}~gw-1.{ns}~{ns}.svc.cluster.local",
-        metadata={"NAMESPACE": ns, "SERVICE_ACCOUNT": identity.service_account},
-    )
-    sock = tmp / "SDS"
-    async with (
-        upstream,
-        SecretManager(TestCA(), remote=remote) as manager,
-        SdsServer(sock, manager),
-    ):
-        yield sock
+    agent.start()
+    sock = tmp / "gw-1" / "SDS"
+    try:
+        await eventually(sock.exists, timeout=30, what="router agent SDS socket")
+        yield agent, sock
+    finally:
+        assert agent.terminate() == 0, agent.log()[-3000:]
+    assert "Traceback" not in agent.log(), agent.log()[-3000:]
 
 
 def tls_listener(name: str, ip: str, port: int, secret: str) -> dict[str, Any]:
@@ -202,7 +198,7 @@ async def test_envoy_serves_and_rotates_a_secret_from_a_config_file(tmp_path: Pa
     _write(cfg, secret_yaml("gw-cert", first, namespace="edge"))
     async with (
         running_control_plane(cfg) as cp,
-        router_sds(cp, tmp_path / "router", ip) as sock,
+        router_sds(cp, tmp_path / "router") as (_, sock),
         running_envoy(
             bootstrap(ip, sock, [tls_listener("gw", ip, port, "kubernetes://gw-cert")]),
             tmp_path / "envoy",
@@ -240,7 +236,7 @@ async def test_envoy_serves_and_rotates_a_secret_from_the_kubernetes_api(tmp_pat
         await cp.start()
         try:
             async with (
-                router_sds(cp, tmp_path / "router", ip) as sock,
+                router_sds(cp, tmp_path / "router") as (_, sock),
                 running_envoy(
                     bootstrap(ip, sock, [tls_listener("gw", ip, port, "kubernetes://gw-cert")]),
                     tmp_path / "envoy",
@@ -271,20 +267,26 @@ async def test_a_missing_secret_leaves_the_others_serving_and_is_reported(
     ]
     async with (
         running_control_plane(cfg) as cp,
-        router_sds(cp, tmp_path / "router", ip) as sock,
+        router_sds(cp, tmp_path / "router") as (router, sock),
         running_envoy(bootstrap(ip, sock, listeners), tmp_path / "envoy") as envoy,
     ):
         assert await wait_serving(envoy, ip, good_port, client_context(ca)) == cert.serial
 
-        def reported(logger: str) -> bool:
+        def reported() -> bool:
             return any(
-                r.name == logger and "kubernetes://gw-missing" in r.getMessage()
+                r.name == "control.secretaccess" and "kubernetes://gw-missing" in r.getMessage()
                 for r in caplog.records
             )
 
         # The control plane says which Secret it lacks, and so does the agent.
-        await eventually(lambda: reported("control.secretaccess"), what="control plane warning")
-        await eventually(lambda: reported("agent.sds.remote"), what="agent warning")
+        await eventually(reported, what="control plane warning")
+        await eventually(
+            lambda: (
+                "secret kubernetes://gw-missing: the control plane has no such Secret"
+                in router.log()
+            ),
+            what="agent warning",
+        )
         assert all(r.exc_info is None for r in caplog.records), "a traceback was logged"
         with pytest.raises((OSError, ssl.SSLError, TimeoutError)):
             await handshake_serial(ip, missing_port, client_context(ca))
@@ -354,7 +356,7 @@ async def test_a_sidecar_agent_and_another_namespace_router_get_permission_denie
         assert "Traceback" not in sidecar.log()
 
         # A router of another namespace asking for edge's Secret.
-        async with router_sds(cp, tmp_path / "other", pod_ip(), Identity("other", "gw")) as sock:
+        async with router_sds(cp, tmp_path / "other", Identity("other", "gw")) as (_, sock):
             code, details = await _sds_status(sock, "kubernetes://edge/gw-cert")
             assert code is grpc.StatusCode.PERMISSION_DENIED, (code, details)
             assert "no ReferenceGrant" in details
