@@ -134,9 +134,10 @@ class SdsServer(Lifecycle):
                 refused = self._refusal(state.names)
                 if refused is not None:
                     # Not ours to serve (a sidecar asking for a gateway certificate, a
-                    # gateway of another namespace): Envoy logs the status and retries.
+                    # gateway of another namespace): Envoy logs the status and retries. The
+                    # refusal itself was logged once, as a warning, when it came (remote.py).
                     name, (code, message) = refused
-                    logger.warning("SDS stream %d: %s refused: %s", sid, name, message)
+                    logger.info("SDS stream %d: %s refused: %s", sid, name, message)
                     await context.abort(code, f"{name}: {message}")
                     return
                 response = state.respond(self._secrets.entries(), force=force)
