@@ -90,6 +90,7 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
         gateways=tuple(g for obj in objects for g in obj.gateways),
+        telemetries=tuple(t for obj in objects for t in obj.telemetries),
         secrets=tuple(s for obj in objects for s in obj.secrets),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),

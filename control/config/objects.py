@@ -8,6 +8,7 @@ from typing import Any
 
 from control.model.gateway import Gateway
 from control.model.secret import TlsSecret
+from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
@@ -36,6 +37,7 @@ class ConfigObject:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
     secrets: tuple[TlsSecret, ...] = ()
 
     @property

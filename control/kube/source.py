@@ -26,7 +26,7 @@ from typing import Any
 from control.config import kinds
 from control.config.delivery import WarningLog, deliver
 from control.config.errors import ConfigError
-from control.config.manifest import RawObject
+from control.config.manifest import RawObject, in_revision
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
 from control.kube.client import KubeClient, KubeConfig
@@ -75,7 +75,7 @@ ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslic
 # Gateway certificates (kind converter control/config/kinds/secret.py; other Secrets skipped).
 SECRETS = Resource("Secret", "v1", "secrets")
 
-_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
+_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
 
 def _plural(kind: str) -> str:
@@ -148,6 +148,23 @@ def _with_slice_endpoints(
     return dataclasses.replace(obj, services=services)
 
 
+# Istio's `type` label for its registry informers (kube controller's registerHandlers).
+_REGISTRY_TYPES = {
+    "Service": "Services",
+    "Pod": "Pods",
+    "Namespace": "Namespaces",
+    "EndpointSlice": "EndpointSlice",
+}
+
+
+def _events_of(
+    resource: Resource, on_events: Callable[[str, str, str, int], None]
+) -> Callable[[str, int], None]:
+    registry = _REGISTRY_TYPES.get(resource.kind)
+    source, kind = ("registry", registry) if registry else ("config", resource.kind)
+    return lambda event, n: on_events(source, kind, event, n)
+
+
 class KubeSource(Lifecycle):
     """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
 
@@ -157,14 +174,20 @@ class KubeSource(Lifecycle):
         on_change: OnChange | None = None,
         *,
         domain: str = "cluster.local",
+        revision: str = "",
         debounce: float = 0.05,
         watch_timeout: int = 300,
         page_size: int = 500,
+        on_events: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
+        """`on_events(source, type, event, n)`: n objects of `type` were added, updated or
+        deleted; source "registry" for Services, Pods, Namespaces and EndpointSlices, "config"
+        for Istio kinds (Istio's pilot_k8s_reg_events and pilot_k8s_cfg_events)."""
         self.config = config
         self.client = KubeClient(config)
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.domain = domain
+        self.revision = revision  # Istio config labelled for another istio.io/rev is left out
         self.debounce = debounce
         self.watch_timeout = watch_timeout
         self.page_size = page_size
@@ -177,6 +200,9 @@ class KubeSource(Lifecycle):
             *istio_resources(),
         ]
         self.reflectors = {r.kind: Reflector() for r in self.resources}
+        if on_events is not None:
+            for r in self.resources:
+                self.reflectors[r.kind].on_events = _events_of(r, on_events)
         self.current = MeshConfig()
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0
@@ -344,6 +370,8 @@ class KubeSource(Lifecycle):
             data={**obj, "apiVersion": resource.api_version, "kind": resource.kind},
             lines={},
         )
+        if not in_revision(raw, self.revision):
+            return None
         try:
             converted = kinds.convert(raw, self.domain)
         except ConfigError as e:

@@ -29,9 +29,12 @@ from control.model.gateway_index import (
     GatewayListener,
     ServerConflict,
 )
+from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
 from control.model.secret import NO_GRANTS, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
+from control.model.telemetry import ProxyTelemetry
+from control.model.telemetry_index import TelemetryIndex
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.traffic_index import TrafficIndex
 from control.model.types import (
@@ -60,8 +63,11 @@ class MeshIndex:
         trust_domain: str = "cluster.local",
         version: int = 0,
         outbound_traffic_policy: str = "ALLOW_ANY",
+        mesh: MeshSettings = DEFAULT_MESH,
     ) -> None:
         self.config = config
+        # Istio's MeshConfig in effect (--mesh-config; flags applied): telemetry reads it.
+        self.mesh = mesh
         self.trust_domain = trust_domain
         # Mesh-wide (Istio's meshConfig.outboundTrafficPolicy): where a REDIRECT proxy sends
         # traffic for destinations the mesh does not know; a Sidecar may override it.
@@ -80,6 +86,7 @@ class MeshIndex:
         self._traffic = TrafficIndex(config, self.service_by_host)
         self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
         self._gateways = GatewayIndex(config)
+        self._telemetry = TelemetryIndex(config.telemetries, mesh)
         # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
         self.secrets = SecretIndex(config.secrets)
         self.secret_grants: ReferenceGrants = NO_GRANTS
@@ -101,6 +108,7 @@ class MeshIndex:
         trust_domain: str = "cluster.local",
         version: int = 0,
         outbound_traffic_policy: str = "ALLOW_ANY",
+        mesh: MeshSettings = DEFAULT_MESH,
     ) -> MeshIndex:
         """The index of a new snapshot: derived from this one when only workloads changed
         (the rules and mesh settings are equal), else built afresh. Either way it answers
@@ -109,6 +117,7 @@ class MeshIndex:
         if (
             trust_domain == self.trust_domain
             and outbound_traffic_policy == self.outbound_traffic_policy
+            and mesh == self.mesh
             and rules_of(config) == rules_of(self.config)
         ):
             removed, added = workload_difference(self.workloads, workloads)
@@ -133,6 +142,7 @@ class MeshIndex:
             trust_domain=trust_domain,
             version=version,
             outbound_traffic_policy=outbound_traffic_policy,
+            mesh=mesh,
         )
 
     def changed_since(self, other: MeshIndex) -> frozenset[str] | None:
@@ -214,6 +224,12 @@ class MeshIndex:
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)
 
+    # --- telemetry (telemetry_index) -------------------------------------------------------
+
+    def telemetry(self, proxy: Proxy) -> ProxyTelemetry:
+        """Access logs, tracing and metrics settings in effect for the proxy's workload."""
+        return self._telemetry.for_workload(proxy.namespace, proxy.labels)
+
 
 def rules_of(config: MeshConfig) -> tuple[object, ...]:
     """The config objects that everything but endpoints is built from: services, Sidecars,
@@ -230,6 +246,8 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         # What members register as and the probe their agents get (generate/probes.py).
         config.workload_groups,
         config.gateways,
+        # Access logs, tracing and metrics settings (model/telemetry_index.py).
+        config.telemetries,
         # Which Secrets exist (listeners may depend on it); their contents change SDS only.
         tuple(s.shape for s in config.secrets),
     )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from control.model.gateway import Gateway
     from control.model.secret import TlsSecret
+    from control.model.telemetry import Telemetry
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
 
@@ -361,6 +362,7 @@ class MeshConfig:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
     # Gateway certificates (`v1 Secret`, control/model/secret.py).
     secrets: tuple[TlsSecret, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.

@@ -160,6 +160,7 @@ def test_injection_webhook_plumbing_lines_up() -> None:
     the patcher's default name is that configuration, and the mounted template is the
     ConfigMap the webhook and kube-inject share."""
     from control.__main__ import build_parser
+    from control.webhook.cabundle import default_name
     from control.webhook.template import DEFAULT_TEMPLATE, parse_template
 
     deployment = control_plane_deployment()
@@ -170,7 +171,8 @@ def test_injection_webhook_plumbing_lines_up() -> None:
     )
     webhook_port = int(parsed.webhook_address.rpartition(":")[2])
     mwc = next(d for _, d in documents() if d["kind"] == "MutatingWebhookConfiguration")
-    assert mwc["metadata"]["name"] == parsed.webhook_config_name
+    # Unset: the default name, with -REV for a --revision.
+    assert mwc["metadata"]["name"] == (parsed.webhook_config_name or default_name(parsed.revision))
     service = next(
         d for n, d in documents() if n == "control-plane.yaml" and d["kind"] == "Service"
     )

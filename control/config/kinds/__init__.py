@@ -21,6 +21,7 @@ from control.config.kinds import (
     service,
     serviceentry,
     sidecar,
+    telemetry,
     virtualservice,
     workloadentry,
     workloadgroup,
@@ -44,6 +45,7 @@ CONVERTERS: dict[str, tuple[tuple[tuple[str, ...], Converter], ...]] = {
     "PeerAuthentication": ((peerauthentication.API_VERSIONS, peerauthentication.convert),),
     "AuthorizationPolicy": ((authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),),
     "Gateway": ((gateway.API_VERSIONS, gateway.convert),),
+    "Telemetry": ((telemetry.API_VERSIONS, telemetry.convert),),
 }
 
 
