@@ -1,6 +1,7 @@
 """LDS for a router: one listener per merged gateway address and port (model/gateway_index.py),
 named `<address>_<port>` as Istio's, bound at `<router IP>:<port>` in interception mode NONE
-and `0.0.0.0:<port>` otherwise (a server's `bind` overrides either).
+and `0.0.0.0:<port>` otherwise (a server's `bind` overrides either); the port is the
+targetPort when a Service selecting the router maps the server's port (as Istio).
 
 - HTTP, HTTP2, GRPC: one HttpConnectionManager whose routes are RDS `http.<port>` (every
   server on the port shares it; gateway_routes.py makes its virtual hosts).
@@ -92,7 +93,10 @@ def http_route_name(listener: GatewayListener, bind: str) -> str:
 def router_listeners(ctx: GenContext, proxy: Proxy) -> tuple[tuple[GatewayListener, ...], str]:
     """The router's merged listeners and its default bind; conflicts are reported once."""
     bind = default_bind(proxy)
-    listeners, conflicts = ctx.index.gateway_listeners(proxy, bind)
+    listeners, conflicts = ctx.memo(
+        ("gateway-listeners", proxy.labels, proxy.namespace, bind),
+        lambda: ctx.index.gateway_listeners(proxy, bind),
+    )
     for conflict in conflicts:
         warn_once(("gateway-conflict", conflict.message()), "%s", conflict.message())
     return listeners, bind

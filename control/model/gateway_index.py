@@ -10,6 +10,10 @@ which VirtualServices bind to each server. Sans-IO: the config in, decisions out
   server: TCP carries nothing to tell two apart). A later server of another kind, a second
   TCP server, or a TLS-kind server repeating a host already served on the port loses (the
   hosts it repeats, or the whole server); each loss is one `ServerConflict` naming both.
+- A server's port is the router Service's port, as in Istio: when a Service selecting the
+  router has that port with a numeric targetPort, the listener listens on the targetPort
+  (a Gateway's `port: 80` is served on 8080 behind a Service mapping 80 to 8080); otherwise
+  on the number itself.
 - A VirtualService binds to a server when it names the gateway (`bound_to`), is exported to
   the gateway's namespace, and one of its hosts intersects one of the server's `ns/host`
   entries (`ns` is `*` or the VirtualService's namespace).
@@ -18,12 +22,12 @@ which VirtualServices bind to each server. Sans-IO: the config in, decisions out
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from control.model.gateway import Gateway, GatewayServer, ServerTlsMode
 from control.model.traffic import VirtualService, bound_to, exported_to
-from control.model.types import Labels, MeshConfig, Protocol
+from control.model.types import Labels, MeshConfig, Protocol, Service
 
 
 class PortKind(enum.StrEnum):
@@ -72,12 +76,15 @@ class BoundServer:
         if self.server.protocol.is_http:
             return f"http.{self.server.port}"
         s, g = self.server, self.gateway
-        return f"https.{s.port}.{s.port_name or s.protocol.lower()}.{g.name}.{g.namespace}"
+        # An unnamed port gets its position, so two unnamed servers do not share routes.
+        name = s.port_name or f"{s.protocol.lower()}-{self.position}"
+        return f"https.{s.port}.{name}.{g.name}.{g.namespace}"
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayListener:
-    """The servers one Envoy listener (one address and port) serves, in precedence order."""
+    """The servers one Envoy listener (one address and port) serves, in precedence order;
+    `port` is where it listens (the servers' port, or its Service's targetPort)."""
 
     bind: str
     port: int
@@ -117,17 +124,31 @@ def host_intersection(a: str, b: str) -> str | None:
     return None
 
 
+def target_ports(services: Iterable[Service]) -> tuple[tuple[int, int], ...]:
+    """Service port -> numeric targetPort of the Services selecting a router (the first by
+    hostname wins a port two of them map)."""
+    out: dict[int, int] = {}
+    for service in sorted(services, key=lambda s: s.hostname):
+        for p in service.ports:
+            if isinstance(p.target_port, int) and p.target_port != p.port:
+                out.setdefault(p.port, p.target_port)
+    return tuple(sorted(out.items()))
+
+
 def merge_servers(
-    gateways: Iterable[Gateway], default_bind: str
+    gateways: Iterable[Gateway], default_bind: str, port_map: Mapping[int, int] | None = None
 ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
     """Merge the servers of `gateways` (in precedence order) into listeners per address and
-    port; a server's `bind` overrides `default_bind`."""
+    listening port (`port_map`: server port -> targetPort); a server's `bind` overrides
+    `default_bind`."""
+    ports = port_map or {}
     by_address: dict[tuple[str, int], list[BoundServer]] = {}
     conflicts: list[ServerConflict] = []
     for gateway in gateways:
         for position, server in enumerate(gateway.servers):
             candidate = BoundServer(gateway, server, position, server.hosts)
-            members = by_address.setdefault((server.bind or default_bind, server.port), [])
+            listen = ports.get(server.port, server.port)
+            members = by_address.setdefault((server.bind or default_bind, listen), [])
             kept = _admit(members, candidate, conflicts)
             if kept is not None:
                 members.append(kept)
@@ -180,7 +201,8 @@ class GatewayIndex:
         self._virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
         self._selecting: dict[Labels, tuple[Gateway, ...]] = {}
         self._listeners: dict[
-            tuple[Labels, str], tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]
+            tuple[Labels, str, tuple[tuple[int, int], ...]],
+            tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]],
         ] = {}
         self._bound: dict[tuple[str, str, tuple[str, ...]], tuple[VirtualService, ...]] = {}
         self._for_gateway: dict[str, tuple[VirtualService, ...]] = {}
@@ -193,14 +215,16 @@ class GatewayIndex:
         return found
 
     def listeners(
-        self, labels: Labels, default_bind: str
+        self, labels: Labels, default_bind: str, port_map: tuple[tuple[int, int], ...] = ()
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
         """The merged listeners of a router with these labels, and the conflicts merging
         them found (routers of one deployment share the answer)."""
-        key = (labels, default_bind)
+        key = (labels, default_bind, port_map)
         found = self._listeners.get(key)
         if found is None:
-            found = self._listeners[key] = merge_servers(self.selecting(labels), default_bind)
+            found = self._listeners[key] = merge_servers(
+                self.selecting(labels), default_bind, dict(port_map)
+            )
         return found
 
     def _bound_to_gateway(self, ref: str) -> tuple[VirtualService, ...]:

@@ -28,6 +28,7 @@ from control.model.gateway_index import (
     GatewayIndex,
     GatewayListener,
     ServerConflict,
+    target_ports,
 )
 from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
@@ -219,7 +220,8 @@ class MeshIndex:
     def gateway_listeners(
         self, proxy: Proxy, default_bind: str
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
-        return self._gateways.listeners(proxy.labels, default_bind)
+        ports = target_ports(self.services_selecting(proxy))
+        return self._gateways.listeners(proxy.labels, default_bind, ports)
 
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)

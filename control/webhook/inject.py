@@ -33,6 +33,11 @@ metrics), unless it opts out (`prometheus.io/scrape: "false"`, or
 into ISTIO_PROMETHEUS_ANNOTATIONS for its agent to scrape and merge, which our agent does not
 do, so the pod's own annotations are kept and nothing of the app's metrics is lost.
 
+A pod whose `inject.istio.io/templates` annotation names Istio's `gateway` template gets the
+agent as a router (`--proxy-type router`): no capture (a gateway is addressed, not
+intercepted) and node metadata INTERCEPTION_MODE REDIRECT, as Istio's gateways have, so its
+listeners bind every address of the pod.
+
 Start order, as Istio's template: with `holdApplicationUntilProxyStarts` (the mesh default in
 `InjectionValues`, or the pod's `proxy.istio.io/config` annotation) the agent container goes
 first and gets a postStart hook `pilotfish-agent wait`; kubelet starts containers in order and
@@ -76,6 +81,8 @@ INTERCEPTION_MODES = ("NONE", "REDIRECT")
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
 NATIVE_SIDECAR_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 HOLD_KEY = "holdApplicationUntilProxyStarts"
+TEMPLATES_ANNOTATION = "inject.istio.io/templates"
+GATEWAY_TEMPLATE = "gateway"
 # Istio's is `pilot-agent wait`; ours polls the agent's status port (agent/wait.py).
 WAIT_COMMAND = ("pilotfish-agent", "wait")
 # Istio's sidecar startupProbe: what a native sidecar's start is judged by (kubelet starts the
@@ -241,6 +248,13 @@ def pilot_address(values: InjectionValues) -> str:
     return f"istiod-{values.revision}.istio-system.svc:15012"
 
 
+def templates(pod: Mapping[str, Any]) -> list[str]:
+    """The injection templates the pod names (Istio's `inject.istio.io/templates`)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = str(annotations.get(TEMPLATES_ANNOTATION) or "")
+    return [t.strip() for t in raw.split(",") if t.strip()]
+
+
 def interception_mode(pod: Mapping[str, Any]) -> str:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     mode = str(annotations.get(INTERCEPTION_ANNOTATION) or "NONE").strip().upper()
@@ -303,7 +317,8 @@ def injection_patch(
         return decision, []
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    mode = interception_mode(pod)
+    gateway = GATEWAY_TEMPLATE in templates(pod)
+    mode = "REDIRECT" if gateway else interception_mode(pod)
     scrape = prometheus_annotations(meta.get("annotations") or {}, values)
     try:
         probe_changes, probers = (
@@ -316,7 +331,7 @@ def injection_patch(
     native = native_sidecars(pod, values)
     hold = hold_application(pod, values) and not native
     init_containers, containers, volumes = template.copy()
-    if mode != "REDIRECT":
+    if mode != "REDIRECT" or gateway:
         init_containers = []
     else:
         capture_args = _capture_args(meta.get("annotations") or {})
@@ -347,6 +362,8 @@ def injection_patch(
         if probers:
             env = _set_env(env, PROBERS_ENV, probers_env(probers))
         c["env"] = env
+        if gateway:
+            c["args"] = [*(c.get("args") or ()), "--proxy-type", "router"]
     first: list[dict[str, Any]] = []
     if native:
         # Between the capture init container and the pod's own ones, as Istio orders them:

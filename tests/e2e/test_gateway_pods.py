@@ -3,7 +3,8 @@
 HTTP and TLS clients that verify what they are shown.
 
 - HTTP by Host and path to two services; an unknown Host gets 404; `httpsRedirect` answers
-  301;
+  301; a GRPC server carries a real gRPC client's calls; a TCP server proxies to the
+  VirtualService's tcp destination;
 - HTTPS SIMPLE: SNI picks one of two file certificates (the client verifies the chain and
   the name); a third server whose certificate file is missing refuses its handshakes, is
   reported by the agent (no traceback), and holds nothing else back;
@@ -27,6 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -34,7 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from control.app import ControlPlane
 from tests.e2e.test_ctl import columns, ctl
 from tests.support.agentproc import AgentProcess
-from tests.support.apps import EchoApp
+from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import backend_yaml, mesh_agent, workload_group_yaml
 from tests.support.net import pod_ip
@@ -175,6 +177,28 @@ def dns_names(cert: x509.Certificate) -> list[str]:
     return list(san.get_values_for_type(x509.DNSName))
 
 
+ECHO_METHOD = "/echo.Echo/Say"
+
+
+async def echo_grpc_server(ip: str, port: int) -> grpc.aio.Server:
+    """A gRPC backend (raw bytes in and out): answers `echo:<request>`."""
+
+    async def say(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return b"echo:" + request
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "echo.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)}
+            ),
+        )
+    )
+    server.add_insecure_port(f"{ip}:{port}")
+    await server.start()
+    return server
+
+
 @dataclass
 class TlsBackend:
     """A TLS server outside the mesh (PASSTHROUGH's backend): greets with its name."""
@@ -224,6 +248,8 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
           servers:
           - port: {{number: 8080, name: http, protocol: HTTP}}
             hosts: [alpha.example.com, beta.example.com]
+          - port: {{number: 8090, name: grpc, protocol: GRPC}}
+            hosts: [grpc.example.com]
           - port: {{number: 8081, name: http-redirect, protocol: HTTP}}
             hosts: [secure.example.com]
             tls: {{httpsRedirect: true}}
@@ -243,6 +269,8 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
               serverCertificate: {m[0]}
               privateKey: {m[1]}
               caCertificates: {client_ca}
+          - port: {{number: 9000, name: tcp, protocol: TCP}}
+            hosts: ["*"]
           - port: {{number: 9444, name: tls-pass, protocol: TLS}}
             hosts: [pass.example.com]
             tls: {{mode: PASSTHROUGH}}
@@ -261,45 +289,52 @@ def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: 
     )
 
 
+def ingress_route(name: str, hosts: str, routes: str) -> str:
+    """A VirtualService in `default` bound to the ingress Gateway; `routes` its route lines."""
+    head = _doc(
+        f"""
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {{name: {name}, namespace: default}}
+        spec:
+          hosts: {hosts}
+          gateways: [{GATEWAY_NS}/ingress]
+        """
+    )
+    return head + textwrap.indent(textwrap.dedent(routes).strip("\n"), "  ") + "\n"
+
+
 ROUTES = (
-    _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: alpha, namespace: default}}
-        spec:
-          hosts: [alpha.example.com, secure.example.com, a.example.com, b.example.com,
-                  broken.example.com, m.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          http: [{{route: [{{destination: {{host: alpha}}}}]}}]
-        """
+    ingress_route(
+        "tcp",
+        "[tcpecho]",
+        "tcp: [{match: [{port: 9000}], route: [{destination: {host: tcpecho}}]}]",
     )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: beta, namespace: default}}
-        spec:
-          hosts: [beta.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          http:
-          - match: [{{uri: {{prefix: /api}}}}]
-            route: [{{destination: {{host: beta}}}}]
-          - route: [{{destination: {{host: alpha}}}}]
-        """
+    + ingress_route("grpc", "[grpc.example.com]", "http: [{route: [{destination: {host: echo}}]}]")
+    + ingress_route(
+        "alpha",
+        "[alpha.example.com, secure.example.com, a.example.com, b.example.com,"
+        " broken.example.com, m.example.com]",
+        "http: [{route: [{destination: {host: alpha}}]}]",
     )
-    + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {{name: pass, namespace: default}}
-        spec:
-          hosts: [pass.example.com]
-          gateways: [{GATEWAY_NS}/ingress]
-          tls:
-          - match: [{{port: 9444, sniHosts: [pass.example.com]}}]
-            route: [{{destination: {{host: tlsbackend, port: {{number: 9443}}}}}}]
+    + ingress_route(
+        "beta",
+        "[beta.example.com]",
         """
+        http:
+        - match: [{uri: {prefix: /api}}]
+          route: [{destination: {host: beta}}]
+        - route: [{destination: {host: alpha}}]
+        """,
+    )
+    + ingress_route(
+        "pass",
+        "[pass.example.com]",
+        """
+        tls:
+        - match: [{port: 9444, sniHosts: [pass.example.com]}]
+          route: [{destination: {host: tlsbackend, port: {number: 9443}}}]
+        """,
     )
 )
 
@@ -329,24 +364,33 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
     backend_cert = ca.server_cert(["pass.example.com"])
     missing = files / "gone.pem"
 
-    alpha_ip, beta_ip, tls_ip = pod_ip(), pod_ip(), pod_ip()
+    alpha_ip, beta_ip, tls_ip, grpc_ip, tcp_ip = (pod_ip() for _ in range(5))
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(
         kube_service("alpha", 9080, 8080)
         + kube_service("beta", 9080, 8080)
         + kube_service("tlsbackend", 9443, 9443, "tls")
+        + kube_service("echo", 9090, 9090, "grpc")
+        + kube_service("tcpecho", 9000, 9000, "tcp")
+        + workload_entry("tcpecho", tcp_ip)
+        + workload_entry("echo", grpc_ip)
         + workload_entry("alpha", alpha_ip)
         + workload_entry("beta", beta_ip)
         + workload_entry("tlsbackend", tls_ip)
         + ingress_yaml(certs, files / "client-ca.pem", missing)
         + ROUTES
     )
-    apps = [EchoApp("alpha", alpha_ip, 8080), EchoApp("beta", beta_ip, 8080)]
+    apps: list[EchoApp | TcpEchoApp] = [
+        EchoApp("alpha", alpha_ip, 8080),
+        EchoApp("beta", beta_ip, 8080),
+        TcpEchoApp("tcpecho", tcp_ip, 9000),
+    ]
     tls_backend = TlsBackend(tls_ip, 9443, backend_cert.write(files, "pass"))
     for app in apps:
         await app.start()
     await tls_backend.start()
+    grpc_server = await echo_grpc_server(grpc_ip, 9090)
     router: Router | None = None
     try:
         async with running_control_plane(cfg) as cp:
@@ -361,6 +405,7 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
         if router is not None:
             router.agent.kill()
         await tls_backend.close()
+        await grpc_server.stop(None)
         for app in apps:
             await app.close()
 
@@ -382,6 +427,22 @@ async def test_istio_gateway_ingress(tmp_path: Path, caplog: pytest.LogCaptureFi
         assert await app_of("beta.example.com", "/other") == "alpha"
         status, _, _ = await http_get(ip, 8080, "/", "nobody.example.com")
         assert status == 404
+
+        # GRPC: a real gRPC client over h2c, routed by :authority.
+        async with grpc.aio.insecure_channel(
+            f"{ip}:8090", options=[("grpc.default_authority", "grpc.example.com")]
+        ) as channel:
+            say = channel.unary_unary(ECHO_METHOD)
+            assert await say(b"ping", timeout=10) == b"echo:ping"
+
+        # TCP: the bytes go to the VirtualService's tcp destination and back.
+        reader, writer = await asyncio.open_connection(ip, 9000)
+        try:
+            assert await asyncio.wait_for(reader.readline(), 10) == b"tcpecho\n"
+            writer.write(b"hello\n")
+            assert await asyncio.wait_for(reader.readline(), 10) == b"hello\n"
+        finally:
+            writer.close()
 
         # httpsRedirect: 301 to https, nothing proxied.
         status, headers, _ = await http_get(ip, 8081, "/login?x=1", "secure.example.com")

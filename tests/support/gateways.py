@@ -105,12 +105,13 @@ spec:
   tcp: [{route: [{destination: {host: db, port: {number: 3306}}}]}]
 """
 
-GATEWAY_MESH = "".join(
+# The backends the gateways route to.
+SERVICES = "".join(
     (
         service("reviews", "reviews"),
         service("ratings", "ratings"),
         service("tlsbackend", "tlsbackend", 9443, None, "tls"),
         service("db", "db", 3306, None, "tcp"),
-        _GATEWAYS,
     )
 )
+GATEWAY_MESH = SERVICES + _GATEWAYS

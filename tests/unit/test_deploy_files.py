@@ -204,16 +204,15 @@ def sidecar_template() -> dict[str, Any]:
     return dict(yaml.safe_load(cm["data"]["sidecar.yaml"]))
 
 
-@pytest.mark.parametrize("where", ["template", "sample"])
+@pytest.mark.parametrize("where", ["template", "sample", "gateway"])
 def test_agent_sidecar_is_valid_and_its_args_and_env_are_the_agents(where: str) -> None:
     from agent.config import build_parser
 
     if where == "template":
         spec = sidecar_template()
     else:
-        deployment = next(
-            d for n, d in documents() if n == "sample-app.yaml" and d["kind"] == "Deployment"
-        )
+        file = "sample-app.yaml" if where == "sample" else "ingress-gateway.yaml"
+        deployment = next(d for n, d in documents() if n == file and d["kind"] == "Deployment")
         spec = deployment["spec"]["template"]["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "istio-proxy")
     assert round_trip(agent, "V1Container") == _clean(agent)
@@ -231,6 +230,7 @@ def test_agent_sidecar_is_valid_and_its_args_and_env_are_the_agents(where: str) 
     mounts = {m["name"] for m in agent["volumeMounts"]}
     assert mounts <= {v["name"] for v in spec["volumes"]}
     assert agent["securityContext"]["runAsUser"] != 0
+    assert (parsed.proxy_type == "router") == (where == "gateway")
 
 
 # --- Dockerfiles ----------------------------------------------------------------------------

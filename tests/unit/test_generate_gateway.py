@@ -29,7 +29,7 @@ from control.model.proxy import Proxy, proxy_from_node
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceCache, ResourceSet
 from protos.typeurls import NAME_TABLE
-from tests.support.gateways import GATEWAY_MESH, router
+from tests.support.gateways import GATEWAY_MESH, SERVICES, router
 from tests.support.traffic import mesh_config
 
 M = type[Message]
@@ -263,3 +263,118 @@ def test_merge_keeps_http_servers_of_several_gateways_on_one_port() -> None:
 )
 def test_host_intersection(a: str, b: str, both: str | None) -> None:
     assert host_intersection(a, b) == both
+
+
+def test_server_port_is_the_router_services_port_as_istio() -> None:
+    """A Gateway's `port: 80` behind a Service mapping 80 -> 8080 (the ingress gateway
+    Service): the listener listens on 8080; Host and route matching stay on 80."""
+    service = textwrap.dedent(
+        """
+        ---
+        apiVersion: v1
+        kind: Service
+        metadata: {name: istio-ingressgateway, namespace: edge}
+        spec:
+          selector: {istio: ingressgateway}
+          ports: [{name: http, port: 80, targetPort: 8080}]
+        """
+    )
+    sets = generate(mesh_config(GATEWAY_MESH, service), router())
+    assert "127.0.1.9_8080" in sets[LISTENER_TYPE] and "127.0.1.9_80" not in sets[LISTENER_TYPE]
+    listener = unpack(sets[LISTENER_TYPE], "127.0.1.9_8080", Listener)
+    hcm = HttpConnectionManager()
+    assert listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)  # type: ignore[attr-defined]
+    assert hcm.rds.route_config_name == "http.8080"
+    routes = unpack(sets[ROUTE_TYPE], "http.8080", RouteConfiguration)
+    plain = next(v for v in routes.virtual_hosts if v.name.startswith("plain."))  # type: ignore[attr-defined]
+    assert list(plain.domains) == ["plain.example.com", "plain.example.com:80"]
+    # A router the Service does not select keeps the server's own port.
+    other = generate(mesh_config(GATEWAY_MESH, service), router(namespace="other"))
+    assert "127.0.1.9_80" in other[LISTENER_TYPE]
+
+
+def test_binding_follows_server_host_namespaces_and_export_to() -> None:
+    """`shop/*` binds only VirtualServices of shop; a VirtualService exported only to its
+    own namespace is not bound by a Gateway elsewhere; a bare gateway name is the
+    VirtualService's namespace."""
+    gateway = _gateway(
+        "gw",
+        """
+        - port: {number: 80, protocol: HTTP}
+          hosts: ["shop/*", "*/open.example.com"]
+        """,
+    )
+
+    def vs(name: str, namespace: str, host: str, extra: str = "") -> str:
+        return (
+            textwrap.dedent(
+                f"""
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {{name: {name}, namespace: {namespace}}}
+            spec:
+              hosts: [{host}]
+              gateways: [edge/gw]
+              http: [{{route: [{{destination: {{host: reviews.default.svc.cluster.local}}}}]}}]
+            """
+            )
+            + extra
+        )
+
+    config = mesh_config(
+        SERVICES,
+        gateway,
+        vs("in-shop", "shop", "shop.example.com"),
+        vs("elsewhere", "default", "other.example.com"),
+        vs("open", "default", "open.example.com"),
+        vs("private", "default", "open2.example.com", "  exportTo: ['.']\n"),
+        _gateway("local", '- port: {number: 81, protocol: HTTP}\n  hosts: ["*"]\n', "shop"),
+        textwrap.dedent(
+            """
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {name: bare, namespace: shop}
+            spec:
+              hosts: [bare.example.com]
+              gateways: [local]
+              http: [{route: [{destination: {host: reviews.default.svc.cluster.local}}]}]
+            """
+        ),
+    )
+    sets = generate(config, router())
+    http80 = unpack(sets[ROUTE_TYPE], "http.80", RouteConfiguration)
+    assert sorted(v.name for v in http80.virtual_hosts) == [  # type: ignore[attr-defined]
+        "open.example.com:80",
+        "shop.example.com:80",
+    ]
+    http81 = unpack(sets[ROUTE_TYPE], "http.81", RouteConfiguration)
+    assert [v.name for v in http81.virtual_hosts] == ["bare.example.com:81"]  # type: ignore[attr-defined]
+
+
+def test_tls_versions_reach_the_downstream_context() -> None:
+    from envoy.extensions.transport_sockets.tls.v3.common_pb2 import TlsParameters
+
+    config = mesh_config(
+        GATEWAY_MESH,
+        _gateway(
+            "versions",
+            """
+            - port: {number: 7443, protocol: HTTPS}
+              hosts: [v.example.com]
+              tls: {credentialName: v, minProtocolVersion: TLSV1_3, maxProtocolVersion: TLSV1_3}
+            """,
+        ),
+    )
+    sets = generate(config, router())
+    listener = unpack(sets[LISTENER_TYPE], "127.0.1.9_7443", Listener)
+    tls = DownstreamTlsContext()
+    assert listener.filter_chains[0].transport_socket.typed_config.Unpack(tls)  # type: ignore[attr-defined]
+    params = tls.common_tls_context.tls_params
+    assert params.tls_minimum_protocol_version == TlsParameters.TLSv1_3
+    assert params.tls_maximum_protocol_version == TlsParameters.TLSv1_3
+    # Unset: Istio's gateway default, TLS 1.2 at least.
+    a = unpack(sets[LISTENER_TYPE], "127.0.1.40_443", Listener)
+    assert a.filter_chains[0].transport_socket.typed_config.Unpack(tls)  # type: ignore[attr-defined]
+    assert tls.common_tls_context.tls_params.tls_minimum_protocol_version == TlsParameters.TLSv1_2
