@@ -24,12 +24,15 @@ from envoy.service.discovery.v3.discovery_pb2 import (
 )
 
 from control.ca.identity import Identity
+from control.kube.client import from_kubeconfig
+from control.kube.source import KubeSource
 from protos import typeurls
 from tests.integration.test_syncz_and_debug import http_get
 from tests.security.common import plain_channel, tls_channel, token
 from tests.support.adsclient import AdsStream
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.secrets import secret_yaml
+from tests.support.kubeapi import FakeKubeApi
+from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
 
 EDGE = Identity("edge", "gateway")
@@ -280,3 +283,37 @@ async def test_delta_streams_are_guarded_too(tmp_path: Path, ca: TestCA) -> None
             await router.close()
             await sidecar.close()
             await channel.close()
+
+
+async def test_kubernetes_secrets_other_types_are_skipped_and_a_bad_one_keeps_its_last_good(
+    tmp_path: Path, ca: TestCA
+) -> None:
+    good = ca.server_cert(["gw"])
+    async with FakeKubeApi() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(api.kubeconfig())
+        api.put(secret_object("gw-cert", good, namespace="edge"))
+        token = secret_object("sa-token", None, secret_type="kubernetes.io/service-account-token")
+        token["data"] = {"token": base64.b64encode(b"a service account token").decode()}
+        api.put(token)
+        opaque = secret_object("db", None, secret_type="Opaque")
+        opaque["data"] = {"password": base64.b64encode(b"hunter2").decode()}
+        api.put(opaque)
+        source = KubeSource(from_kubeconfig(str(kubeconfig)), debounce=0.02)
+        async with source:
+            (secret,) = source.current.secrets
+            assert (secret.namespace, secret.name, secret.cert_chain) == (
+                "edge",
+                "gw-cert",
+                good.cert_pem,
+            )
+            assert source.errors == {} and source.current.warnings == ()
+
+            # A key that does not match: an error naming the object, the good one stays.
+            bad = secret_object("gw-cert", good, namespace="edge")
+            bad["data"]["tls.key"] = base64.b64encode(ca.server_cert(["x"]).key_pem).decode()
+            api.put(bad)
+            await eventually(lambda: source.errors, what="conversion error")
+            (error,) = source.errors.values()
+            assert "does not belong" in str(error) and "BEGIN" not in str(error)
+            assert [s.cert_chain for s in source.current.secrets] == [good.cert_pem]
