@@ -9,7 +9,7 @@ unauthenticated stream (the plaintext port) vouches for no one and gets nothing.
 can: a Secret is an ingress certificate, not workload identity.
 
 `ReferenceGrants` (control/model/secret.py) is the one question asked of Gateway API
-ReferenceGrants; `NO_GRANTS` answers no (same-namespace only) until they are wired in.
+ReferenceGrants (`MeshIndex.secret_grants`: the config's, `GatewayGrants`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from control.model.gateway_index import (
 )
 from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
-from control.model.secret import NO_GRANTS, ReferenceGrants, SecretIndex
+from control.model.secret import NO_GRANTS, GatewayGrants, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
 from control.model.telemetry import ProxyTelemetry
 from control.model.telemetry_index import TelemetryIndex
@@ -90,7 +90,9 @@ class MeshIndex:
         self._telemetry = TelemetryIndex(config.telemetries, mesh)
         # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
         self.secrets = SecretIndex(config.secrets)
-        self.secret_grants: ReferenceGrants = NO_GRANTS
+        self.secret_grants: ReferenceGrants = (
+            GatewayGrants(config.reference_grants) if config.reference_grants else NO_GRANTS
+        )
         self._endpoints = EndpointIndex(
             self.services,
             self.service_by_host,
@@ -221,7 +223,7 @@ class MeshIndex:
         self, proxy: Proxy, default_bind: str
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
         ports = target_ports(self.services_selecting(proxy))
-        return self._gateways.listeners(proxy.labels, default_bind, ports)
+        return self._gateways.listeners(proxy.labels, default_bind, ports, proxy.namespace)
 
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)
@@ -252,6 +254,8 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.telemetries,
         # Which Secrets exist (listeners may depend on it); their contents change SDS only.
         tuple(s.shape for s in config.secrets),
+        # Who may read another namespace's Secrets (generate/secrets.py).
+        config.reference_grants,
     )
 
 

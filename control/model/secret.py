@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from control.model.gatewayapi import GROUP, ReferenceGrant, reference_granted
 from control.model.types import SourceRef
 
 SDS_PREFIX: Final = "kubernetes://"
@@ -35,8 +36,21 @@ class _NoGrants:
         return False
 
 
-# Same-namespace only: what holds until ReferenceGrants are wired in (MeshIndex.secret_grants).
+# Same-namespace only (MeshIndex.secret_grants without Gateway API ReferenceGrants).
 NO_GRANTS: Final[ReferenceGrants] = _NoGrants()
+
+
+class GatewayGrants:
+    """ReferenceGrants as the access rule asks them: a Gateway of `from_namespace` (the
+    router's: a Gateway API Gateway is served by routers of its namespace) to the Secret."""
+
+    def __init__(self, grants: Iterable[ReferenceGrant]) -> None:
+        self._grants = tuple(grants)
+
+    def allows_secret(self, from_namespace: str, to_namespace: str, name: str) -> bool:
+        return reference_granted(
+            self._grants, (GROUP, "Gateway", from_namespace), ("", "Secret", to_namespace, name)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +176,7 @@ __all__ = [
     "CACERT_SUFFIX",
     "NO_GRANTS",
     "SDS_PREFIX",
+    "GatewayGrants",
     "ReferenceGrants",
     "SecretIndex",
     "SecretRef",

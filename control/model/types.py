@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from control.model.gateway import Gateway
+    from control.model.gatewayapi import ObjectStatus, ReferenceGrant
     from control.model.secret import TlsSecret
     from control.model.telemetry import Telemetry
     from control.model.traffic import DestinationRule, VirtualService
@@ -362,6 +363,11 @@ class MeshConfig:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    # Gateway API ReferenceGrants (see control.model.gatewayapi.reference_granted).
+    reference_grants: tuple[ReferenceGrant, ...] = ()
+    # Gateway API status as computed from this config (shown in /debug/configz, written back
+    # in Kubernetes mode); derived from the fields above, so not part of equality.
+    gateway_api_status: tuple[ObjectStatus, ...] = field(default=(), compare=False)
     telemetries: tuple[Telemetry, ...] = ()
     # Gateway certificates (`v1 Secret`, control/model/secret.py).
     secrets: tuple[TlsSecret, ...] = ()

@@ -7,7 +7,9 @@ import base64
 import json
 from typing import Any
 
-from tests.support.testca import IssuedCert
+from tests.support.testca import IssuedCert, TestCA
+
+_CA: TestCA | None = None
 
 
 def secret_object(
@@ -41,3 +43,11 @@ def secret_object(
 def secret_yaml(name: str, cert: IssuedCert | None, **kwargs: Any) -> str:
     """The same Secret as a YAML document for a config file (JSON is YAML)."""
     return "---\n" + json.dumps(secret_object(name, cert, **kwargs), indent=2) + "\n"
+
+
+def any_tls_secret(name: str, namespace: str = "default") -> dict[str, Any]:
+    """A valid gateway certificate Secret, for tests that only need one to exist."""
+    global _CA
+    if _CA is None:
+        _CA = TestCA()
+    return secret_object(name, _CA.server_cert([f"{name}.example.com"]), namespace=namespace)

@@ -129,6 +129,7 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         PODS,
         SECRETS,
         SERVICES,
+        gateway_api_resources,
         istio_resources,
     )
 
@@ -138,7 +139,9 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted[(group, resource)] = set(rule["verbs"])
-    for r in (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, SECRETS, *istio_resources()):
+    gateway_api = gateway_api_resources()
+    watched = (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, SECRETS, *istio_resources())
+    for r in (*watched, *gateway_api):
         group = r.api_version.rpartition("/")[0]
         assert {"list", "watch"} <= granted.get((group, r.plural), set()), r
     writes = {k: v - {"get", "list", "watch"} for k, v in granted.items()}
@@ -148,6 +151,12 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         # The root certificate publisher (control/kube/rootcert.py): create, update, never
         # delete.
         ("", "configmaps"): {"create", "update"},
+        # Gateway API status (control/kube/gatewaystatus.py): the status subresource only.
+        **{
+            ("gateway.networking.k8s.io", f"{r.plural}/status"): {"patch"}
+            for r in gateway_api
+            if r.kind != "ReferenceGrant"
+        },
     }
     assert {"get", "list", "watch"} <= granted[("", "configmaps")]
     # ... and the webhook configuration write is limited to our own object.

@@ -8,13 +8,24 @@ import dataclasses
 from envoy.extensions.transport_sockets.tls.v3.secret_pb2 import Secret
 from google.protobuf.any_pb2 import Any as AnyProto
 
+from control.ca.identity import Identity
 from control.generate import secrets
 from control.generate.context import GenContext, next_context
 from control.model.index import MeshIndex, endpoints_only
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.secret import TlsSecret
 from control.model.types import MeshConfig, SourceRef
+from control.secretaccess import decide
 from control.xds.cache import ResourceCache
+from tests.support.gatewayapi import (
+    gateway,
+    gateway_class,
+    listener,
+    load,
+    reference_grant,
+    status_of,
+)
+from tests.support.secrets import any_tls_secret
 from tests.support.testca import TestCA
 
 CA = TestCA()
@@ -107,3 +118,48 @@ def test_a_rotation_is_an_sds_change_only_and_reencodes_just_that_secret() -> No
     # A Secret that appears (listeners may use it) is a full push.
     grown = new.next(MeshConfig(secrets=(rotated, two, _secret("three"))))
     assert grown.changed_since(new) is None and not endpoints_only(new, grown)
+
+
+def test_gateway_api_certificate_refs_across_namespaces_follow_reference_grants() -> None:
+    https = listener(
+        "https", 8443, "HTTPS", tls={"certificateRefs": [{"name": "shared", "namespace": "certs"}]}
+    )
+    objects = (gateway_class(), gateway(listeners=[https]), any_tls_secret("shared", "certs"))
+    router = _proxy("router", "infra")
+    identity = Identity("infra", "gw")
+
+    # Without a ReferenceGrant: not resolved, not served, and the router is refused.
+    mesh = load(*objects)
+    assert _resolved_refs(mesh) == (False, "RefNotPermitted")
+    index = MeshIndex(mesh)
+    assert "kubernetes://certs/shared" not in secrets.generate(
+        GenContext(index, ResourceCache()), router
+    )
+    assert not decide("kubernetes://certs/shared", router, identity, index.secret_grants).allowed
+
+    # With one: the certificate is served to the Gateway's routers, and only to them.
+    grant = reference_grant(
+        "certs-to-infra", "certs", "infra", from_kind="Gateway", to_kind="Secret"
+    )
+    granted = MeshIndex(load(*objects, grant))
+    got = secrets.generate(GenContext(granted, ResourceCache()), router)
+    assert "kubernetes://certs/shared" in got
+    assert decide("kubernetes://certs/shared", router, identity, granted.secret_grants).allowed
+    elsewhere = _proxy("router", "other")
+    assert "kubernetes://certs/shared" not in secrets.generate(
+        GenContext(granted, ResourceCache()), elsewhere
+    )
+    assert not decide(
+        "kubernetes://certs/shared", elsewhere, Identity("other", "gw"), granted.secret_grants
+    ).allowed
+
+    # A certificateRef to a Secret that does not exist does not resolve.
+    missing = load(gateway_class(), gateway(listeners=[https]), grant)
+    assert _resolved_refs(missing) == (False, "InvalidCertificateRef")
+    assert _resolved_refs(load(*objects, grant)) == (True, "ResolvedRefs")
+
+
+def _resolved_refs(mesh: MeshConfig) -> tuple[bool, str]:
+    (listener_status,) = status_of(mesh, "Gateway", "infra", "gw").listeners
+    (cond,) = [c for c in listener_status.conditions if c.type == "ResolvedRefs"]
+    return cond.status, cond.reason
