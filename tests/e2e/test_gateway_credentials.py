@@ -7,7 +7,9 @@ the chain and the name.
 - MUTUAL from a Secret's `ca.crt` (`kubernetes://<name>-cacert`): a client without a
   certificate is refused, one with a certificate from that CA is served;
 - rotating a Secret through the gateway: new handshakes see the new certificate within 5 s,
-  with no failed request under concurrent load.
+  with no failed request under concurrent load;
+- a Gateway API Gateway's `certificateRefs`: its own namespace's Secret is served, another
+  namespace's only once a ReferenceGrant there allows it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,18 @@ from tests.e2e.test_gateway_pods import (
 )
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
+from tests.support.gatewayapi import (
+    dump,
+    gateway,
+    gateway_class,
+    listener,
+    reference_grant,
+    route,
+    service,
+)
+from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
-from tests.support.secrets import secret_yaml
+from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
 
 pytestmark = pytest.mark.envoy
@@ -208,3 +220,92 @@ async def test_rotating_a_secret_through_the_gateway_under_load(tmp_path: Path) 
         assert serials <= {old.serial, newer.serial}
         assert await once() == newer.serial
         print(f"rotation through the gateway seen after {took:.2f}s; {ok} requests, 0 failed")
+
+
+def _gateway_api_config(ca: TestCA, v1_ip: str, certs: dict[str, IssuedCert], grant: bool) -> str:
+    def https(name: str, ref: dict[str, str]) -> dict[str, object]:
+        return listener(
+            name, 8443, "HTTPS", hostname=f"{name}.example.com", tls={"certificateRefs": [ref]}
+        )
+
+    objects: list[dict[str, object]] = [
+        gateway_class(),
+        gateway(
+            listeners=[
+                https("own", {"name": "own-cert"}),
+                https("shared", {"name": "shared-cert", "namespace": "certs"}),
+            ]
+        ),
+        service("v1"),
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "WorkloadEntry",
+            "metadata": {"name": "v1", "namespace": "infra"},
+            "spec": {"address": v1_ip, "labels": {"app": "v1"}},
+        },
+        route("site", hostnames=["own.example.com", "shared.example.com"]),
+        secret_object("own-cert", certs["own"], namespace="infra"),
+        secret_object("shared-cert", certs["shared"], namespace="certs"),
+    ]
+    if grant:
+        objects.append(
+            reference_grant("infra-gw", "certs", "infra", from_kind="Gateway", to_kind="Secret")
+        )
+    return dump(*objects)
+
+
+async def test_gateway_api_certificate_refs_in_another_namespace_need_a_reference_grant(
+    tmp_path: Path,
+) -> None:
+    ca = TestCA()
+    certs = {name: ca.server_cert([f"{name}.example.com"]) for name in ("own", "shared")}
+    v1_ip = pod_ip()
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+
+    def write(grant: bool) -> None:
+        tmp = cfg / ".mesh.tmp"
+        tmp.write_text(_gateway_api_config(ca, v1_ip, certs, grant))
+        tmp.replace(cfg / "mesh.yaml")
+
+    write(grant=False)
+    app = EchoApp("v1", v1_ip, 8080)
+    await app.start()
+    try:
+        async with running_control_plane(cfg) as cp:
+            router = mesh_agent(
+                cp,
+                tmp_path,
+                pod_ip(),
+                "gw-router",
+                "gateway.networking.k8s.io/gateway-name=gw",
+                "--proxy-type",
+                "router",
+                namespace="infra",
+                service_account="gw",
+            )
+            router.start()
+            ctx = client_context(ca.root_pem)
+
+            async def serial(name: str) -> int | None:
+                try:
+                    cert, status, body = await tls_get(router.ip, 8443, f"{name}.example.com", ctx)
+                except (ssl.SSLError, OSError, TimeoutError):
+                    return None
+                return cert.serial_number if status == 200 and "v1" in body else None
+
+            try:
+                own = await eventually(lambda: serial("own"), timeout=60, what="own Secret")
+                assert own == certs["own"].serial
+                # Another namespace's Secret without a ReferenceGrant: not served.
+                assert await serial("shared") is None
+                write(grant=True)
+                shared = await eventually(
+                    lambda: serial("shared"), timeout=30, what="granted Secret served"
+                )
+                assert shared == certs["shared"].serial
+            finally:
+                assert router.terminate() == 0, router.log()[-3000:]
+            assert "Traceback" not in router.log()
+    finally:
+        await app.close()
