@@ -60,6 +60,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/xds_churn.py $(XDS_CHURN_ARGS)
 	$(BIN)/python tests/benchmarks/relay.py
 	$(BIN)/python tests/benchmarks/gateway.py
+	$(BIN)/python tests/benchmarks/handlers.py
 	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py

@@ -24,6 +24,7 @@ from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.drain import DrainPlan
 from agent.envoy.process import EnvoySupervisor
+from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.appprobe import AppProbes, probe_destination
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
@@ -38,6 +39,7 @@ from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
+from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
@@ -101,6 +103,13 @@ class Agent(Lifecycle):
         self.timeline = timeline or StartupTimeline()
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
+        self.handlers.observer = HandlerMetricsObserver(self.metrics)
+        # ECDS: remote Wasm code becomes a file in the workdir before Envoy sees the config;
+        # plug-ins add fetchers for other schemes (registry.register_fetcher).
+        self.handlers.fetchers.setdefault("http", fetch_http)
+        self.handlers.rewriters.setdefault(
+            EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
+        )
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:
@@ -215,6 +224,7 @@ class Agent(Lifecycle):
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
             app_probe=self.app_probes.answer,
             app_probe_paths=cfg.app_probers,
+            handlers=self.handlers.describe,
         )
         self.stop_requested = asyncio.Event()
         self._started_at = time.monotonic()
@@ -229,7 +239,8 @@ class Agent(Lifecycle):
         runs on another core while those start here."""
         tl = self.timeline
         await asyncio.to_thread(make_workdir, self.cfg.workdir)
-        loaded = self.handlers.load_entry_points()
+        # Plug-ins import their modules (file I/O) and may look up message types.
+        loaded = await asyncio.to_thread(self.handlers.load_entry_points)
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
         await self.upstream.start()
@@ -325,6 +336,7 @@ class Agent(Lifecycle):
         if self.cert_files is not None:
             await self.cert_files.close()
         await self.secrets.close()
+        await self.handlers.close()
         await self.upstream.close()
 
     def _setup_dns(self, cfg: AgentConfig) -> None:

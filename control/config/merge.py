@@ -85,6 +85,10 @@ def merge(
             "selector",
         )
     )
+    telemetries = [t for obj in objects for t in obj.telemetries]
+    warnings.extend(
+        _namespace_wide([t for t in telemetries if t.selector is None], "Telemetry", "selector")
+    )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
     # One VirtualService per host holds for sidecars; gateways merge theirs per host.
@@ -115,7 +119,7 @@ def merge(
         gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
-        telemetries=tuple(t for obj in objects for t in obj.telemetries),
+        telemetries=tuple(telemetries),
         secrets=tls_secrets,
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
