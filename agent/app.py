@@ -32,6 +32,7 @@ from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
 from agent.sds.keys import KeyType
+from agent.sds.remote import RemoteSecrets
 from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
@@ -158,6 +159,13 @@ class Agent(Lifecycle):
                 cert_ttl=cfg.workload_cert_ttl,
             ),
             stats=SdsStats(observer=SdsMetricsObserver(self.metrics)),
+            # Gateway certificates (`kubernetes://<name>`): fetched from the control plane on
+            # the same channel, one stream each, for whichever the control plane allows.
+            remote=RemoteSecrets(
+                lambda: self.upstream.ads(delta=False),
+                node_id=cfg.node_id,
+                metadata={**cfg.node_metadata(), "SDS_FETCH": "true"},
+            ),
         )
         self.sds = SdsServer(
             cfg.sds_socket, self.secrets, owner=self.run_as[0] if self.run_as else None

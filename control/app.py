@@ -42,6 +42,7 @@ from control.model.proxy import Proxy
 from control.pipeline import CurrentPush, PushPipeline, PushRecord
 from control.registry.autoregister import WorkloadRegistry
 from control.registry.keeper import WorkloadKeeper
+from control.secretaccess import SecretGuard
 from control.security import SecurityOptions, SecurityStack
 from control.webhook.cabundle import CaBundlePatcher
 from control.webhook.inject import InjectionValues
@@ -52,6 +53,7 @@ from control.xds.options import XdsOptions, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
 from pilotfish_common.lifecycle import Lifecycle
+from protos import typeurls
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +204,8 @@ class ControlPlane(Lifecycle):
             authorize=self.security.authorize_stream,
             trim=heap.malloc_trim(),
             syncz_filter=access.visible_syncz,
+            # Gateway certificates: only a router of the Secret's namespace may subscribe.
+            guards={typeurls.SECRET: SecretGuard(lambda: self.current.index)},
         )
         self.pipeline = PushPipeline(
             self.watcher,

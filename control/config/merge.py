@@ -40,7 +40,8 @@ def merge(
 
     Gateway API objects are translated here, with the whole config at hand:
     `namespace_labels` answers a namespace's labels (for allowedRoutes selectors; files have
-    none but the name label), `secrets` the known Secrets (None: not known, not checked).
+    none but the name label), `secrets` the known Secrets (None: the gateway certificates
+    among the objects).
 
     Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
     error points at the later one and names the first.
@@ -96,6 +97,11 @@ def merge(
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     # Translated after the checks above: those are about sidecar routing (one VirtualService
     # per host), while a gateway merges the routes of many HTTPRoutes per host.
+    tls_secrets = tuple(s for obj in objects for s in obj.secrets)
+    if secrets is None:
+        # The gateway certificates of this config (control/model/secret.py): certificateRefs
+        # to anything else do not resolve.
+        secrets = {(s.namespace, s.name) for s in tls_secrets}
     gateway_api = translate(
         [o for obj in objects for o in obj.gateway_api], services, namespace_labels, secrets
     )
@@ -114,6 +120,7 @@ def merge(
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
         telemetries=tuple(telemetries),
+        secrets=tls_secrets,
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

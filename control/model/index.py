@@ -32,6 +32,7 @@ from control.model.gateway_index import (
 )
 from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
+from control.model.secret import NO_GRANTS, GatewayGrants, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
 from control.model.telemetry import ProxyTelemetry
 from control.model.telemetry_index import TelemetryIndex
@@ -87,6 +88,11 @@ class MeshIndex:
         self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
         self._gateways = GatewayIndex(config)
         self._telemetry = TelemetryIndex(config.telemetries, mesh)
+        # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
+        self.secrets = SecretIndex(config.secrets)
+        self.secret_grants: ReferenceGrants = (
+            GatewayGrants(config.reference_grants) if config.reference_grants else NO_GRANTS
+        )
         self._endpoints = EndpointIndex(
             self.services,
             self.service_by_host,
@@ -127,6 +133,8 @@ class MeshIndex:
                 new.__dict__.update(self.__dict__)
                 new.config = config
                 new.version = version
+                # Equal rules hold the same Secrets, but not their contents (a rotation).
+                new.secrets = SecretIndex(config.secrets)
                 new._token = object()
                 new._derived_from = self._token
                 new._endpoints, new._changed = self._endpoints.derive(workloads, removed, added)
@@ -244,6 +252,10 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.gateways,
         # Access logs, tracing and metrics settings (model/telemetry_index.py).
         config.telemetries,
+        # Which Secrets exist (listeners may depend on it); their contents change SDS only.
+        tuple(s.shape for s in config.secrets),
+        # Who may read another namespace's Secrets (generate/secrets.py).
+        config.reference_grants,
     )
 
 
