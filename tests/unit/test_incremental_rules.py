@@ -7,7 +7,9 @@ must be exactly what a fresh build gives, and the work they do must be what chan
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -465,3 +467,30 @@ def test_an_index_after_a_route_change_shares_every_part_the_change_leaves_alone
     assert same._traffic is again._traffic and same._gateways is again._gateways
     # Not derived from it: anything may differ.
     assert MeshIndex(cfg).change_since(index) is None
+
+
+def test_what_is_carried_does_not_keep_old_pushes_or_objects_alive() -> None:
+    cfg = many_routes()
+    proxy = router()
+    ctx = GenContext(MeshIndex(cfg), ResourceCache())
+    for t in TYPES:
+        generators_for(proxy)[t](ctx, proxy)
+    first, first_index = weakref.ref(ctx), weakref.ref(ctx.index)
+    i, vs = _vs(cfg, "route-5")
+    assert vs.http[0].timeout is None
+    for n in range(3):
+        route = dataclasses.replace(vs.http[0], timeout=float(n + 1))
+        cfg = _with_vs(cfg, i, dataclasses.replace(vs, http=(route, *vs.http[1:])))
+        ctx, _ = _push(ctx, cfg, proxy)
+    del vs, route
+    gc.collect()
+    # Carried state holds one push's worth: no chain of contexts or indexes, and the
+    # VirtualService objects edited away are let go (model objects take no weakrefs): only
+    # the current one and the previous push's (what it carried, offered to this one) remain.
+    assert first() is None and first_index() is None
+    alive = [
+        o.http[0].timeout
+        for o in gc.get_objects()
+        if isinstance(o, VirtualService) and o.name == "route-5"
+    ]
+    assert sorted(alive) == [2.0, 3.0]
