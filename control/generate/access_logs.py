@@ -15,11 +15,13 @@ from envoy.config.accesslog.v3.accesslog_pb2 import (
     AccessLogFilter,
     AndFilter,
     ComparisonFilter,
+    LogTypeFilter,
     OrFilter,
     StatusCodeFilter,
 )
 from envoy.config.core.v3.base_pb2 import DataSource, RuntimeUInt32
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
+from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogType
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
 from envoy.extensions.access_loggers.stream.v3.stream_pb2 import StderrAccessLog, StdoutAccessLog
 from google.protobuf.struct_pb2 import Struct
@@ -96,9 +98,25 @@ def _access_log(sink: AccessLogSink) -> AccessLog:
         log = AccessLog(
             name=FILE_LOGGER, typed_config=pack(FileAccessLog(path=sink.path, log_format=fmt))
         )
+    # One line per request or connection, as Istio's logs: the standard-metrics logger on
+    # the same TCP proxy asks Envoy for entries on upstream connect and periodically
+    # (generate/telemetry_metrics.py), and those would otherwise reach this log too.
+    final = AccessLogFilter(log_type_filter=LogTypeFilter(types=_INTERIM, exclude=True))
     if sink.filter is not None:
-        log.filter.CopyFrom(code_filter(sink.filter))
+        final = AccessLogFilter(and_filter=AndFilter(filters=[final, code_filter(sink.filter)]))
+    log.filter.CopyFrom(final)
     return log
+
+
+# Entries Envoy writes before a request or connection ends.
+_INTERIM: Final = (
+    AccessLogType.TcpUpstreamConnected,
+    AccessLogType.TcpPeriodic,
+    AccessLogType.DownstreamStart,
+    AccessLogType.DownstreamPeriodic,
+    AccessLogType.UpstreamPoolReady,
+    AccessLogType.UpstreamPeriodic,
+)
 
 
 def log_format(sink: AccessLogSink) -> SubstitutionFormatString:

@@ -421,7 +421,9 @@ def test_json_and_filter_are_generated() -> None:
     hcm = HttpConnectionManager()
     assert filters(ls, HCM_FILTER)[0][1].Unpack(hcm)
     (log,) = hcm.access_log
-    comparison = log.filter.status_code_filter.comparison
+    interim, code = log.filter.and_filter.filters
+    assert interim.log_type_filter.exclude and interim.log_type_filter.types
+    comparison = code.status_code_filter.comparison
     assert comparison.op == ComparisonFilter.GE and comparison.value.default_value == 400
     # /dev/stdout: Envoy's stdout logger (it writes to the inherited fd, whatever its owner).
     stdout_log = StdoutAccessLog()
