@@ -38,6 +38,10 @@ from control.pipeline import CurrentPush, PushPipeline, PushRecord
 from control.registry.autoregister import WorkloadRegistry
 from control.registry.keeper import WorkloadKeeper
 from control.security import SecurityOptions, SecurityStack
+from control.ui.dashboard import Dashboard, MetricsSource
+from control.ui.promapi import PrometheusSource
+from control.ui.routes import UiRoutes
+from control.ui.scrape import AgentScraper, scrape_targets
 from control.webhook.cabundle import CaBundlePatcher
 from control.webhook.inject import InjectionValues
 from control.webhook.server import WebhookServer
@@ -109,6 +113,10 @@ class ControlPlaneOptions:
     # http_address, loopback is open; tests force it).
     debug_allow: DebugAllow | None = None
     debug_requires_auth: bool | None = None
+    # The dashboard at /ui/ (--ui); where its graph reads metrics: a Prometheus (its HTTP API)
+    # or, "", the connected agents' status ports, scraped by the control plane itself.
+    ui: bool = True
+    prometheus_url: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
 
     def security(self) -> SecurityOptions:
@@ -175,6 +183,7 @@ class ControlPlane(Lifecycle):
             max_delay=options.debounce_max,
         )
         self.views = StreamViews(self.xds, options.xds.control_plane_id)
+        self.ui = _dashboard(self) if options.ui else None
         self.debug = DebugServer(
             ready=lambda: self.ready,
             metrics=self.metrics.render,
@@ -184,6 +193,7 @@ class ControlPlane(Lifecycle):
             resources=self.current.resources,
             registered=self.registry.workload_entries,
             access=debug_middleware(access, lambda: self.security.call_auth),
+            routes=(self.ui.add_to,) if self.ui is not None else (),
         )
         self._grpc: grpc.aio.Server | None = None
         self.webhook: WebhookServer | None = None
@@ -214,6 +224,8 @@ class ControlPlane(Lifecycle):
         await server.start()
         self._grpc = server
         await self._start_webhook()
+        if self.ui is not None:
+            await self.ui.start()
         self.http_port = await self.debug.start(self.options.http_address)
         self.ready = True
         logger.info(
@@ -267,6 +279,8 @@ class ControlPlane(Lifecycle):
         streams) before what serves it goes (certificates, CA, config)."""
         self.ready = False
         await self.debug.close()
+        if self.ui is not None:
+            await self.ui.close()
         if self.ca_bundle_patcher is not None:
             await self.ca_bundle_patcher.close()
         if self.root_cert_publisher is not None:
@@ -330,6 +344,24 @@ class ControlPlane(Lifecycle):
     def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
         """PushPipeline.push_now: rebuild and push at once, skipping the debounce."""
         return self.pipeline.push_now(reasons, waited)
+
+
+def _dashboard(cp: ControlPlane) -> UiRoutes:
+    """/ui/: metrics from --prometheus-url, or scraped from the connected agents."""
+    url = cp.options.prometheus_url
+    source: MetricsSource
+    if url:
+        source = PrometheusSource(url)
+    else:
+        source = AgentScraper(
+            lambda: scrape_targets(
+                (c.proxy.type, c.proxy.ip, c.proxy.status_port) for c in cp.xds.connections.values()
+            )
+        )
+    dashboard = Dashboard(
+        source, syncz=cp.views.syncz, config=cp.watcher, index=lambda: cp.current.index
+    )
+    return UiRoutes(dashboard)
 
 
 def _config_source(options: ControlPlaneOptions) -> ConfigSource:

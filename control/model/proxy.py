@@ -47,6 +47,9 @@ class Proxy:
     # CERTIFICATE_PROVIDER, written by the agent in proxy-only mode): only then may its config
     # name that provider (gRPC rejects a whole CDS or LDS response naming one it lacks).
     cert_provider: bool = False
+    # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
+    # 15020. The dashboard reads the agent's metrics there.
+    status_port: int = 0
 
     @property
     def is_grpc(self) -> bool:
@@ -126,4 +129,15 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         workload_group=_str(metadata, "WORKLOAD_GROUP") or _str(metadata, "AUTO_REGISTER_GROUP"),
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
+        status_port=_port(metadata.get("STATUS_PORT")),
     )
+
+
+def _port(value: object) -> int:
+    """A port from metadata (a string, as Istio's ISTIO_META_* values are, or a number); 0
+    for anything that is not one."""
+    try:
+        port = int(str(value)) if value is not None else 0
+    except ValueError:
+        return 0
+    return port if 0 < port < 65536 else 0

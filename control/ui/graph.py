@@ -314,3 +314,12 @@ def _bound(text: str) -> float | None:
     except ValueError:
         return None
     return None if math.isnan(value) else value
+
+
+def only_namespaces(graph: Graph, namespaces: frozenset[str]) -> Graph:
+    """The part of `graph` that touches `namespaces`: their nodes, the edges from or to them,
+    and the nodes at the other end of those edges."""
+    inside = {n.id for n in graph.nodes if n.namespace in namespaces}
+    edges = tuple(e for e in graph.edges if e.source in inside or e.target in inside)
+    keep = inside | {e.source for e in edges} | {e.target for e in edges}
+    return Graph(graph.interval, tuple(n for n in graph.nodes if n.id in keep), edges, graph.errors)

@@ -52,6 +52,8 @@ def snapshot_from_vector(answer: Mapping[str, Any], at: float) -> Snapshot:
 
 
 class PrometheusSource(Lifecycle):
+    name = "prometheus"
+
     def __init__(
         self,
         url: str,

@@ -53,6 +53,8 @@ def scrape_targets(proxies: Iterable[tuple[str, str, int]]) -> list[ScrapeTarget
 
 
 class AgentScraper(Lifecycle):
+    name = "agents"
+
     def __init__(
         self,
         targets: Callable[[], list[ScrapeTarget]],

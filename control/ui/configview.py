@@ -1,0 +1,69 @@
+"""The config view (sans-IO): every loaded object with where it came from, the warnings about
+it and its status (Gateway API objects carry `status` once the control plane computes it),
+the mesh-wide warnings, and the `file:line: reason` of every input that currently fails
+(its last good config is still served)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from control.config.errors import ConfigError
+from control.model.types import MeshConfig, SourceRef
+
+
+def _key(ref: SourceRef) -> tuple[str, str, str]:
+    return (ref.kind, ref.namespace, ref.name)
+
+
+def config_json(
+    config: MeshConfig,
+    errors: Mapping[str, ConfigError],
+    namespaces: frozenset[str] | None = None,
+    kinds: frozenset[str] | None = None,
+) -> dict[str, object]:
+    by_object: dict[tuple[str, str, str], list[str]] = {}
+    loose: list[dict[str, object]] = []
+    for w in config.warnings:
+        if w.source.name:
+            by_object.setdefault(_key(w.source), []).append(w.message)
+        else:
+            loose.append(_where(w.source) | {"message": w.message})
+    objects = []
+    for ref, obj in config.raw:
+        if namespaces and ref.namespace not in namespaces:
+            continue
+        if kinds and ref.kind not in kinds:
+            continue
+        raw: Mapping[str, Any] = obj
+        objects.append(
+            {
+                "kind": ref.kind,
+                "apiVersion": str(raw.get("apiVersion", "")),
+                "namespace": ref.namespace,
+                "name": ref.name,
+                **_where(ref),
+                "warnings": by_object.get(_key(ref), []),
+                "status": raw.get("status"),
+                "spec": raw.get("spec"),
+            }
+        )
+    known = {(o["kind"], o["namespace"], o["name"]) for o in objects}
+    # Warnings about objects that were not loaded (rejected) still belong on the page.
+    for key, messages in sorted(by_object.items()):
+        if key not in known and (not namespaces or key[1] in namespaces):
+            loose.extend({"object": "/".join(key), "message": m} for m in messages)
+    return {
+        "objects": objects,
+        "warnings": loose,
+        "errors": [
+            {"file": e.file, "line": e.line, "reason": e.reason, "message": str(e)}
+            for _, e in sorted(errors.items())
+        ],
+        "kinds": sorted({ref.kind for ref, _ in config.raw}),
+        "namespaces": sorted({ref.namespace for ref, _ in config.raw if ref.namespace}),
+    }
+
+
+def _where(ref: SourceRef) -> dict[str, object]:
+    return {"file": ref.file, "line": ref.line}
