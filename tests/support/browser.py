@@ -273,3 +273,15 @@ async def chromium() -> AsyncIterator[Browser]:
         yield browser
     finally:
         await browser.close()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def artifacts_dir(name: str) -> Path:
+    """Where a test leaves its screenshots: `test-artifacts/<name>/` in the work tree
+    (gitignored), or under $PILOTFISH_TEST_ARTIFACTS."""
+    base = Path(os.environ.get("PILOTFISH_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

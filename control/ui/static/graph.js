@@ -94,7 +94,7 @@
         list.sort((a, b) => (nodes[a].kind + nodes[a].name).localeCompare(nodes[b].kind + nodes[b].name));
         list.forEach((i, k) => {
           pos.set(nodes[i].id, {
-            x: 70 + x0[r] + Math.floor(k / MAX_ROWS) * COL,
+            x: 130 + x0[r] + Math.floor(k / MAX_ROWS) * COL,
             y: top + BAND_HEAD + (k % MAX_ROWS) * ROW + ROW / 2,
           });
         });
@@ -103,7 +103,7 @@
       boxes.push({ ns, y: top, height });
       y += height + BAND_GAP;
     }
-    return { pos, boxes, width: 70 + x0[maxRank + 1] + 40, height: Math.max(y, 100) };
+    return { pos, boxes, width: 130 + x0[maxRank + 1], height: Math.max(y, 100) };
   }
 
   function severity(errorRate) {
@@ -179,7 +179,10 @@
       if (b.x > a.x) {
         const c = (b.x - a.x) / 2;
         d = `M${a.x + 14},${a.y} C${a.x + c},${a.y} ${b.x - c},${b.y} ${b.x - 14},${b.y}`;
-        mx = (a.x + b.x) / 2; my = (a.y + b.y) / 2;
+        // The label sits nearer the caller, where edges into one node have not met yet.
+        const t = 0.4, u = 1 - t;
+        mx = u * u * u * (a.x + 14) + 3 * u * u * t * (a.x + c) + 3 * u * t * t * (b.x - c) + t * t * t * (b.x - 14);
+        my = (u * u * u + 3 * u * u * t) * a.y + (3 * u * t * t + t * t * t) * b.y;
       } else {
         const lift = 40 + Math.abs(a.x - b.x) / 4;
         d = `M${a.x},${a.y - 14} C${a.x},${a.y - lift} ${b.x},${b.y - lift} ${b.x},${b.y - 14}`;
@@ -212,7 +215,7 @@
       nodeEls.set(n.id, { g });
     }
     const defs = el("defs", {}, svg);
-    const marker = el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
+    const marker = el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 10, markerHeight: 10, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse" }, defs);
     el("path", { d: "M0,0 L10,5 L0,10 z", fill: "#56637a" }, marker);
     svg.appendChild(frag);
     const view = { key, edgeEls, nodeEls, width, height, root };
