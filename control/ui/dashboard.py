@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,13 +19,15 @@ from control.ctl.status import ProxyRow
 from control.model.types import MeshConfig
 from control.ui.configview import config_json
 from control.ui.details import DetailIndex, edge_detail, node_detail
-from control.ui.graph import Graph, build_graph, only_namespaces
+from control.ui.graph import FlowCache, Graph, build_graph, only_namespaces
 from control.ui.promapi import PrometheusError
 from control.ui.proxies import local_streams, merge_rows, proxies_json
 from control.ui.samples import Snapshot
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
+
+MAX_WINDOWS = 8
 
 
 class MetricsSource(Protocol):
@@ -60,6 +63,12 @@ class GraphAnswer:
     graph: Graph | None  # None: not two snapshots yet
     body: bytes  # the whole graph as JSON (what most requests get)
     window: float
+    # The snapshots it was built from (held, so that they identify it).
+    start: Snapshot | None = None
+    end: Snapshot | None = None
+
+    def built_from(self, start: Snapshot, end: Snapshot) -> bool:
+        return self.start is start and self.end is end
 
 
 class Dashboard(Lifecycle):
@@ -77,16 +86,25 @@ class Dashboard(Lifecycle):
         self._config = config
         self._index = index
         self._remote_rows = remote_rows
-        # (window, start snapshot, end snapshot) -> the answer being built or built.
-        self._graphs: dict[tuple[float, int, int], asyncio.Future[GraphAnswer]] = {}
+        # Per window: the last graph built, and the one being built from newer snapshots.
+        self._latest: dict[float, GraphAnswer] = {}
+        self._building: dict[float, tuple[Snapshot, Snapshot, asyncio.Task[GraphAnswer]]] = {}
+        self._build_times: dict[float, tuple[float, float]] = {}  # window -> (start, seconds)
+        self._flows = FlowCache()
 
     async def start(self) -> None:
         await self.source.start()
 
     async def close(self) -> None:
+        for _, _, task in self._building.values():
+            task.cancel()
+        self._building.clear()
         await self.source.close()
 
     async def graph(self, window: float) -> GraphAnswer:
+        """The graph of the last `window` seconds. Building a large mesh's graph takes longer
+        than serving it, so while the graph of newer snapshots is built (in a worker thread,
+        once for every viewer) the previous one is served: at most one scrape old."""
         try:
             pair = await self.source.window(window)
         except PrometheusError as e:
@@ -94,23 +112,50 @@ class Dashboard(Lifecycle):
         if pair is None:
             return GraphAnswer(None, _graph_body(None, window, self.source.name), window)
         start, end = pair
-        key = (window, id(start), id(end))
-        pending = self._graphs.get(key)
-        if pending is None:
-            # Only the latest pair is worth keeping; older answers go with their snapshots.
-            for old in [k for k in self._graphs if k[0] == window]:
-                del self._graphs[old]
-            pending = asyncio.get_running_loop().create_future()
-            self._graphs[key] = pending
-            try:
-                answer = await asyncio.to_thread(_answer, start, end, window, self.source.name)
-            except BaseException as e:
-                self._graphs.pop(key, None)
-                pending.set_exception(e)
-                pending.exception()  # retrieved: other waiters get it raised
-                raise
-            pending.set_result(answer)
-        return await asyncio.shield(pending)
+        latest = self._latest.get(window)
+        if latest is not None and latest.built_from(start, end):
+            return latest
+        building = self._building.get(window)
+        if building is not None and building[0] is start and building[1] is end:
+            pass
+        elif latest is not None and self._too_soon(window):
+            return latest
+        else:
+            task = asyncio.create_task(self._build(start, end, window))
+            building = self._building[window] = (start, end, task)
+        if latest is not None:
+            return latest
+        return await asyncio.shield(building[2])
+
+    def _too_soon(self, window: float) -> bool:
+        """Whether the last build of `window` started less than twice its duration ago: a
+        large mesh's graph is then rebuilt as often as half of one core allows, not on
+        every scrape, so serving it stays fast."""
+        last = self._build_times.get(window)
+        return last is not None and time.monotonic() - last[0] < 2 * last[1]
+
+    async def _build(self, start: Snapshot, end: Snapshot, window: float) -> GraphAnswer:
+        began = time.monotonic()
+        try:
+            answer = await asyncio.to_thread(
+                _answer, start, end, window, self.source.name, self._flows
+            )
+            self._build_times[window] = (began, time.monotonic() - began)
+        finally:
+            current = self._building.get(window)
+            if current is not None and current[2] is asyncio.current_task():
+                del self._building[window]
+        previous = self._latest.get(window)
+        # A slower build of older snapshots never replaces a newer graph.
+        if previous is None or previous.end is None or previous.end.at <= end.at:
+            self._latest.pop(window, None)
+            self._latest[window] = answer
+            # Any window may be asked for; only the few most recent ones keep a graph.
+            while len(self._latest) > MAX_WINDOWS:
+                oldest = next(iter(self._latest))
+                del self._latest[oldest]
+                self._build_times.pop(oldest, None)
+        return answer
 
     async def graph_body(self, window: float, namespaces: frozenset[str] | None) -> bytes:
         answer = await self.graph(window)
@@ -140,9 +185,11 @@ class Dashboard(Lifecycle):
         return edge_detail(edge_id, answer.graph, self._config.current, self._index())
 
 
-def _answer(start: Snapshot, end: Snapshot, window: float, source: str) -> GraphAnswer:
-    graph = build_graph(start, end)
-    return GraphAnswer(graph, _graph_body(graph, window, source), window)
+def _answer(
+    start: Snapshot, end: Snapshot, window: float, source: str, flows: FlowCache | None = None
+) -> GraphAnswer:
+    graph = build_graph(start, end, flows=flows)
+    return GraphAnswer(graph, _graph_body(graph, window, source), window, start, end)
 
 
 def _graph_body(graph: Graph | None, window: float, source: str) -> bytes:

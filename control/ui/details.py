@@ -14,7 +14,7 @@ Every config object is named with its file:line and carries its spec as loaded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from control.model.traffic import DestinationRule, VirtualService
@@ -31,7 +31,7 @@ from control.model.types import (
     Workload,
     workload_selector_matches,
 )
-from control.ui.graph import Graph
+from control.ui.graph import Graph, node_summary
 
 # Labels a workload's name in Istio's metrics may come from, besides its own name.
 _NAME_LABELS = ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
@@ -166,15 +166,12 @@ def node_detail(
     node_id: str, graph: Graph | None, config: MeshConfig, index: DetailIndex
 ) -> dict[str, object]:
     raw = _Raw(config)
-    numbers = graph.as_json() if graph is not None else {"nodes": [], "edges": []}
-    node = next((n for n in _list(numbers, "nodes") if n.get("id") == node_id), None)
-    edges_in = [e for e in _list(numbers, "edges") if e.get("target") == node_id]
-    edges_out = [e for e in _list(numbers, "edges") if e.get("source") == node_id]
+    node, edges_in, edges_out = node_summary(graph, node_id) if graph else (None, [], [])
     out: dict[str, object] = {
         "id": node_id,
         "node": node,
-        "inbound": edges_in,
-        "outbound": edges_out,
+        "inbound": [e.summary_json() for e in edges_in],
+        "outbound": [e.summary_json() for e in edges_out],
     }
     if node_id.startswith("svc:"):
         host = node_id[4:]
@@ -231,8 +228,3 @@ def edge_detail(
         raise DetailError(f"no edge {edge_id!r} in the graph")
     out["config"] = config_out
     return out
-
-
-def _list(data: Mapping[str, object], key: str) -> Iterable[dict[str, Any]]:
-    value = data.get(key)
-    return value if isinstance(value, list) else []

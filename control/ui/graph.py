@@ -19,19 +19,11 @@ server without a sidecar), never both.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from control.ui.quantile import histogram_quantile
-from control.ui.samples import (
-    DURATION_BUCKET,
-    REQUESTS,
-    TCP_RECEIVED,
-    TCP_SENT,
-    Sample,
-    Snapshot,
-)
+from control.ui.quantile import histogram_quantiles
+from control.ui.samples import FlowCounters, LabelSet, Snapshot
 
 UNKNOWN = "unknown"
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -79,6 +71,22 @@ class Edge:
         the report cannot say (a source reporter does not see the server's TLS)."""
         return None if self.mtls_share is None else self.mtls_share >= 0.999
 
+    def summary_json(self) -> dict[str, object]:
+        """What the graph view draws (every edge of the mesh is in one answer, so only
+        that: the response codes, p50/p90 and who reported it are in the edge's details)."""
+        return {
+            "id": self.id,
+            "source": self.source,
+            "target": self.target,
+            "protocol": self.protocol,
+            "rps": _round(self.rps),
+            "error_rate": None if self.error_rate is None else _round(self.error_rate),
+            "p99_ms": None if self.latency_ms["p99"] is None else _round(self.latency_ms["p99"]),
+            "tcp_sent_bps": _round(self.tcp_sent_bps),
+            "tcp_received_bps": _round(self.tcp_received_bps),
+            "mtls": self.mtls,
+        }
+
     def as_json(self) -> dict[str, object]:
         return {
             "id": self.id,
@@ -117,26 +125,35 @@ class Graph:
         for e in self.edges:
             inbound.setdefault(e.target, []).append(e)
             outbound.setdefault(e.source, []).append(e)
-        nodes = []
-        for n in self.nodes:
-            ins = inbound.get(n.id, [])
-            rps_in = sum(e.rps for e in ins)
-            errors_in = sum(e.rps * (e.error_rate or 0.0) for e in ins)
-            nodes.append(
-                {
-                    **n.as_json(),
-                    "rps_in": _round(rps_in),
-                    "rps_out": _round(sum(e.rps for e in outbound.get(n.id, []))),
-                    "error_rate_in": _round(errors_in / rps_in) if rps_in > 0 else None,
-                }
-            )
+        nodes = [_node_json(n, inbound.get(n.id, []), outbound.get(n.id, [])) for n in self.nodes]
         return {
             "interval": _round(self.interval),
             "namespaces": namespaces,
             "nodes": nodes,
-            "edges": [e.as_json() for e in self.edges],
+            "edges": [e.summary_json() for e in self.edges],
             "errors": dict(sorted(self.errors.items())),
         }
+
+
+def node_summary(
+    graph: Graph, node_id: str
+) -> tuple[dict[str, object] | None, list[Edge], list[Edge]]:
+    """One node as the graph's JSON shows it, with its inbound and outbound edges."""
+    ins = [e for e in graph.edges if e.target == node_id]
+    outs = [e for e in graph.edges if e.source == node_id]
+    node = graph.node(node_id)
+    return (None if node is None else _node_json(node, ins, outs)), ins, outs
+
+
+def _node_json(n: Node, ins: list[Edge], outs: list[Edge]) -> dict[str, object]:
+    rps_in = sum(e.rps for e in ins)
+    errors_in = sum(e.rps * (e.error_rate or 0.0) for e in ins)
+    return {
+        **n.as_json(),
+        "rps_in": _round(rps_in),
+        "rps_out": _round(sum(e.rps for e in outs)),
+        "error_rate_in": _round(errors_in / rps_in) if rps_in > 0 else None,
+    }
 
 
 def _round(value: float) -> float:
@@ -146,12 +163,22 @@ def _round(value: float) -> float:
 class _Acc:
     """What one reporter said about one edge, summed over its series."""
 
-    __slots__ = ("buckets", "codes", "protocols", "received", "requests", "secure", "sent")
+    __slots__ = (
+        "bounds",
+        "buckets",
+        "codes",
+        "protocols",
+        "received",
+        "requests",
+        "secure",
+        "sent",
+    )
 
     def __init__(self) -> None:
         self.requests = 0.0
         self.codes: dict[str, float] = {}
-        self.buckets: dict[float, float] = {}
+        self.bounds: tuple[float, ...] = ()
+        self.buckets: list[float] = []
         self.sent = 0.0
         self.received = 0.0
         # Mutual-TLS part of the traffic: [requests, bytes].
@@ -162,10 +189,40 @@ class _Acc:
     def active(self) -> bool:
         return self.requests > 0 or self.sent > 0 or self.received > 0
 
+    def add(self, flow: _Flow, rates: FlowRates, requests: float) -> None:
+        if requests > 0:
+            self.requests += requests
+            for code, rate in rates.codes.items():
+                self.codes[code] = self.codes.get(code, 0.0) + rate
+            if flow.secure:
+                self.secure[0] += requests
+            if flow.protocol:
+                self.protocols.add(flow.protocol)
+        if rates.bounds:
+            if not self.bounds:
+                self.bounds = rates.bounds
+                self.buckets = list(rates.buckets)
+            elif self.bounds == rates.bounds:
+                self.buckets = [a + b for a, b in zip(self.buckets, rates.buckets, strict=True)]
+            else:  # flows with other bucket layouts: merged bound by bound
+                merged = dict(zip(self.bounds, self.buckets, strict=True))
+                for le, rate in zip(rates.bounds, rates.buckets, strict=True):
+                    merged[le] = merged.get(le, 0.0) + rate
+                self.bounds = tuple(sorted(merged))
+                self.buckets = [merged[b] for b in self.bounds]
+        tcp = rates.sent + rates.received
+        if tcp > 0:
+            self.sent += rates.sent
+            self.received += rates.received
+            if flow.secure:
+                self.secure[1] += tcp
+            self.protocols.add("tcp")
+
     def edge(self, source: str, target: str, reporter: str) -> Edge:
         errors = sum(r for c, r in self.codes.items() if c.startswith("5"))
         error_rate = errors / self.requests if self.requests > 0 else None
-        latency = {k: histogram_quantile(q, self.buckets) for k, q in QUANTILES}
+        values = histogram_quantiles([q for _, q in QUANTILES], self.bounds, self.buckets)
+        latency = {k: v for (k, _), v in zip(QUANTILES, values, strict=True)}
         share: float | None = None
         if reporter == "destination":
             if self.requests > 0:
@@ -188,12 +245,33 @@ class _Acc:
         )
 
 
-def series_rates(old: Snapshot, new: Snapshot) -> Iterator[tuple[Sample, float, float]]:
-    """(sample, increase per second, interval) of every series of a target read in both
-    snapshots (0 when its counter did not move). A target missing from `old` gives nothing
-    (its counters' start is unknown); a series missing from `old` of a target that was read
-    started since, from 0; a counter lower than before was reset, and its new value is the
-    increase."""
+class FlowRates:
+    """One flow's increase per second over the window, as one target reported it."""
+
+    __slots__ = ("bounds", "buckets", "codes", "received", "sent")
+
+    def __init__(self) -> None:
+        self.codes: dict[str, float] = {}
+        self.bounds: tuple[float, ...] = ()
+        self.buckets: list[float] = []
+        self.sent = 0.0
+        self.received = 0.0
+
+    @property
+    def active(self) -> bool:
+        return any(self.codes.values()) or self.sent > 0 or self.received > 0
+
+
+def _increase(new: float, old: float) -> float:
+    # A counter lower than before was reset; its new value is what it counted since.
+    return new - old if new >= old else new
+
+
+def flow_rates(old: Snapshot, new: Snapshot) -> Iterator[tuple[LabelSet, FlowRates, float]]:
+    """(flow labels, increase per second, interval) of every flow of a target read in both
+    snapshots. A target missing from `old` gives nothing (its counters' start is unknown); a
+    flow or a counter missing from `old` of a target that was read started since, from 0."""
+    empty = FlowCounters()
     for target, now in new.targets.items():
         before = old.targets.get(target)
         if before is None:
@@ -201,11 +279,25 @@ def series_rates(old: Snapshot, new: Snapshot) -> Iterator[tuple[Sample, float, 
         dt = now.at - before.at
         if dt <= 0:
             continue
-        previous = {s.key: s.value for s in before.samples}
-        for s in now.samples:
-            p = previous.get(s.key, 0.0)
-            increase = s.value - p if s.value >= p else s.value
-            yield s, increase / dt, dt
+        for key, counters in now.flows.items():
+            prev = before.flows.get(key, empty)
+            rates = FlowRates()
+            for code, value in counters.codes.items():
+                rates.codes[code] = _increase(value, prev.codes.get(code, 0.0)) / dt
+            if counters.bounds:
+                if not prev.bounds:
+                    rates.bounds = counters.bounds
+                    rates.buckets = [v / dt for v in counters.buckets]
+                elif prev.bounds == counters.bounds:
+                    rates.bounds = counters.bounds
+                    rates.buckets = [
+                        (n - o if n >= o else n) / dt
+                        for n, o in zip(counters.buckets, prev.buckets, strict=True)
+                    ]
+                # else: the bucket layout changed; no latency for this window.
+            rates.sent = _increase(counters.sent, prev.sent) / dt
+            rates.received = _increase(counters.received, prev.received) / dt
+            yield key, rates, dt
 
 
 def _service_node(labels: Mapping[str, str]) -> Node | None:
@@ -233,39 +325,90 @@ def _workload_node(labels: Mapping[str, str], side: str) -> Node:
     )
 
 
-def build_graph(old: Snapshot, new: Snapshot, extra_nodes: Iterable[Node] = ()) -> Graph:
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    """What a flow's labels say: who reported it and the edges it counts for."""
+
+    reporter: str
+    hops: tuple[tuple[str, str], ...]
+    nodes: tuple[Node, ...]
+    secure: bool
+    protocol: str
+
+
+def _resolve(labels: LabelSet) -> _Flow:
+    d = dict(labels)
+    src = _workload_node(d, "source")
+    svc = _service_node(d)
+    dst = _workload_node(d, "destination")
+    hops: list[tuple[Node, Node]] = []
+    if svc is not None:
+        hops.append((src, svc))
+        if dst.kind != UNKNOWN:
+            hops.append((svc, dst))
+    elif dst.kind != UNKNOWN:
+        hops.append((src, dst))
+    protocol = d.get("request_protocol", "")
+    return _Flow(
+        reporter=d.get("reporter", ""),
+        hops=tuple((a.id, b.id) for a, b in hops),
+        nodes=tuple(n for hop in hops for n in hop),
+        secure=d.get("connection_security_policy") == "mutual_tls",
+        protocol="" if protocol == UNKNOWN else protocol,
+    )
+
+
+class FlowCache:
+    """Flow labels → what they say. A flow keeps its labels from scrape to scrape, so
+    reading them is paid once per flow rather than once per graph. Bounded: past `limit`
+    it starts over."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._flows: dict[LabelSet, _Flow] = {}
+        self._limit = limit
+
+    def flow(self, labels: LabelSet) -> _Flow:
+        found = self._flows.get(labels)
+        if found is None:
+            if len(self._flows) >= self._limit:
+                self._flows.clear()
+            found = self._flows[labels] = _resolve(labels)
+        return found
+
+
+def build_graph(
+    old: Snapshot,
+    new: Snapshot,
+    extra_nodes: Iterable[Node] = (),
+    flows: FlowCache | None = None,
+) -> Graph:
     """The graph of the traffic between `old` and `new`; `extra_nodes` (services and
-    workloads known from config) are shown even when idle."""
+    workloads known from config) are shown even when idle; `flows` carries what flow labels
+    say from one build to the next."""
+    flows = flows or FlowCache()
     nodes: dict[str, Node] = {n.id: n for n in extra_nodes}
-    seen: dict[str, Node] = {}  # every node a series names; kept when an edge uses it
+    seen: dict[str, Node] = {}  # every node a flow names; kept when an edge uses it
     # reporter -> (source id, target id) -> what it said
     reports: dict[str, dict[tuple[str, str], _Acc]] = {"destination": {}, "source": {}}
     interval = 0.0
-    for s, rate, dt in series_rates(old, new):
-        labels = dict(s.labels)
-        by_edge = reports.get(labels.get("reporter", ""))
-        # Buckets that did not move still bound the quantile; other idle series add nothing.
-        if by_edge is None or (rate <= 0 and s.name != DURATION_BUCKET):
+    for labels, rates, dt in flow_rates(old, new):
+        if not rates.active:
+            continue  # idle: its buckets did not move either
+        flow = flows.flow(labels)
+        by_edge = reports.get(flow.reporter)
+        if by_edge is None:
             continue
-        interval = max(interval, dt)
-        src = _workload_node(labels, "source")
-        svc = _service_node(labels)
-        dst = _workload_node(labels, "destination")
-        hops: list[tuple[Node, Node]] = []
-        if svc is not None:
-            hops.append((src, svc))
-            if dst.kind != UNKNOWN:
-                hops.append((svc, dst))
-        elif dst.kind != UNKNOWN:
-            hops.append((src, dst))
-        secure = labels.get("connection_security_policy") == "mutual_tls"
-        for a, b in hops:
-            seen.setdefault(a.id, a)
-            seen.setdefault(b.id, b)
-            acc = by_edge.get((a.id, b.id))
+        if dt > interval:
+            interval = dt
+        for n in flow.nodes:
+            if n.id not in seen:
+                seen[n.id] = n
+        requests = sum(rates.codes.values())
+        for hop in flow.hops:
+            acc = by_edge.get(hop)
             if acc is None:
-                acc = by_edge[(a.id, b.id)] = _Acc()
-            _add(acc, s, labels, rate, secure)
+                acc = by_edge[hop] = _Acc()
+            acc.add(flow, rates, requests)
     edges: list[Edge] = []
     for key in sorted(reports["destination"].keys() | reports["source"].keys()):
         dest = reports["destination"].get(key)
@@ -282,38 +425,6 @@ def build_graph(old: Snapshot, new: Snapshot, extra_nodes: Iterable[Node] = ()) 
         tuple(edges),
         dict(new.errors),
     )
-
-
-def _add(acc: _Acc, s: Sample, labels: Mapping[str, str], rate: float, secure: bool) -> None:
-    if s.name == REQUESTS:
-        acc.requests += rate
-        code = labels.get("response_code", "") or "0"
-        acc.codes[code] = acc.codes.get(code, 0.0) + rate
-        if secure:
-            acc.secure[0] += rate
-        protocol = labels.get("request_protocol", "")
-        if protocol and protocol != UNKNOWN:
-            acc.protocols.add(protocol)
-    elif s.name == DURATION_BUCKET:
-        le = _bound(labels.get("le", ""))
-        if le is not None:
-            acc.buckets[le] = acc.buckets.get(le, 0.0) + rate
-    elif s.name in (TCP_SENT, TCP_RECEIVED):
-        if s.name == TCP_SENT:
-            acc.sent += rate
-        else:
-            acc.received += rate
-        if secure:
-            acc.secure[1] += rate
-        acc.protocols.add("tcp")
-
-
-def _bound(text: str) -> float | None:
-    try:
-        value = float(text)  # "+Inf" parses as inf
-    except ValueError:
-        return None
-    return None if math.isnan(value) else value
 
 
 def only_namespaces(graph: Graph, namespaces: frozenset[str]) -> Graph:

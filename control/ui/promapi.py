@@ -48,7 +48,7 @@ def snapshot_from_vector(answer: Mapping[str, Any], at: float) -> Snapshot:
         target = str(metric.get("instance", ""))
         labels = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
         by_target.setdefault(target, []).append(Sample(name, labels, value))
-    return Snapshot(at, {t: TargetSamples(at, tuple(s)) for t, s in by_target.items()})
+    return Snapshot(at, {t: TargetSamples.of(at, s) for t, s in by_target.items()})
 
 
 class PrometheusSource(Lifecycle):

@@ -8,7 +8,8 @@ that target's own interval.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 # The Istio standard metrics the graph is built from; every other series is dropped at parse
@@ -44,10 +45,71 @@ def sample(name: str, labels: Mapping[str, str], value: float) -> Sample:
     return Sample(name, tuple(sorted(labels.items())), float(value))
 
 
+# The labels that tell one series of a flow from another; the rest name the flow.
+_PER_SERIES = frozenset({"response_code", "le"})
+
+
+class FlowCounters:
+    """One flow's counters at one instant, as one target reported them: every series whose
+    labels differ only in `response_code` or `le` (the request counters by code, the
+    duration buckets) folded together, so a graph is built per flow, not per series."""
+
+    __slots__ = ("bounds", "buckets", "codes", "received", "sent")
+
+    def __init__(self) -> None:
+        self.codes: dict[str, float] = {}  # response code -> requests
+        # Duration buckets as two vectors: upper bounds, ascending (`+Inf` last), and the
+        # cumulative count of each; vectors, because the graph subtracts and adds them.
+        self.bounds: tuple[float, ...] = ()
+        self.buckets: tuple[float, ...] = ()
+        self.sent = 0.0
+        self.received = 0.0
+
+
+def flow_key(labels: LabelSet) -> LabelSet:
+    return tuple(kv for kv in labels if kv[0] not in _PER_SERIES)
+
+
+def aggregate(samples: Iterable[Sample]) -> dict[LabelSet, FlowCounters]:
+    flows: dict[LabelSet, FlowCounters] = {}
+    buckets: dict[LabelSet, dict[float, float]] = {}
+    for s in samples:
+        key = flow_key(s.labels)
+        counters = flows.get(key)
+        if counters is None:
+            counters = flows[key] = FlowCounters()
+        if s.name == REQUESTS:
+            code = s.label("response_code") or "0"
+            counters.codes[code] = counters.codes.get(code, 0.0) + s.value
+        elif s.name == DURATION_BUCKET:
+            try:
+                le = float(s.label("le"))  # "+Inf" parses as inf
+            except ValueError:
+                continue
+            if not math.isnan(le):
+                by_bound = buckets.setdefault(key, {})
+                by_bound[le] = by_bound.get(le, 0.0) + s.value
+        elif s.name == TCP_SENT:
+            counters.sent += s.value
+        elif s.name == TCP_RECEIVED:
+            counters.received += s.value
+    layouts: dict[tuple[float, ...], tuple[float, ...]] = {}  # one bounds tuple per layout
+    for key, by_bound in buckets.items():
+        bounds = tuple(sorted(by_bound))
+        counters = flows[key]
+        counters.bounds = layouts.setdefault(bounds, bounds)
+        counters.buckets = tuple(by_bound[b] for b in bounds)
+    return flows
+
+
 @dataclass(frozen=True, slots=True)
 class TargetSamples:
     at: float  # when this target was read (seconds, the reader's clock)
-    samples: tuple[Sample, ...]
+    flows: Mapping[LabelSet, FlowCounters]
+
+    @classmethod
+    def of(cls, at: float, samples: Iterable[Sample]) -> TargetSamples:
+        return cls(at, aggregate(samples))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import aiohttp
 
 from control.ui.history import SnapshotHistory
 from control.ui.promtext import PromTextError, parse_samples
-from control.ui.samples import Snapshot, TargetSamples
+from control.ui.samples import FlowCounters, LabelSet, Snapshot, TargetSamples, aggregate
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,11 @@ class AgentScraper(Lifecycle):
         if len(body) > MAX_BODY:
             return f"more than {MAX_BODY >> 20} MiB of metrics"
         try:
-            samples = await asyncio.to_thread(parse_samples, body.decode("utf-8", "replace"))
+            flows = await asyncio.to_thread(_read, body)
         except PromTextError as e:
             return str(e)
-        return TargetSamples(at, tuple(samples))
+        return TargetSamples(at, flows)
+
+
+def _read(body: bytes) -> dict[LabelSet, FlowCounters]:
+    return aggregate(parse_samples(body.decode("utf-8", "replace")))

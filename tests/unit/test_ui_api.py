@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -149,12 +150,16 @@ async def server(tmp_path: Any) -> AsyncIterator[tuple[str, FixedSource]]:
     bad = ConfigError(str(tmp_path / f"{HOSTILE}.yaml"), 7, "spec.ports[0].port: not a port")
     old = Snapshot(
         0.0,
-        {"a": TargetSamples(0.0, (_requests(0), _requests(0, "503"), _requests(0, src=HOSTILE)))},
+        {
+            "a": TargetSamples.of(
+                0.0, (_requests(0), _requests(0, "503"), _requests(0, src=HOSTILE))
+            )
+        },
     )
     new = Snapshot(
         10.0,
         {
-            "a": TargetSamples(
+            "a": TargetSamples.of(
                 10.0, (_requests(100), _requests(100, "503"), _requests(10, src=HOSTILE))
             )
         },
@@ -279,7 +284,7 @@ async def test_workload_and_edge_details_name_policies(server: tuple[str, FixedS
     assert [p["name"] for p in body["config"]["peer_authentications"]] == ["default"]
     assert [p["name"] for p in body["config"]["authorization_policies"]] == ["backend-allow"]
     edge_id = f"wl:shop/client>{BACKEND}"
-    status, body, _ = await _get(base + "/ui/api/edge?id=" + aiohttp.helpers.quote(edge_id))
+    status, body, _ = await _get(base + "/ui/api/edge?id=" + quote(edge_id))
     assert status == 200, body
     assert body["edge"]["error_rate"] == 0.5
     assert body["config"]["virtual_service"]["name"] == "backend-faults"
@@ -334,3 +339,31 @@ async def test_page_and_assets_carry_a_strict_content_security_policy(
     for source in (script, graph):
         assert "innerHTML" not in source and "insertAdjacentHTML" not in source
         assert "document.write" not in source
+
+
+async def test_newer_snapshots_are_built_once_while_the_last_graph_is_served() -> None:
+    first = (
+        Snapshot(0.0, {"a": TargetSamples.of(0.0, (_requests(0),))}),
+        Snapshot(10.0, {"a": TargetSamples.of(10.0, (_requests(100),))}),
+    )
+    source = FixedSource(first)
+    dashboard = Dashboard(source, syncz=list, config=Config(MeshConfig()), index=lambda: None)  # type: ignore[arg-type,return-value]
+    answer = await dashboard.graph(5.0)
+    assert answer.graph is not None and answer.graph.edges[0].rps == 10.0
+    assert await dashboard.graph(5.0) is answer  # the same snapshots: the same answer
+    source.pair = (first[1], Snapshot(20.0, {"a": TargetSamples.of(20.0, (_requests(400),))}))
+    stale = await dashboard.graph(5.0)
+    assert stale is answer  # the newer graph is being built; the last one is served
+    fresh = await eventually_graph(dashboard, lambda a: a is not answer)
+    assert fresh.graph is not None and fresh.graph.edges[0].rps == 30.0
+
+
+async def eventually_graph(dashboard: Dashboard, ok: Any) -> Any:
+    import asyncio
+
+    for _ in range(200):
+        answer = await dashboard.graph(5.0)
+        if ok(answer):
+            return answer
+        await asyncio.sleep(0.01)
+    raise AssertionError("the newer graph was never served")

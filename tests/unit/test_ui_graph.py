@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from control.ui.graph import build_graph, series_rates
+from control.ui.graph import build_graph, flow_rates
 from control.ui.history import SnapshotHistory
 from control.ui.promapi import PrometheusError, snapshot_from_vector
 from control.ui.promtext import PromTextError, parse_samples
@@ -53,7 +53,7 @@ def _buckets(counts: dict[str, float], **flow: str) -> list[Sample]:
 
 
 def _snap(at: float, *samples: Sample, target: str = "10.0.0.2:15020") -> Snapshot:
-    return Snapshot(at, {target: TargetSamples(at, tuple(samples))})
+    return Snapshot(at, {target: TargetSamples.of(at, samples)})
 
 
 def test_parse_keeps_only_istio_series_and_reads_escapes_and_histograms() -> None:
@@ -173,8 +173,8 @@ def test_counter_reset_new_series_and_new_targets() -> None:
     assert edge.rps == pytest.approx(6.0)
     assert edge.error_rate == pytest.approx(2 / 6)
     # A target that was not read at the start says nothing about the window.
-    late = Snapshot(10.0, {"10.0.0.9:15020": TargetSamples(10.0, (_requests(999),))})
-    assert list(series_rates(old, late)) == []
+    late = Snapshot(10.0, {"10.0.0.9:15020": TargetSamples.of(10.0, (_requests(999),))})
+    assert list(flow_rates(old, late)) == []
 
 
 def test_idle_series_make_no_edge_and_tcp_makes_one() -> None:
@@ -250,6 +250,7 @@ def test_prometheus_vector_answer_becomes_a_snapshot() -> None:
     }
     snap = snapshot_from_vector(answer, 5.0)
     assert list(snap.targets) == ["a:15020"]
-    assert snap.targets["a:15020"].samples[0].value == 12.0
+    [flow] = snap.targets["a:15020"].flows.values()
+    assert flow.codes == {"200": 12.0}
     with pytest.raises(PrometheusError, match="bad query"):
         snapshot_from_vector({"status": "error", "error": "bad query"}, 0.0)

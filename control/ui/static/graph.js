@@ -10,7 +10,11 @@
   const MAX_ROWS = 24;  // a taller column wraps into sub-columns
   const BAND_HEAD = 34; // room for the namespace's name
   const BAND_GAP = 18;
-  const DENSE = 400;    // more nodes than this: labels only on hover/zoom
+  // More nodes or edges than this: each edge is one path and each node one shape (no
+  // labels, lock marks or tooltips; the details panel has them), so that a mesh of
+  // thousands of workloads still draws in well under a second.
+  const DENSE_NODES = 400;
+  const DENSE_EDGES = 600;
 
   function el(name, attrs, parent) {
     const e = document.createElementNS(SVG, name);
@@ -160,7 +164,14 @@
     }
     const { pos, boxes, width, height } = layout(data.nodes, data.edges);
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    svg.classList.toggle("dense", data.nodes.length > DENSE);
+    const dense = data.nodes.length > DENSE_NODES || data.edges.length > DENSE_EDGES;
+    svg.classList.toggle("dense", dense);
+    // One listener for every node and edge (thousands of them in a large mesh).
+    svg.onclick = (ev) => {
+      const hit = ev.target instanceof Element ? ev.target.closest("[data-id]") : null;
+      if (!hit) onPick(null);
+      else onPick(hit.classList.contains("edge") ? "edge" : "node", hit.getAttribute("data-id"));
+    };
     const root = el("g", { class: "root" });
     const frag = document.createDocumentFragment();
     frag.appendChild(root);
@@ -188,6 +199,11 @@
         d = `M${a.x},${a.y - 14} C${a.x},${a.y - lift} ${b.x},${b.y - lift} ${b.x},${b.y - 14}`;
         mx = (a.x + b.x) / 2; my = Math.min(a.y, b.y) - lift * 0.75;
       }
+      if (dense) {
+        el("path", { class: "line", d }, g);
+        edgeEls.set(e.id, { g, text: null, mark: null });
+        continue;
+      }
       el("path", { class: "hit", d }, g);
       el("path", { class: "line", d, "marker-end": "url(#arrow)" }, g);
       const text = el("text", { x: mx, y: my - 5, "text-anchor": "middle" }, g);
@@ -196,7 +212,6 @@
       mark.style.display = e.mtls ? "" : "none";
       const tip = el("title", {}, g);
       tip.textContent = e.source + " → " + e.target;
-      g.addEventListener("click", (ev) => { ev.stopPropagation(); onPick("edge", e.id); });
       edgeEls.set(e.id, { g, text, mark });
     }
     const nodeEls = new Map();
@@ -206,13 +221,13 @@
       const g = el("g", { class: "node " + n.kind, "data-id": n.id, transform: `translate(${p.x},${p.y})` }, nodeLayer);
       if (n.kind === "service") el("rect", { x: -12, y: -12, width: 24, height: 24, rx: 5, transform: "rotate(45)" }, g);
       else el("circle", { r: 12 }, g);
+      nodeEls.set(n.id, { g });
+      if (dense) continue;
       const label = el("text", { x: 0, y: 26, "text-anchor": "middle" }, g);
       label.textContent = truncate(n.name, 28);
       const tip = el("title", {}, g);
       tip.textContent = (n.kind === "service" ? "service " : n.kind === "workload" ? "workload " : "") +
         (n.namespace ? n.namespace + "/" : "") + n.name;
-      g.addEventListener("click", (ev) => { ev.stopPropagation(); onPick("node", n.id); });
-      nodeEls.set(n.id, { g });
     }
     const defs = el("defs", {}, svg);
     const marker = el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 10, markerHeight: 10, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse" }, defs);
@@ -227,9 +242,9 @@
     for (const e of data.edges) {
       const v = view.edgeEls.get(e.id);
       if (!v) continue;
-      v.g.setAttribute("class", "edge " + edgeClass(e) + (v.g.classList.contains("selected") ? " selected" : ""));
-      v.text.textContent = edgeLabel(e);
-      v.mark.style.display = e.mtls ? "" : "none";
+      v.g.setAttribute("class", "edge " + edgeClass(e) + (e.mtls ? " mtls" : "") + (v.g.classList.contains("selected") ? " selected" : ""));
+      if (v.text) v.text.textContent = edgeLabel(e);
+      if (v.mark) v.mark.style.display = e.mtls ? "" : "none";
       v.g.dataset.rps = String(e.rps);
       v.g.dataset.errorRate = e.error_rate === null ? "" : String(e.error_rate);
       v.g.dataset.mtls = String(e.mtls);
