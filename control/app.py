@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from control.ca.serving import ServingCertificates
 from control.config.source import ConfigSource
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
-from control.debugaccess import DebugAllow, debug_middleware, debug_policy
+from control.debugaccess import DebugAllow, debug_middleware, debug_policy, own_namespace
 from control.kube.client import kube_config
 from control.kube.rootcert import DEFAULT_EXCLUDED, RootCertPublisher
 from control.kube.source import KubeSource
@@ -40,6 +41,7 @@ from control.registry.keeper import WorkloadKeeper
 from control.security import SecurityOptions, SecurityStack
 from control.ui.dashboard import Dashboard, MetricsSource
 from control.ui.promapi import PrometheusSource
+from control.ui.replicas import DEFAULT_SELECTOR, ReplicaRows, kube_replicas
 from control.ui.routes import UiRoutes
 from control.ui.scrape import AgentScraper, scrape_targets
 from control.webhook.cabundle import CaBundlePatcher
@@ -358,8 +360,23 @@ def _dashboard(cp: ControlPlane) -> UiRoutes:
                 (c.proxy.type, c.proxy.ip, c.proxy.status_port) for c in cp.xds.connections.values()
             )
         )
+    remote = None
+    if cp.options.kubernetes:
+        # Every replica's streams, as pilotfish-ctl proxy-status finds them: the
+        # control-plane pods of this namespace, asked on the plaintext xDS port they share.
+        find = kube_replicas(
+            lambda: cp.watcher.kube_client,
+            own_namespace(True, os.environ),
+            DEFAULT_SELECTOR,
+            lambda: cp.xds_port,
+        )
+        remote = ReplicaRows(find, cp.options.id)
     dashboard = Dashboard(
-        source, syncz=cp.views.syncz, config=cp.watcher, index=lambda: cp.current.index
+        source,
+        syncz=cp.views.syncz,
+        config=cp.watcher,
+        index=lambda: cp.current.index,
+        remote_rows=remote,
     )
     return UiRoutes(dashboard)
 
