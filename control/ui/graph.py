@@ -12,9 +12,11 @@ read over:
 - mTLS: the share of the traffic with `connection_security_policy="mutual_tls"`.
 
 Every request is reported twice, by the caller's proxy (`reporter="source"`) and by the
-server's (`reporter="destination"`); an edge takes the destination's report when there is one
-(only the server knows whether its connection was mutual TLS) and the source's otherwise (a
-server without a sidecar), never both.
+server's (`reporter="destination"`). An edge's numbers are the caller's report when there is
+one (it counts requests that never reached the server: an injected fault, an open circuit
+breaker) and the server's otherwise (a caller without a sidecar), never both, as Kiali does;
+its mTLS share is always the server's (a caller reports `connection_security_policy`
+"unknown").
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Edge:
     latency_ms: Mapping[str, float | None]  # p50/p90/p99; None without observations
     tcp_sent_bps: float
     tcp_received_bps: float
-    mtls_share: float | None  # None: the reporter cannot tell (a source report)
+    mtls_share: float | None  # None: no server report (only the server sees its TLS)
 
     @property
     def id(self) -> str:
@@ -67,8 +69,8 @@ class Edge:
 
     @property
     def mtls(self) -> bool | None:
-        """True when all of the traffic was mutual TLS, False when not all of it was, None when
-        the report cannot say (a source reporter does not see the server's TLS)."""
+        """True when all of the traffic was mutual TLS, False when not all of it was, None
+        without a server report (a caller does not see the server's TLS)."""
         return None if self.mtls_share is None else self.mtls_share >= 0.999
 
     def summary_json(self) -> dict[str, object]:
@@ -218,17 +220,19 @@ class _Acc:
                 self.secure[1] += tcp
             self.protocols.add("tcp")
 
-    def edge(self, source: str, target: str, reporter: str) -> Edge:
+    def mtls_share(self) -> float | None:
+        """The mutual-TLS part of the traffic (requests, else bytes); a server's report."""
+        if self.requests > 0:
+            return min(1.0, self.secure[0] / self.requests)
+        if self.sent + self.received > 0:
+            return min(1.0, self.secure[1] / (self.sent + self.received))
+        return None
+
+    def edge(self, source: str, target: str, reporter: str, share: float | None) -> Edge:
         errors = sum(r for c, r in self.codes.items() if c.startswith("5"))
         error_rate = errors / self.requests if self.requests > 0 else None
         values = histogram_quantiles([q for _, q in QUANTILES], self.bounds, self.buckets)
         latency = {k: v for (k, _), v in zip(QUANTILES, values, strict=True)}
-        share: float | None = None
-        if reporter == "destination":
-            if self.requests > 0:
-                share = min(1.0, self.secure[0] / self.requests)
-            elif self.sent + self.received > 0:
-                share = min(1.0, self.secure[1] / (self.sent + self.received))
         protocols = self.protocols - {"tcp"} if self.requests > 0 else self.protocols
         return Edge(
             source=source,
@@ -411,12 +415,19 @@ def build_graph(
             acc.add(flow, rates, requests)
     edges: list[Edge] = []
     for key in sorted(reports["destination"].keys() | reports["source"].keys()):
-        dest = reports["destination"].get(key)
-        reporter = "destination" if dest is not None and dest.active else "source"
-        acc = reports[reporter].get(key)
-        if acc is None or not acc.active:
+        caller = reports["source"].get(key)
+        server = reports["destination"].get(key)
+        # The caller's report counts every request, also those that never reached the
+        # server (fault injection, circuit breaking, no route); the server's stands in for
+        # callers without a sidecar, and only the server knows whether TLS was mutual.
+        if caller is not None and caller.active:
+            acc, reporter = caller, "source"
+        elif server is not None and server.active:
+            acc, reporter = server, "destination"
+        else:
             continue
-        edges.append(acc.edge(key[0], key[1], reporter))
+        share = server.mtls_share() if server is not None and server.active else None
+        edges.append(acc.edge(key[0], key[1], reporter, share))
         for node_id in key:
             nodes.setdefault(node_id, seen[node_id])
     return Graph(

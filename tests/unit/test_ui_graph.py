@@ -143,26 +143,41 @@ def test_p99_from_bucket_increases_not_totals() -> None:
     assert edge.latency_ms["p50"] == pytest.approx(7.5)
 
 
-def test_destination_report_wins_and_source_fills_in_for_servers_without_sidecar() -> None:
+def test_caller_report_counts_and_server_report_says_mtls() -> None:
+    # An injected fault: the caller's proxy answers half the requests with 503 itself, so
+    # the server never sees them (its report has only the 200s).
+    caller = {"reporter": "source", "security": "unknown"}
     old = _snap(
         0.0,
-        _requests(0, reporter="source", security="unknown"),
+        _requests(0, **caller),
+        _requests(0, code="503", **caller),
         _requests(0, reporter="destination"),
-        _requests(0, reporter="source", dst="legacy", security="unknown"),
+        _requests(0, dst="legacy", **caller),
     )
     new = _snap(
         10.0,
-        _requests(100, reporter="source", security="unknown"),
+        _requests(100, **caller),
+        _requests(100, code="503", **caller),
         _requests(100, reporter="destination"),
-        _requests(50, reporter="source", dst="legacy", security="unknown"),
+        _requests(50, dst="legacy", **caller),
     )
     graph = build_graph(old, new)
     backend = graph.edge("wl:default/client>svc:backend.default.svc.cluster.local")
-    assert backend is not None and backend.rps == pytest.approx(10.0)  # not 20: one report
-    assert backend.reporter == "destination" and backend.mtls is True
+    assert backend is not None and backend.reporter == "source"
+    assert backend.rps == pytest.approx(20.0)  # the caller's count, not both added up
+    assert backend.error_rate == pytest.approx(0.5)
+    assert backend.mtls is True  # from the server's report
     legacy = graph.edge("wl:default/client>svc:legacy.default.svc.cluster.local")
     assert legacy is not None and legacy.reporter == "source"
     assert legacy.rps == pytest.approx(5.0) and legacy.mtls is None
+
+
+def test_server_report_stands_in_for_callers_without_sidecar() -> None:
+    old = _snap(0.0, _requests(0, src="unknown", security="none"))
+    new = _snap(10.0, _requests(70, src="unknown", security="none"))
+    edge = build_graph(old, new).edge("unknown>svc:backend.default.svc.cluster.local")
+    assert edge is not None and edge.reporter == "destination"
+    assert edge.rps == pytest.approx(7.0) and edge.mtls is False
 
 
 def test_counter_reset_new_series_and_new_targets() -> None:
