@@ -17,15 +17,17 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp import web
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
+from control.app import ControlPlane, ControlPlaneOptions
 from protos import typeurls
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.browser import Page, artifacts_dir, chromium
-from tests.support.controlplane import eventually, running_control_plane
+from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
 from tests.support.net import pod_ip
 
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
@@ -219,3 +221,21 @@ async def test_dashboard_views_in_chromium_escape_hostile_strings(
                 await page.screenshot(shots / "config.png")
                 assert page.errors == [], page.errors
             await stream.close()
+
+
+async def test_ui_off_serves_nothing_under_ui() -> None:
+    cp = ControlPlane(
+        ControlPlaneOptions(xds_address="127.0.0.1:0", http_address="127.0.0.1:0", ui=False)
+    )
+    await cp.start()
+    try:
+        assert cp.ui is None
+        base = f"http://127.0.0.1:{cp.http_port}"
+        async with aiohttp.ClientSession() as session:
+            for path in ("/ui/", "/ui/api/graph", "/ui/static/app.js"):
+                async with session.get(base + path) as r:
+                    assert r.status == 404, path
+            async with session.get(base + "/debug/syncz") as r:
+                assert r.status == 200
+    finally:
+        await bounded_teardown(cp.close(0.2), "control plane close")

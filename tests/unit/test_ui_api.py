@@ -19,7 +19,7 @@ from control.config.errors import ConfigError
 from control.config.loader import load_paths
 from control.model.index import MeshIndex
 from control.model.types import MeshConfig
-from control.ui.dashboard import Dashboard
+from control.ui.dashboard import Dashboard, SourceError
 from control.ui.promapi import PrometheusError
 from control.ui.routes import UiRoutes
 from control.ui.samples import Sample, Snapshot, TargetSamples, sample
@@ -367,3 +367,76 @@ async def eventually_graph(dashboard: Dashboard, ok: Any) -> Any:
             return answer
         await asyncio.sleep(0.01)
     raise AssertionError("the newer graph was never served")
+
+
+async def test_prometheus_source_asks_the_window_ends_over_the_http_api() -> None:
+    """--prometheus-url: the series' values at both ends of the window from /api/v1/query
+    (an in-test server speaking Prometheus's API), the graph from them."""
+    from control.ui.promapi import QUERY, PrometheusSource
+
+    asked: list[tuple[str, float]] = []
+
+    async def query(request: web.Request) -> web.Response:
+        at = float(request.query["time"])
+        asked.append((request.query["query"], at))
+        labels = {k: v for k, v in _requests(0).labels}
+        result = [
+            {
+                "metric": {
+                    "__name__": "istio_requests_total",
+                    "instance": "10.0.0.5:15020",
+                    **labels,
+                },
+                "value": [at, str(12 * at)],  # 12 requests per second
+            }
+        ]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    source = PrometheusSource(f"http://127.0.0.1:{port}/", clock=lambda: 1_700_000_000.0)
+    await source.start()
+    try:
+        dashboard = Dashboard(source, syncz=list, config=Config(MeshConfig()), index=lambda: None)  # type: ignore[arg-type,return-value]
+        answer = await dashboard.graph(60.0)
+        assert answer.graph is not None
+        [edge, _] = answer.graph.edges
+        assert edge.rps == pytest.approx(12.0)
+        assert sorted(at for _, at in asked) == [1_700_000_000.0 - 60, 1_700_000_000.0]
+        assert all(q == QUERY for q, _ in asked)
+        assert json.loads(answer.body)["source"] == "prometheus"
+    finally:
+        await source.close()
+        await runner.cleanup()
+    # A Prometheus that is not there: 502 with the reason, not a traceback.
+    gone = PrometheusSource(f"http://127.0.0.1:{port}", timeout=1.0)
+    await gone.start()
+    try:
+        dashboard = Dashboard(gone, syncz=list, config=Config(MeshConfig()), index=lambda: None)  # type: ignore[arg-type,return-value]
+        with pytest.raises(SourceError, match=f"127.0.0.1:{port}"):
+            await dashboard.graph(5.0)
+    finally:
+        await gone.close()
+
+
+def test_ui_and_prometheus_flags() -> None:
+    from control.__main__ import build_parser
+
+    args = build_parser().parse_args([])
+    assert (args.ui, args.prometheus_url) == ("on", "")
+    args = build_parser().parse_args(["--ui", "off", "--prometheus-url", "http://prom:9090"])
+    assert (args.ui, args.prometheus_url) == ("off", "http://prom:9090")
+    for bad in (
+        ["--ui", "maybe"],
+        ["--prometheus-url", "prom:9090"],
+        ["--prometheus-url", "http://p/?q=1"],
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)
