@@ -14,34 +14,11 @@ from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
 from tests.support.browser import artifacts_dir, chromium
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
+from tests.support.mesh import UNBINDABLE_SIDECAR, WEB_YAML
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
 
-MESH = """\
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  selector: {{app: web}}
-  ports: [{{name: http, port: 9080, targetPort: 8080}}]
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: web-1, namespace: default}}
-spec: {{address: "{web_ip}", labels: {{app: web}}}}
-"""
-# Valid YAML that Envoy cannot apply: a listener bound to an address this machine lacks.
-UNBINDABLE_SIDECAR = """\
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: default, namespace: default}
-spec:
-  egress:
-  - port: {number: 9080, protocol: HTTP, name: http}
-    bind: 192.0.2.10
-    hosts: ["./*"]
-"""
 BROKEN = """\
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -56,7 +33,7 @@ async def test_nack_and_broken_file_on_the_page(tmp_path: Path) -> None:
     shots = artifacts_dir("ui-mesh")
     cfg = tmp_path / "cfg"
     cfg.mkdir()
-    (cfg / "mesh.yaml").write_text(MESH.format(web_ip=pod_ip()))
+    (cfg / "mesh.yaml").write_text(WEB_YAML.format(web_ip=pod_ip()))
     client_ip = pod_ip()
     async with running_control_plane(cfg) as cp:
         envoy = EnvoyProcess(
