@@ -116,7 +116,10 @@ class AgentScraper(Lifecycle):
                 await self.scrape_once()
             except Exception:  # one bad round must not end the dashboard's data
                 logger.exception("scrape round failed")
-            await asyncio.sleep(max(0.0, self.interval - (self._clock() - started)))
+            took = self._clock() - started
+            # A round that takes longer than the interval (thousands of agents) is followed
+            # by a pause as long as itself: scraping never takes more than half the time.
+            await asyncio.sleep(max(self.interval - took, took))
 
     async def scrape_once(self) -> Snapshot:
         targets = self._targets()

@@ -34,7 +34,7 @@ from control.model.types import MeshConfig
 from control.ui.dashboard import Dashboard, _answer
 from control.ui.routes import UiRoutes
 from control.ui.samples import Sample, Snapshot, TargetSamples, sample
-from tests.support.browser import chromium
+from tests.support.browser import artifacts_dir, chromium
 
 BOUNDS = (
     "0.5",
@@ -218,6 +218,7 @@ async def main(services: int, workloads: int, requests: int, renders: int) -> in
                     )
                 )
                 assert page.errors == [], page.errors
+                await page.screenshot(artifacts_dir("ui-bench") / "graph.png")
                 await page.send("Page.close")
         render, floor = statistics.median(renders_ms), statistics.median(parse_ms)
         print(
