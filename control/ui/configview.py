@@ -5,7 +5,7 @@ the mesh-wide warnings, and the `file:line: reason` of every input that currentl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from control.config.errors import ConfigError
@@ -21,7 +21,16 @@ def config_json(
     errors: Mapping[str, ConfigError],
     namespaces: frozenset[str] | None = None,
     kinds: frozenset[str] | None = None,
+    statuses: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, object]:
+    """`statuses`: status the control plane computed for objects (Gateway API: `kind`,
+    `namespace`, `name`, `status`), shown instead of the status an object was loaded with."""
+    computed = {
+        (str(s.get("kind", "")), str(s.get("namespace", "")), str(s.get("name", ""))): s.get(
+            "status"
+        )
+        for s in statuses
+    }
     by_object: dict[tuple[str, str, str], list[str]] = {}
     loose: list[dict[str, object]] = []
     for w in config.warnings:
@@ -44,7 +53,7 @@ def config_json(
                 "name": ref.name,
                 **_where(ref),
                 "warnings": by_object.get(_key(ref), []),
-                "status": raw.get("status"),
+                "status": computed.get(_key(ref), raw.get("status")),
                 "spec": raw.get("spec"),
             }
         )

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,8 +80,11 @@ class Dashboard(Lifecycle):
         config: ConfigView,
         index: Callable[[], DetailIndex],
         remote_rows: RemoteRows | None = None,
+        statuses: Callable[[MeshConfig], Iterable[Mapping[str, Any]]] = lambda config: (),
     ) -> None:
         self.source = source
+        # Status the control plane computes for objects (Gateway API), as configz shows it.
+        self._statuses = statuses
         self._syncz = syncz
         self._config = config
         self._index = index
@@ -174,7 +177,8 @@ class Dashboard(Lifecycle):
     def config(
         self, namespaces: frozenset[str] | None, kinds: frozenset[str] | None
     ) -> dict[str, object]:
-        return config_json(self._config.current, self._config.errors, namespaces, kinds)
+        config = self._config.current
+        return config_json(config, self._config.errors, namespaces, kinds, self._statuses(config))
 
     async def node(self, node_id: str, window: float) -> dict[str, object]:
         answer = await self.graph(window)

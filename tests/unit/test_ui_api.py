@@ -440,3 +440,20 @@ def test_ui_and_prometheus_flags() -> None:
     ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(bad)
+
+
+def test_config_view_shows_computed_status_over_loaded_status(tmp_path: Any) -> None:
+    from control.ui.configview import config_json
+
+    path = tmp_path / "mesh.yaml"
+    path.write_text(MESH)
+    config = load_paths([str(path)])
+    status = {"conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}]}
+    out = config_json(
+        config,
+        {},
+        statuses=[{"kind": "Service", "namespace": "shop", "name": "backend", "status": status}],
+    )
+    shown = {(o["kind"], o["name"]): o["status"] for o in out["objects"]}  # type: ignore[attr-defined]
+    assert shown[("Service", "backend")] == status
+    assert shown[("VirtualService", "backend-faults")] is None
