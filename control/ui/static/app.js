@@ -160,6 +160,13 @@
     if (kind) refreshDetails().catch((e) => setStatus(e.message, true));
   }
 
+  // "wl:ns/name" → "name (ns)", "svc:host" → "host": how a person names them.
+  function nodeLabel(id) {
+    if (id.startsWith("wl:")) { const [ns, ...rest] = id.slice(3).split("/"); return `${rest.join("/")} (${ns})`; }
+    if (id.startsWith("svc:")) return id.slice(4);
+    return id;
+  }
+
   function pct(v) { return v === null || v === undefined ? "–" : (100 * v).toFixed(1) + "%"; }
   function ms(v) { return v === null || v === undefined ? "–" : v.toFixed(1) + " ms"; }
 
@@ -225,7 +232,7 @@
     const openSpecs = new Set([...body.querySelectorAll("details[open] summary")].map((s) => s.textContent));
     clear(body);
     if (sel.kind === "edge") {
-      $("details-title").textContent = `${data.source} → ${data.target}`;
+      $("details-title").textContent = `${nodeLabel(data.source)} → ${nodeLabel(data.target)}`;
       body.appendChild(data.edge ? edgeNumbers(data.edge) : h("p", "No traffic in this window."));
       const c = data.config || {};
       if ("virtual_service" in c) {
@@ -248,7 +255,7 @@
         if (!edges.length) body.appendChild(h("div", "none"));
         for (const e of edges) {
           const other = title === "Inbound" ? e.source : e.target;
-          const line = h("div", `${other}: ${MeshGraph.fmtRate(e.rps)} rps, ${pct(e.error_rate)} errors${e.mtls ? ", mTLS" : ""}`, "clickable");
+          const line = h("div", `${nodeLabel(other)}: ${MeshGraph.fmtRate(e.rps)} rps, ${pct(e.error_rate)} errors${e.mtls ? ", mTLS" : ""}`, "clickable");
           line.addEventListener("click", () => pick("edge", e.id));
           body.appendChild(line);
         }
