@@ -59,6 +59,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/xds_storm.py $(XDS_STORM_ARGS)
 	$(BIN)/python tests/benchmarks/xds_churn.py $(XDS_CHURN_ARGS)
 	$(BIN)/python tests/benchmarks/relay.py
+	$(BIN)/python tests/benchmarks/gateway.py
 	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py

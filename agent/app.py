@@ -22,7 +22,9 @@ from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
+from agent.envoy.drain import DrainPlan
 from agent.envoy.process import EnvoySupervisor
+from agent.health.appprobe import AppProbes, probe_destination
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
@@ -45,7 +47,9 @@ from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
 logger = logging.getLogger(__name__)
 
 _UPDATE_STATS = "/stats?filter=" + quote(
-    "^((cluster_manager.cds|listener_manager.lds).update_success|server.state)$", safe=""
+    "^((cluster_manager.cds|listener_manager.lds).update_success|server.state"
+    "|listener_manager.workers_started)$",
+    safe="",
 )
 
 
@@ -120,11 +124,16 @@ class Agent(Lifecycle):
         # its own rather than a wildcard bind: its replies must come from 127.0.0.1 for
         # conntrack to map them back to the resolver address the app asked.
         self.dns_local: DnsServer | None = None
+        # The same on ::1, where ip6tables' REDIRECT delivers queries to IPv6 resolvers in a
+        # dual-stack pod; only when the pod's loopback has ::1 (IPv6 enabled).
+        self.dns_local6: DnsServer | None = None
         # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
         self.run_as: tuple[int, int] | None = None
         if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
             self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
-        if cfg.dns_port:
+        # DNS proxying is for sidecars (Istio's too): a router resolves nothing for an app,
+        # and the control plane sends routers no name table to wait for.
+        if cfg.dns_port and not cfg.is_router:
             self._setup_dns(cfg)
         # Workload certificates: signed over the same upstream channel, served to Envoy (and
         # proxyless clients) as SDS `default` / `ROOTCA` on <workdir>/SDS.
@@ -164,7 +173,8 @@ class Agent(Lifecycle):
             )
             self.handlers.register(WORKLOAD_PROBE, self.health)
         self.envoy: EnvoySupervisor | None = None
-        admin = f"http://{cfg.ip}:{cfg.envoy_admin_port}"
+        host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
+        admin = f"http://{host}:{cfg.envoy_admin_port}"
         self._admin = admin
         if not cfg.proxy_only:
             self.envoy = EnvoySupervisor(
@@ -172,9 +182,20 @@ class Agent(Lifecycle):
                 cfg.workdir / "envoy-rev.json",
                 admin_url=admin,
                 drain_duration=cfg.drain_duration,
+                drain_plan=DrainPlan(
+                    duration=cfg.drain_duration,
+                    exit_on_zero_active_connections=cfg.exit_on_zero_active_connections,
+                    minimum=cfg.minimum_drain_duration,
+                ),
                 log_level="warning" if log_level != "debug" else "info",
                 run_as=self.run_as,
             )
+        # The app's own probes, rewritten by the injector to come through here.
+        self.app_probes = AppProbes(
+            cfg.app_probers,
+            probe_destination(cfg.ip, cfg.app_probe_localhost),
+            cfg.status_port,
+        )
         self.status = StatusServer(
             cfg.ip,
             cfg.status_port,
@@ -184,6 +205,8 @@ class Agent(Lifecycle):
             on_quit=self.request_stop,
             on_drain=self._start_drain,
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
+            app_probe=self.app_probes.answer,
+            app_probe_paths=cfg.app_probers,
         )
         self.stop_requested = asyncio.Event()
         self._started_at = time.monotonic()
@@ -236,6 +259,12 @@ class Agent(Lifecycle):
             await self.dns.start()
         if self.dns_local is not None:
             await self.dns_local.start()
+        if self.dns_local6 is not None:
+            try:
+                await self.dns_local6.start()
+            except OSError as e:  # IPv6 disabled here: nothing is redirected to ::1 either
+                logger.debug("no DNS server on ::1: %s", e)
+                self.dns_local6 = None
         await self.status.start()
         tl.mark("status server")
         logger.info(
@@ -274,6 +303,8 @@ class Agent(Lifecycle):
         for task in self._timeline_tasks:
             task.cancel()
         await asyncio.gather(*self._timeline_tasks, return_exceptions=True)
+        if self.dns_local6 is not None:
+            await self.dns_local6.close()
         if self.dns_local is not None:
             await self.dns_local.close()
         if self.dns is not None:
@@ -307,6 +338,8 @@ class Agent(Lifecycle):
         self.dns = DnsServer(cfg.ip, cfg.dns_port, responder, forwarder)
         if cfg.redirect and cfg.ip != "127.0.0.1":
             self.dns_local = DnsServer("127.0.0.1", cfg.dns_port, responder, forwarder)
+        if cfg.redirect and cfg.ip != "::1":
+            self.dns_local6 = DnsServer("::1", cfg.dns_port, responder, forwarder)
 
     def request_stop(self) -> None:
         self.stop_requested.set()
@@ -370,6 +403,10 @@ class Agent(Lifecycle):
         # connections only once its initialization is over (server.state 0 = LIVE).
         if values.get("server.state", "").strip() != "0":
             return "envoy is still initializing (server.state is not LIVE)"
+        # LIVE can come before the listeners accept: workers start (and listen) only once
+        # every first listener has warmed, e.g. has the certificates its chains name.
+        if values.get("listener_manager.workers_started", "").strip() != "1":
+            return "envoy's listeners are still warming (listener_manager.workers_started is 0)"
         return None
 
 

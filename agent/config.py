@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.dns.forwarder import parse_upstream
+from agent.health.appprobers import ENV as APP_PROBERS_ENV
+from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
 from pilotfish_common import logsetup
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
@@ -24,6 +26,9 @@ LOCAL_ROOT_CERT = Path("pilotfish-state/root-cert.pem")
 
 # An Istio object name (the WorkloadGroup named by --workload-group).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+PROXY_TYPES = ("sidecar", "router")
 
 
 class AgentConfigError(ValueError):
@@ -35,6 +40,9 @@ class AgentConfig:
     control_plane: tuple[str, ...] = ("127.0.0.1:15010",)
     workdir: Path = Path("pilotfish-run")
     ip: str = "127.0.0.1"
+    # Every IP of the pod (env INSTANCE_IPS, the downward API's status.podIPs: "v4,v6" in a
+    # dual-stack pod); () = just `ip`. Sent as node metadata INSTANCE_IPS, in this order.
+    instance_ips: tuple[str, ...] = ()
     pod_name: str = "pod"
     namespace: str = "default"
     service_account: str = "default"
@@ -45,6 +53,10 @@ class AgentConfig:
     workload_group: str = ""
     token_file: Path | None = None
     proxy_only: bool = False
+    # "sidecar", or "router" for a gateway (Istio's `pilot-agent proxy router`): same agent
+    # and Envoy, but only the servers of the Gateways selecting it, and no DNS proxy (Istio
+    # proxies DNS for sidecars only: nothing in a gateway's pod resolves mesh names).
+    proxy_type: str = "sidecar"
     dns_upstream: tuple[str, ...] = ()
     ca_root_cert: Path | None = None
     status_port: int = 15020
@@ -53,6 +65,14 @@ class AgentConfig:
     envoy_binary: str = ""
     envoy_delta: bool = False
     drain_duration: float = 5.0
+    # Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS and MINIMUM_DRAIN_DURATION (agent/envoy/drain.py).
+    exit_on_zero_active_connections: bool = False
+    minimum_drain_duration: float = 5.0
+    # The app's original probes (ISTIO_KUBE_APP_PROBERS), served on the status port, and
+    # whether they go to loopback instead of the pod IP (Istio's
+    # REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION).
+    app_probers: Mapping[str, AppProber] = field(default_factory=dict)
+    app_probe_localhost: bool = False
     cluster_domain: str = "cluster.local"
     trust_domain: str = "cluster.local"
     key_type: str = "ec-p256"  # agent.sds.keys.KeyType values
@@ -76,10 +96,13 @@ class AgentConfig:
         return self.interception_mode == "REDIRECT"
 
     @property
+    def is_router(self) -> bool:
+        return self.proxy_type == "router"
+
+    @property
     def node_id(self) -> str:
-        kind = "sidecar"
         return (
-            f"{kind}~{self.ip}~{self.pod_name}.{self.namespace}~"
+            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
             f"{self.namespace}.svc.{self.cluster_domain}"
         )
 
@@ -108,7 +131,7 @@ class AgentConfig:
         meta: dict[str, object] = {
             "NAME": self.pod_name,
             "NAMESPACE": self.namespace,
-            "INSTANCE_IPS": self.ip,
+            "INSTANCE_IPS": ",".join(self.instance_ips or (self.ip,)),
             "SERVICE_ACCOUNT": self.service_account,
             "LABELS": dict(self.labels),
             "INTERCEPTION_MODE": self.interception_mode,
@@ -149,6 +172,40 @@ def parse_labels(text: str) -> dict[str, str]:
             raise AgentConfigError(f"labels: {part!r} is not key=value")
         out[key.strip()] = value.strip()
     return out
+
+
+def _env_bool(environ: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """Istio's boolean variables: strconv.ParseBool's words."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if raw in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise AgentConfigError(f"{name}: {raw!r} is not true or false")
+
+
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration(text: str, what: str) -> float:
+    """Seconds in a Go duration (`5s`, `1m30s`, `500ms`), as Istio's variables take them; a
+    bare number is seconds."""
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d*)?", text):
+        return float(text)
+    pos, seconds = 0, 0.0
+    while pos < len(text):
+        m = _GO_DURATION.match(text, pos)
+        if m is None:
+            break
+        seconds += float(m.group(1)) * _GO_UNITS[m.group(2)]
+        pos = m.end()
+    if not text or pos < len(text):
+        raise AgentConfigError(f"{what}: {text!r} is not a duration (5s, 1m30s, 500ms)")
+    return seconds
 
 
 def _check_address(value: str, what: str) -> str:
@@ -224,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--proxy-only", action="store_true", help="no Envoy: serve proxyless gRPC clients only"
     )
+    p.add_argument(
+        "--proxy-type",
+        choices=PROXY_TYPES,
+        default="sidecar",
+        help="sidecar, or router for a gateway: Envoy serves only the Gateways whose selector "
+        "matches --labels, and no DNS proxy runs (default %(default)s)",
+    )
     p.add_argument("--dns-upstream", default="", help="HOST[:PORT],... (default: resolv.conf)")
     p.add_argument(
         "--ca-root-cert",
@@ -286,12 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--envoy-delta", action="store_true", help="Envoy uses delta ADS (default: SotW)"
     )
-    p.add_argument(
+    _seconds(
+        p,
         "--drain-duration",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="how long listeners drain on SIGTERM (default %(default)s)",
+        "PILOTFISH_DRAIN_DURATION",
+        "5.0",
+        "how long listeners drain on SIGTERM (env PILOTFISH_DRAIN_DURATION, which the "
+        "injector sets from MeshConfig defaultConfig.drainDuration; default %(default)s); "
+        "with EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true the agent instead waits "
+        "MINIMUM_DRAIN_DURATION (default 5s) and then stops as soon as Envoy has no active "
+        "connection",
     )
     logsetup.add_arguments(p)
     return p
@@ -319,6 +387,18 @@ def config_from_args(
         raise AgentConfigError("--keepalive-time and --keepalive-timeout must be positive")
     if args.drain_duration < 0:
         raise AgentConfigError("--drain-duration must not be negative")
+    instance_ips = tuple(i.strip() for i in environ.get("INSTANCE_IPS", "").split(",") if i.strip())
+    for i in instance_ips:
+        try:
+            ipaddress.ip_address(i)
+        except ValueError:
+            raise AgentConfigError(f"INSTANCE_IPS: {i!r} is not an IP address") from None
+    if instance_ips and args.ip not in instance_ips:
+        instance_ips = (args.ip, *instance_ips)
+    try:
+        app_probers = parse_app_probers(environ.get(APP_PROBERS_ENV, ""))
+    except AppProbersError as e:
+        raise AgentConfigError(str(e)) from None
     upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
     for u in upstream:
         try:
@@ -336,6 +416,11 @@ def config_from_args(
         raise AgentConfigError(
             f"--interception-mode: {args.interception_mode!r} is not NONE or REDIRECT"
         )
+    proxy_type = getattr(args, "proxy_type", "sidecar")
+    if proxy_type not in PROXY_TYPES:
+        raise AgentConfigError(f"--proxy-type: {proxy_type!r} is not sidecar or router")
+    if proxy_type == "router" and args.proxy_only:
+        raise AgentConfigError("--proxy-type router runs Envoy: it cannot be --proxy-only")
     if args.workload_group and not _DNS_SUBDOMAIN.fullmatch(args.workload_group):
         raise AgentConfigError(
             f"--workload-group: {args.workload_group!r} is not a valid object name "
@@ -345,6 +430,7 @@ def config_from_args(
         control_plane=addresses,
         workdir=workdir,
         ip=args.ip,
+        instance_ips=instance_ips,
         pod_name=args.pod_name,
         namespace=args.namespace,
         service_account=args.service_account,
@@ -352,6 +438,7 @@ def config_from_args(
         workload_group=args.workload_group,
         token_file=Path(args.token_file) if args.token_file else workdir / "token",
         proxy_only=args.proxy_only,
+        proxy_type=proxy_type,
         dns_upstream=upstream or resolv_conf_servers(),
         ca_root_cert=Path(args.ca_root_cert)
         if args.ca_root_cert
@@ -364,6 +451,12 @@ def config_from_args(
         envoy_binary=args.envoy_binary,
         envoy_delta=args.envoy_delta,
         drain_duration=args.drain_duration,
+        exit_on_zero_active_connections=_env_bool(environ, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS"),
+        minimum_drain_duration=go_duration(
+            environ.get("MINIMUM_DRAIN_DURATION", "5s"), "MINIMUM_DRAIN_DURATION"
+        ),
+        app_probers=app_probers,
+        app_probe_localhost=_env_bool(environ, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION"),
         trust_domain=args.trust_domain,
         key_type=args.key_type,
         workload_cert_ttl=args.workload_cert_ttl,

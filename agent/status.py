@@ -6,6 +6,8 @@
 - `GET /stats/prometheus`: the agent's metrics, then Envoy's (fetched from its admin).
 - `POST /quitquitquit`, `POST /drain`: local callers only (see `is_local_caller`).
 - `GET /debug/ndsz`: the DNS name table as JSON.
+- `GET /app-health/<container>/livez|readyz|startupz`: the app's original probes, run by
+  `app_probe` (agent/health/appprobe.py), for the kubelet probes the injector rewrote.
 
 Callbacks keep this module ignorant of the rest of the agent (it is wired in `__main__`).
 HTTP is agent/httpio.py's (not aiohttp: see agent/httpwire.py for why).
@@ -17,7 +19,7 @@ import asyncio
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from agent.httpio import HttpClientError, HttpServer, Request, Response, fetch
 from agent.metrics import CONTENT_TYPE, AgentMetrics
@@ -67,10 +69,13 @@ class StatusServer(Lifecycle):
         ndsz: Callable[[], object],
         readiness_timeout: float = 5.0,
         envoy_stats_timeout: float = 5.0,
+        app_probe: Callable[[str, Mapping[str, str]], Awaitable[tuple[int, bytes]]] | None = None,
+        app_probe_paths: Iterable[str] = (),
     ) -> None:
         """`readiness` returns None when ready, else the reason. `on_drain` should return
         once draining has begun (not after the drain period): the caller waits for it.
-        `on_quit` must not block; it typically sets the agent's shutdown event."""
+        `on_quit` must not block; it typically sets the agent's shutdown event.
+        `app_probe(path, request headers)` answers (status, body) for `app_probe_paths`."""
         self.ip = ip
         self.port = port
         self._readiness = readiness
@@ -81,8 +86,12 @@ class StatusServer(Lifecycle):
         self._ndsz = ndsz
         self._readiness_timeout = readiness_timeout
         self._envoy_stats_timeout = envoy_stats_timeout
+        self._app_probe = app_probe
         # No access log: probes hit /healthz/ready every few seconds for the pod's lifetime.
-        self._server = HttpServer(
+        routes: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {
+            path: {"GET": self._app_health} for path in app_probe_paths if app_probe
+        }
+        routes.update(
             {
                 "/healthz/ready": {"GET": self._ready},
                 "/stats/prometheus": {"GET": self._stats},
@@ -91,6 +100,7 @@ class StatusServer(Lifecycle):
                 "/debug/ndsz": {"GET": self._ndsz_handler},
             }
         )
+        self._server = HttpServer(routes)
 
     async def start(self) -> int:
         """Listen on `ip:port` (port 0: any); the actual port."""
@@ -114,6 +124,11 @@ class StatusServer(Lifecycle):
         if reason is None:
             return Response.text("ready\n")
         return Response.text(reason.rstrip("\n") + "\n", 503)
+
+    async def _app_health(self, request: Request) -> Response:
+        assert self._app_probe is not None
+        status, body = await self._app_probe(request.path, request.head.headers)
+        return Response(status, body)
 
     async def _stats(self, request: Request) -> Response:
         self._metrics.scrapes.inc()

@@ -155,10 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_injection_flags(p)
     p.add_argument(
         "--webhook-config-name",
-        default="pilotfish-sidecar-injector",
+        default=None,
         metavar="NAME",
         help="with --kubernetes: the MutatingWebhookConfiguration whose caBundle is kept equal "
-        "to our CA root ('' disables; default %(default)s)",
+        "to our CA root ('' disables; default pilotfish-sidecar-injector, with --revision "
+        "pilotfish-sidecar-injector-REV as Istio names a revision's)",
     )
     p.add_argument(
         "--root-cert-excluded-namespaces",
@@ -229,15 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="longest workload certificate the CA signs, e.g. 24h (default 24h)",
     )
-    p.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
+    p.add_argument(
+        "--mesh-config",
+        default="",
+        metavar="FILE",
+        help="Istio MeshConfig YAML (the `mesh` key of Istio's ConfigMap: accessLogFile, "
+        "extensionProviders, defaultProviders, defaultConfig, ...), watched and hot-reloaded; "
+        "with --kubernetes the ConfigMap `istio` in the control plane's namespace comes "
+        "first; flags given explicitly win over it",
+    )
+    p.add_argument(
+        "--trust-domain",
+        default=None,
+        help="SPIFFE trust domain (default: the mesh config's trustDomain, else cluster.local; "
+        "read once at startup)",
+    )
     p.add_argument(
         "--outbound-traffic-policy",
         type=str.upper,
         choices=("ALLOW_ANY", "REGISTRY_ONLY"),
-        default="ALLOW_ANY",
+        default=None,
         help="where proxies in interception mode REDIRECT send traffic to destinations outside "
         "the registry: passed through (ALLOW_ANY) or refused (REGISTRY_ONLY); a Sidecar's "
-        "outboundTrafficPolicy overrides it (default %(default)s)",
+        "outboundTrafficPolicy overrides it (default: the mesh config's "
+        "outboundTrafficPolicy.mode, else ALLOW_ANY)",
     )
     p.add_argument("--id", default=socket.gethostname(), help="this replica's identity")
     p.add_argument(
@@ -282,10 +298,28 @@ async def _run(args: argparse.Namespace) -> int:
     from control.ca.authority import CaError
     from control.config.errors import ConfigError
     from control.kube.rootcert import DEFAULT_EXCLUDED
+    from control.webhook.cabundle import default_name as default_webhook_name
     from control.webhook.template import TemplateError
     from control.xds.server import XdsOptions
 
+    try:
+        trust_domain = args.trust_domain or await asyncio.to_thread(
+            _mesh_trust_domain, args.mesh_config
+        )
+    except ConfigError as e:
+        print(f"pilotfish-control: {e}", file=sys.stderr)
+        return 1
+    given = frozenset(
+        name
+        for name, flag in (
+            ("outbound_traffic_policy", args.outbound_traffic_policy),
+            ("injection_hold_application", args.hold_application_until_proxy_starts or None),
+        )
+        if flag is not None
+    )
     opts = ControlPlaneOptions(
+        mesh_config=args.mesh_config,
+        flags_given=given,
         config_paths=tuple(args.config),
         xds_address=args.xds_address,
         secure_xds_address="" if args.secure_xds_address == "off" else args.secure_xds_address,
@@ -296,8 +330,8 @@ async def _run(args: argparse.Namespace) -> int:
         ca_key=args.ca_key,
         ca_chain=args.ca_chain,
         max_workload_cert_ttl=args.max_workload_cert_ttl,
-        trust_domain=args.trust_domain,
-        outbound_traffic_policy=args.outbound_traffic_policy,
+        trust_domain=trust_domain,
+        outbound_traffic_policy=args.outbound_traffic_policy or "ALLOW_ANY",
         id=args.id,
         debounce_quiet=args.debounce_after,
         debounce_max=args.debounce_max,
@@ -310,7 +344,12 @@ async def _run(args: argparse.Namespace) -> int:
         injection_pilot_address=args.injection_pilot_address,
         injection_hold_application=args.hold_application_until_proxy_starts,
         injection_native_sidecars=args.native_sidecars,
-        webhook_config_name=args.webhook_config_name,
+        revision=args.revision,
+        webhook_config_name=(
+            args.webhook_config_name
+            if args.webhook_config_name is not None
+            else default_webhook_name(args.revision)
+        ),
         root_cert_excluded_namespaces=(
             DEFAULT_EXCLUDED
             if args.root_cert_excluded_namespaces is None
@@ -349,6 +388,16 @@ async def _run(args: argparse.Namespace) -> int:
     logger.info("shutting down")
     await cp.close()
     return 0
+
+
+def _mesh_trust_domain(path: str) -> str:
+    """The trust domain the mesh config file names (read once: identities are issued under
+    it for the life of the process)."""
+    if not path:
+        return "cluster.local"
+    from control.config.meshwatch import load_mesh_file
+
+    return load_mesh_file(path).trust_domain
 
 
 def main(argv: list[str] | None = None) -> None:

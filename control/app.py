@@ -13,9 +13,10 @@ control/xds/views.py) are handed in from here; none of them holds the control pl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,15 +26,18 @@ from control.ca.authn import TokenIssuer
 from control.ca.authority import SERVING_VALIDITY, CertificateAuthority
 from control.ca.service import CertificateService
 from control.ca.serving import ServingCertificates
+from control.config.meshwatch import EffectiveMeshConfig, MeshConfigFile, MeshInput
 from control.config.source import ConfigSource
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.debugaccess import DebugAllow, debug_middleware, debug_policy, own_namespace
 from control.kube.client import kube_config
+from control.kube.meshconfig import KubeMeshConfig
 from control.kube.rootcert import DEFAULT_EXCLUDED, RootCertPublisher
 from control.kube.source import KubeSource
 from control.metrics import Metrics
 from control.model.index import MeshIndex
+from control.model.meshconfig import MeshOverrides, MeshSettings
 from control.model.proxy import Proxy
 from control.pipeline import CurrentPush, PushPipeline, PushRecord
 from control.registry.autoregister import WorkloadRegistry
@@ -104,6 +108,8 @@ class ControlPlaneOptions:
     injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
     injection_hold_application: bool = False  # defaultConfig.holdApplicationUntilProxyStarts
     injection_native_sidecars: bool = False  # Istio's ENABLE_NATIVE_SIDECARS
+    # Istio-style revision ("" = the default): injects only its pods (webhook/inject.py).
+    revision: str = ""
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).
     webhook_config_name: str = ""
@@ -120,6 +126,34 @@ class ControlPlaneOptions:
     ui: bool = True
     prometheus_url: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
+    # Istio MeshConfig YAML ("" = none; Kubernetes mode also reads the ConfigMap `istio`).
+    mesh_config: str = ""
+    # Which options were given as flags and so win over the mesh config (names of the
+    # fields above: outbound_traffic_policy, injection_hold_application). None: every one
+    # that differs from its default (library use).
+    flags_given: frozenset[str] | None = None
+
+    def mesh_overrides(self) -> MeshOverrides:
+        """What the mesh config may not change. The trust domain is always the one the
+        process starts with (__main__ takes it from the mesh file when no flag says):
+        certificates and SPIFFE identities are issued under it."""
+        given = self.flags_given
+        if given is None:
+            defaults = ControlPlaneOptions()
+            given = frozenset(
+                name
+                for name in ("outbound_traffic_policy", "injection_hold_application")
+                if getattr(self, name) != getattr(defaults, name)
+            )
+        return MeshOverrides(
+            trust_domain=self.trust_domain,
+            outbound_traffic_policy=self.outbound_traffic_policy
+            if "outbound_traffic_policy" in given
+            else None,
+            hold_application_until_proxy_starts=True
+            if "injection_hold_application" in given and self.injection_hold_application
+            else None,
+        )
 
     def security(self) -> SecurityOptions:
         return SecurityOptions(
@@ -133,6 +167,7 @@ class ControlPlaneOptions:
             secure_address=self.secure_xds_address,
             mtls_address=self.mtls_xds_address,
             replica_id=self.id,
+            revision=self.revision,
         )
 
 
@@ -150,7 +185,9 @@ class ControlPlane(Lifecycle):
             grace=options.workload_grace,
             on_refused=lambda reason: self.metrics.registrations_refused.labels(reason).inc(),
         )
-        self.watcher: ConfigSource = _config_source(options)  # KubeConfigError: bad kubeconfig
+        # KubeConfigError: bad kubeconfig
+        self.watcher: ConfigSource = _config_source(options, self._kube_events)
+        self.mesh = _mesh_source(options, self.watcher)
         access = debug_policy(options)  # who may read the debug views
         self.security = SecurityStack(options.security(), self.metrics, self.watcher.kube_client)
         self.keeper = WorkloadKeeper(
@@ -183,6 +220,7 @@ class ControlPlane(Lifecycle):
             self.metrics,
             quiet=options.debounce_quiet,
             max_delay=options.debounce_max,
+            mesh=self.mesh,
         )
         self.views = StreamViews(self.xds, options.xds.control_plane_id)
         self.ui = _dashboard(self) if options.ui else None
@@ -195,6 +233,7 @@ class ControlPlane(Lifecycle):
             resources=self.current.resources,
             registered=self.registry.workload_entries,
             access=debug_middleware(access, lambda: self.security.call_auth),
+            mesh=self.mesh.status,
             routes=(self.ui.add_to,) if self.ui is not None else (),
         )
         self._grpc: grpc.aio.Server | None = None
@@ -212,6 +251,7 @@ class ControlPlane(Lifecycle):
 
     async def start(self) -> None:
         await self.watcher.start()  # raises ConfigError on a bad file at startup
+        await self.mesh.start()  # the same for --mesh-config
         # Restored workloads are in the first snapshot: no gap in EDS across a restart.
         await self.keeper.start()
         await self.pipeline.start()
@@ -247,13 +287,19 @@ class ControlPlane(Lifecycle):
                 load_template, o.injection_template or DEFAULT_TEMPLATE
             )
             context = await self.security.webhook_ssl_context(o.webhook_address)
-            values = InjectionValues(
-                o.injection_image,
-                o.injection_pilot_address,
-                hold_application_until_proxy_starts=o.injection_hold_application,
-                native_sidecars=o.injection_native_sidecars,
+            values = _injection_values(
+                InjectionValues(
+                    o.injection_image,
+                    o.injection_pilot_address,
+                    native_sidecars=o.injection_native_sidecars,
+                    revision=o.revision,
+                ),
+                self.mesh.current,
             )
-            self.webhook = WebhookServer(template, self.watcher.namespace_labels, values)
+            webhook = self.webhook = WebhookServer(
+                template, self.watcher.namespace_labels, values, self._injection_result
+            )
+            self.mesh.subscribe(lambda mesh: _injection_follows(webhook, mesh))
             try:
                 self.webhook_port = await self.webhook.start(o.webhook_address, context)
             except OSError as e:
@@ -301,6 +347,7 @@ class ControlPlane(Lifecycle):
             self._grpc = None
         await self.xds.close()
         await self.security.close()
+        await self.mesh.close()
         await self.watcher.close()
 
     # --- for tests, benchmarks and pilotfish-ctl -------------------------------------------
@@ -343,6 +390,22 @@ class ControlPlane(Lifecycle):
     def resources(self, proxy: Proxy, type_urls: Iterable[str]) -> dict[str, ResourceSet]:
         return self.current.resources(proxy, type_urls)
 
+    def _injection_result(self, result: str) -> None:
+        m = self.metrics
+        counters = {
+            "request": m.injection_requests,
+            "success": m.injection_success,
+            "skip": m.injection_skip,
+            "failure": m.injection_failure,
+        }
+        counters[result].inc()
+
+    def _kube_events(self, source: str, kind: str, event: str, n: int) -> None:
+        counter = (
+            self.metrics.k8s_reg_events if source == "registry" else self.metrics.k8s_cfg_events
+        )
+        counter.labels(kind, event).inc(n)
+
     def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
         """PushPipeline.push_now: rebuild and push at once, skipping the debounce."""
         return self.pipeline.push_now(reasons, waited)
@@ -381,15 +444,56 @@ def _dashboard(cp: ControlPlane) -> UiRoutes:
     return UiRoutes(dashboard)
 
 
-def _config_source(options: ControlPlaneOptions) -> ConfigSource:
+def _config_source(
+    options: ControlPlaneOptions, on_events: Callable[[str, str, str, int], None]
+) -> ConfigSource:
     if options.kubernetes:
-        return KubeSource(kube_config(options.kubeconfig), domain=options.trust_domain)
+        return KubeSource(
+            kube_config(options.kubeconfig),
+            domain=options.trust_domain,
+            on_events=on_events,
+            revision=options.revision,
+        )
     return ConfigWatcher(
         list(options.config_paths),
         debounce=options.config_settle,
         poll_interval=options.config_poll_interval,
         domain=options.trust_domain,
+        revision=options.revision,
     )
+
+
+def _mesh_source(options: ControlPlaneOptions, source: ConfigSource) -> EffectiveMeshConfig:
+    """The mesh config inputs, first match wins: the ConfigMap `istio` in the control
+    plane's namespace (Kubernetes mode), then `--mesh-config`; flags on top."""
+    inputs: list[MeshInput] = []
+    client = source.kube_client
+    if client is not None:
+        inputs.append(KubeMeshConfig(client, own_namespace(True, os.environ)))
+    if options.mesh_config:
+        inputs.append(
+            MeshConfigFile(
+                options.mesh_config,
+                poll_interval=options.config_poll_interval,
+                debounce=options.config_settle,
+            )
+        )
+    return EffectiveMeshConfig(inputs, options.mesh_overrides())
+
+
+def _injection_values(values: InjectionValues, mesh: MeshSettings) -> InjectionValues:
+    """The injector's values with the mesh config's defaultConfig (flags already applied)."""
+    proxy = mesh.default_config
+    return dataclasses.replace(
+        values,
+        hold_application_until_proxy_starts=proxy.hold_application_until_proxy_starts,
+        proxy_metadata=proxy.proxy_metadata,
+        drain_duration=proxy.drain_duration,
+    )
+
+
+def _injection_follows(webhook: WebhookServer, mesh: MeshSettings) -> None:
+    webhook.values = _injection_values(webhook.values, mesh)
 
 
 def _grpc_server(options: XdsOptions) -> grpc.aio.Server:

@@ -110,6 +110,7 @@ class DebugServer:
         resources: ResourcesFor,
         registered: Callable[[], list[dict[str, Any]]] = list,
         access: Middleware | None = None,
+        mesh: Callable[[], Mapping[str, object]] = dict,
         routes: Iterable[Callable[[web.UrlDispatcher], None]] = (),
     ) -> None:
         self._ready_now = ready
@@ -121,6 +122,8 @@ class DebugServer:
         # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
         # objects (WorkloadRegistry.workload_entries); read-only, cheap.
         self._registered = registered
+        # The mesh config in effect and where it came from (MeshConfigSource.status).
+        self._mesh = mesh
         # Who may read /debug/* (control/debugaccess.py); None: everyone.
         self._access = access
         # More views on the same server and access rule (the dashboard's `/ui/`).
@@ -193,6 +196,7 @@ class DebugServer:
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
                 "source": self._config.status(),
+                "mesh_config": self._mesh(),
             }
         )
 

@@ -10,17 +10,27 @@ send workers then pull the newest state from `CurrentPush.resources`.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from control.config.source import ConfigSource
+from control.config.source import ConfigSource, MeshConfigSource
 from control.generate import generators_for
+from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, next_context
-from control.metrics import Metrics
+from control.metrics import (
+    CONFLICT_INBOUND,
+    CONFLICT_TCP_OVER_HTTP,
+    CONFLICT_TCP_OVER_TCP,
+    DUPLICATE_DOMAIN,
+    Metrics,
+    trigger,
+)
 from control.model.index import MeshIndex, endpoints_only, rules_of
+from control.model.meshconfig import MeshSettings
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
@@ -88,6 +98,14 @@ class PushTarget(Protocol):
     def push_all(self, types: frozenset[str] | None = None) -> int: ...
 
 
+_CONFLICT_GAUGES = {
+    Conflict.INBOUND: CONFLICT_INBOUND,
+    Conflict.TCP_OVER_TCP: CONFLICT_TCP_OVER_TCP,
+    Conflict.TCP_OVER_HTTP: CONFLICT_TCP_OVER_HTTP,
+    Conflict.DUPLICATE_DOMAIN: DUPLICATE_DOMAIN,
+}
+
+
 class CurrentPush:
     """The newest push's mesh index and generator context: what every stream's resources are
     generated from. It is the xDS server's ResourceSource."""
@@ -104,6 +122,9 @@ class CurrentPush:
         self._metrics = metrics
         self._trust_domain = trust_domain
         self._outbound = outbound_traffic_policy
+        self._mesh = MeshSettings(
+            trust_domain=trust_domain, outbound_traffic_policy=outbound_traffic_policy
+        )
         self._version = 0
         self._ctx = GenContext(
             MeshIndex(
@@ -114,18 +135,33 @@ class CurrentPush:
             cache,
         )
         self._started = time.monotonic()
+        # Istio's conflict gauges: what generating the current push has met so far.
+        for kind, name in _CONFLICT_GAUGES.items():
+            metrics.conflicts[name].set_function(functools.partial(self._conflicts, kind))
 
     @property
     def index(self) -> MeshIndex:
         return self._ctx.index
 
+    def _conflicts(self, kind: Conflict) -> int:
+        return self._ctx.conflicts.count(kind)
+
     def advance(
-        self, config: MeshConfig, workloads: Iterable[Workload], started: float | None = None
+        self,
+        config: MeshConfig,
+        workloads: Iterable[Workload],
+        started: float | None = None,
+        mesh: MeshSettings | None = None,
     ) -> MeshIndex:
         """Move to the index of a new snapshot; returns the previous index. `started`: when
-        the push that carries it began (None: the snapshot is not pushed, as at startup)."""
+        the push that carries it began (None: the snapshot is not pushed, as at startup).
+        `mesh`: the mesh config in effect (None: as before; its outbound traffic policy
+        replaces the constructor's, the trust domain stays the one the process started with)."""
         if started is not None:
             self._started = started
+        if mesh is not None:
+            self._mesh = mesh
+            self._outbound = mesh.outbound_traffic_policy
         previous = self._ctx.index
         self._version += 1
         # Derived from the previous index when only workloads changed (MeshIndex.next), and
@@ -136,6 +172,7 @@ class CurrentPush:
             trust_domain=self._trust_domain,
             version=self._version,
             outbound_traffic_policy=self._outbound,
+            mesh=self._mesh,
         )
         self._ctx = next_context(self._ctx, index)
         return previous
@@ -164,7 +201,8 @@ class PushPipeline(Lifecycle):
 
     The config source hands each new config over (ConfigSource.subscribe); the pipeline keeps
     the one it was handed and never reads the source's config back, except once at start()
-    for the first one (sources do not hand that over)."""
+    for the first one (sources do not hand that over). The mesh config source (Istio's
+    MeshConfig, optional) is a second input handled the same way."""
 
     def __init__(
         self,
@@ -176,8 +214,11 @@ class PushPipeline(Lifecycle):
         *,
         quiet: float = 0.1,
         max_delay: float = 10.0,
+        mesh: MeshConfigSource | None = None,
     ) -> None:
         self._source = source
+        self._mesh_source = mesh
+        self._mesh: MeshSettings | None = None
         self._workloads = workloads
         self._current = current
         self._target = target
@@ -188,11 +229,15 @@ class PushPipeline(Lifecycle):
         self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
         source.subscribe(self._config_changed)
         workloads.subscribe(self._workloads_changed)
+        if mesh is not None:
+            mesh.subscribe(self._mesh_changed)
 
     async def start(self) -> None:
         """Build the first snapshot from the source's initial config (the source has
         started) and start the debounce loop."""
         self._config = self._source.current
+        if self._mesh_source is not None:
+            self._mesh = self._mesh_source.current
         self._rebuild()
         await self._loop.start()
 
@@ -217,10 +262,12 @@ class PushPipeline(Lifecycle):
         started = time.monotonic()
         wall = time.time()
         old_index = self._rebuild(started)
+        # Building the new index and generator context: what istiod calls its push context.
+        self._metrics.push_context_init.observe(time.monotonic() - started)
         self.pushes += 1
         eds_only = endpoints_only(old_index, self._current.index)
         if eds_only:
-            self._metrics.push_triggers.labels("eds_only").inc()
+            self._metrics.eds_only_pushes.inc()
             streams = self._target.push_all(_EDS_ONLY)
         else:
             streams = self._target.push_all()
@@ -240,20 +287,26 @@ class PushPipeline(Lifecycle):
 
     def _rebuild(self, started: float | None = None) -> MeshIndex:
         workloads = self._workloads.workloads(self._config)
-        previous = self._current.advance(self._config, workloads, started)
+        previous = self._current.advance(self._config, workloads, started, self._mesh)
         self._metrics.services.set(len(self._current.index.services))
-        self._metrics.config_errors.set(len(self._source.errors))
+        self._metrics.virtual_services.set(len(self._config.virtual_services))
+        mesh_errors = len(self._mesh_source.errors) if self._mesh_source is not None else 0
+        self._metrics.config_errors.set(len(self._source.errors) + mesh_errors)
         return previous
 
     async def _push(self, reasons: set[str], waited: float) -> None:
         self._metrics.debounce.observe(waited)
         for r in reasons or {"unknown"}:
-            self._metrics.push_triggers.labels(r).inc()
+            self._metrics.push_triggers.labels(trigger(r)).inc()
         self.push_now(reasons, waited)
 
     def _config_changed(self, config: MeshConfig) -> None:
         self._config = config
         self._loop.notify("config")
+
+    def _mesh_changed(self, mesh: MeshSettings) -> None:
+        self._mesh = mesh
+        self._loop.notify("meshconfig")
 
     def _workloads_changed(self) -> None:
         self._loop.notify("registry")

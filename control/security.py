@@ -66,6 +66,16 @@ class SecurityOptions:
     secure_address: str = ""
     mtls_address: str = ""
     replica_id: str = "pilotfish"  # one more name in our serving certificates
+    # --revision: its Service (istiod-<rev>.istio-system.svc, where a revision's pods and the
+    # API server reach it, as Istio names it) is one more name too.
+    revision: str = ""
+
+    @property
+    def service_names(self) -> list[str]:
+        names = ["istiod.istio-system.svc"]
+        if self.revision:
+            names.append(f"istiod-{self.revision}.istio-system.svc")
+        return names
 
 
 class SecurityStack(Lifecycle):
@@ -152,7 +162,7 @@ class SecurityStack(Lifecycle):
         assert self.ca is not None, "start() first"
         hosts = [_host(a) for a in (o.secure_address, o.mtls_address) if a and _host(a)]
         ips = [h for h in hosts if is_ip(h) and not ipaddress.ip_address(h).is_unspecified]
-        names = ["localhost", "pilotfish-control", "istiod.istio-system.svc", o.replica_id]
+        names = ["localhost", "pilotfish-control", *o.service_names, o.replica_id]
         names += [h for h in hosts if not is_ip(h)]
         self.serving = self._serving(names, ips)
         await self.serving.start()
@@ -195,8 +205,9 @@ class SecurityStack(Lifecycle):
         assert self.ca is not None, "start() first"
         host = _host(address)
         ips = [host] if is_ip(host) and not ipaddress.ip_address(host).is_unspecified else []
-        # The API server calls the webhook through the Service: istiod.istio-system.svc.
-        names = ["istiod.istio-system.svc", "localhost", self.options.replica_id]
+        # The API server calls the webhook through the Service: istiod.istio-system.svc (or
+        # the revision's).
+        names = [*self.options.service_names, "localhost", self.options.replica_id]
         names += [host] if host and not is_ip(host) else []
         self.webhook_serving = self._serving(names, ips)
         await self.webhook_serving.start()

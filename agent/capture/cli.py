@@ -9,13 +9,13 @@ import argparse
 import os
 import sys
 
-from agent.capture.iptables import CaptureError, Iptables
+from agent.capture.iptables import CaptureError, Iptables, find_tool, has_ipv6_address
 from agent.capture.rules import (
     DEFAULT_EXCLUDED_INBOUND,
     CaptureSettings,
     CaptureSettingsError,
     installed_rules,
-    ipv4_servers,
+    nameservers,
     parse_cidrs,
     parse_include_ports,
     parse_ports,
@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IPS",
         help="resolvers whose traffic is captured (default: /etc/resolv.conf's)",
     )
+    p.add_argument(
+        "--ipv6",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also install the rules for IPv6 (ip6tables): auto when the pod has an IPv6 "
+        "address of global scope (a dual-stack pod; default %(default)s)",
+    )
     logsetup.add_arguments(p)
     return p
 
@@ -123,7 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> CaptureSettings:
         exclude_outbound_ports=parse_ports(args.exclude_outbound_ports, "--exclude-outbound-ports"),
         capture_dns=args.capture_dns,
         dns_port=args.dns_port,
-        dns_servers=ipv4_servers(servers) if args.capture_dns else (),
+        dns_servers=nameservers(servers) if args.capture_dns else (),
     )
 
 
@@ -139,28 +146,51 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureSettingsError as e:
         print(f"pilotfish-agent iptables: {e}", file=sys.stderr)
         return 2
+    families = (4, 6) if _ipv6(args.ipv6) else (4,)
     if args.dry_run:
-        print("*nat")
-        for line in installed_rules(settings):
-            print(line)
-        print("COMMIT")
+        # One iptables-restore script per family, IPv6's after a comment line naming it.
+        for family in families:
+            if family == 6:
+                print("# ip6tables")
+            print("*nat")
+            for line in installed_rules(settings, family):
+                print(line)
+            print("COMMIT")
         return 0
     if settings.capture_dns and not settings.dns_servers:
         print(
-            "pilotfish-agent iptables: --capture-dns: no IPv4 nameserver in /etc/resolv.conf "
+            "pilotfish-agent iptables: --capture-dns: no nameserver in /etc/resolv.conf "
             "(give --dns-servers)",
             file=sys.stderr,
         )
         return 2
-    table = Iptables()
     try:
         if args.cleanup:
-            removed = table.cleanup()
-            print("capture rules removed" if removed else "no capture rules to remove")
+            # Both families whenever IPv6 is there: what an earlier install added may be
+            # IPv6 rules in a pod that has since lost its address.
+            cleanup = (4, 6) if args.ipv6 != "off" and _ipv6_tables() else (4,)
+            removed = [Iptables(family=f).cleanup() for f in cleanup]
+            print("capture rules removed" if any(removed) else "no capture rules to remove")
         else:
-            table.apply(settings)
-            print("capture rules installed")
+            for family in families:
+                Iptables(family=family).apply(settings)
+            print("capture rules installed" + (" (IPv4 and IPv6)" if 6 in families else ""))
     except CaptureError as e:
         print(f"pilotfish-agent iptables: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _ipv6(mode: str) -> bool:
+    return mode == "on" or (mode == "auto" and has_ipv6_address())
+
+
+def _ipv6_tables() -> bool:
+    """IPv6 enabled in this kernel (its address list exists) and ip6tables installed."""
+    if not os.path.exists("/proc/net/if_inet6"):
+        return False
+    try:
+        find_tool("ip6tables-save")
+    except CaptureError:
+        return False
+    return True

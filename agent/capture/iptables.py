@@ -42,12 +42,26 @@ def find_tool(name: str) -> str:
     return found
 
 
-class Iptables:
-    """The nat table of the current network namespace."""
+def has_ipv6_address(path: str = "/proc/net/if_inet6") -> bool:
+    """Whether this network namespace has an IPv6 address of global scope (ULA included): a
+    dual-stack pod, whose IPv6 traffic needs the ip6tables half of the capture. Loopback and
+    link-local addresses alone do not count (every namespace with IPv6 enabled has those)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return False  # IPv6 disabled in this kernel
+    return any(len(f) >= 6 and f[3] == "00" for f in (line.split() for line in lines))
 
-    def __init__(self, save: str = "", restore: str = "") -> None:
-        self._save = save
-        self._restore = restore
+
+class Iptables:
+    """The nat table of the current network namespace, IPv4 (iptables) or IPv6 (ip6tables)."""
+
+    def __init__(self, save: str = "", restore: str = "", family: int = 4) -> None:
+        self.family = family
+        tool = "iptables" if family == 4 else "ip6tables"
+        self._save = save or ""
+        self._restore = restore or ""
+        self._tools = (f"{tool}-save", f"{tool}-restore")
 
     def _require(self) -> tuple[str, str]:
         if not has_net_admin():
@@ -55,8 +69,8 @@ class Iptables:
                 "changing iptables needs root or CAP_NET_ADMIN (run as an init container with "
                 "NET_ADMIN, or use --dry-run to only print the rules)"
             )
-        save = self._save or find_tool("iptables-save")
-        restore = self._restore or find_tool("iptables-restore")
+        save = self._save or find_tool(self._tools[0])
+        restore = self._restore or find_tool(self._tools[1])
         return save, restore
 
     def save(self) -> str:
@@ -69,7 +83,7 @@ class Iptables:
 
     def apply(self, settings: CaptureSettings) -> None:
         """Install the rules, replacing an earlier install of ours (idempotent)."""
-        self.restore(apply_script(settings, parse_save(self.save())))
+        self.restore(apply_script(settings, parse_save(self.save()), self.family))
 
     def cleanup(self) -> bool:
         """Remove exactly what apply added; False when nothing of ours was installed."""

@@ -13,6 +13,12 @@ our own in the `nat` table so that removing them touches nothing else:
 - with DNS capture, `OUTPUT -p udp -j PILOTFISH_OUTPUT` too, and UDP/TCP port 53 to the
   resolv.conf servers goes to the agent's DNS server (15053); other UDP is left alone.
 
+IPv6 (dual stack) mirrors the IPv4 rules in ip6tables' nat table, `family=6` below: the same
+chains, ports and exclusions, `::1` in place of 127.0.0.1, and of the CIDR lists only the
+IPv6 ones (an include list naming only IPv4 ranges captures no IPv6 outbound traffic, as
+Istio's); DNS to IPv6 resolvers goes to the agent on [::1]:15053 (where a REDIRECT in OUTPUT
+delivers; the agent listens there in mode REDIRECT).
+
 Rules are written in the exact form `iptables-save` prints them back (`-d` before `-p`,
 `-m tcp` spelled out, `/32` on addresses), so `--dry-run` output can be compared with what is
 installed line by line.
@@ -90,8 +96,8 @@ def parse_include_ports(text: str, what: str) -> tuple[str, ...]:
 
 
 def parse_cidrs(text: str, what: str, *, allow_all: bool = False) -> tuple[str, ...]:
-    """IPv4 CIDRs (a bare address is a /32), normalized as iptables prints them; `"*"` when
-    `allow_all`. IPv6 ranges are refused: the rules are IPv4 (iptables, not ip6tables)."""
+    """IPv4 and IPv6 CIDRs (a bare address is a /32 or /128), normalized as iptables and
+    ip6tables print them; `"*"` when `allow_all`."""
     items = _items(text)
     if ALL in items:
         if not allow_all:
@@ -105,8 +111,6 @@ def parse_cidrs(text: str, what: str, *, allow_all: bool = False) -> tuple[str, 
             net = ipaddress.ip_network(part, strict=False)
         except ValueError:
             raise CaptureSettingsError(f"{what}: {part!r} is not an IP range") from None
-        if net.version != 4:
-            raise CaptureSettingsError(f"{what}: {part!r}: only IPv4 ranges are supported")
         if str(net) not in out:
             out.append(str(net))
     return tuple(out)
@@ -117,16 +121,30 @@ def _items(text: str) -> list[str]:
 
 
 def ipv4_servers(servers: Iterable[str]) -> tuple[str, ...]:
-    """The IPv4 addresses among resolv.conf's nameservers (IPv6 ones are not captured)."""
+    """The IPv4 addresses among resolv.conf's nameservers."""
+    return tuple(s for s in nameservers(servers) if ipaddress.ip_address(s).version == 4)
+
+
+def nameservers(servers: Iterable[str]) -> tuple[str, ...]:
+    """The IP addresses among resolv.conf's nameservers, both families (a zone index such as
+    `fe80::1%eth0` cannot be matched by a rule and is left out)."""
     out: list[str] = []
     for s in servers:
         try:
             addr = ipaddress.ip_address(s)
         except ValueError:
             continue
-        if addr.version == 4 and str(addr) not in out:
-            out.append(str(addr))
+        if getattr(addr, "scope_id", None) or str(addr) in out:
+            continue
+        out.append(str(addr))
     return tuple(out)
+
+
+def _of_family(values: Iterable[str], family: int) -> tuple[str, ...]:
+    """The CIDRs or addresses of one IP version ("*" kept)."""
+    return tuple(
+        v for v in values if v == ALL or ipaddress.ip_network(v, strict=False).version == family
+    )
 
 
 # --- the rules ---------------------------------------------------------------------------------
@@ -140,8 +158,9 @@ def jump_rules(settings: CaptureSettings) -> tuple[str, ...]:
     return tuple(rules)
 
 
-def chain_rules(settings: CaptureSettings) -> tuple[str, ...]:
-    """The rules inside our own chains, in order."""
+def chain_rules(settings: CaptureSettings, family: int = 4) -> tuple[str, ...]:
+    """The rules inside our own chains, in order, for iptables (`family` 4) or ip6tables (6)."""
+    host = 32 if family == 4 else 128
     r: list[str] = []
     # Inbound: excluded ports first, then what is included.
     r += (f"-A {INBOUND} {_tcp_port(port)} -j RETURN" for port in settings.exclude_inbound_ports)
@@ -156,18 +175,20 @@ def chain_rules(settings: CaptureSettings) -> tuple[str, ...]:
     if settings.capture_dns:
         # ... the app's DNS queries to its resolvers go to the agent, whatever else is excluded
         # (a resolver on loopback, e.g. 127.0.0.53, included) ...
-        for server in settings.dns_servers:
+        for server in _of_family(settings.dns_servers, family):
             for proto in ("udp", "tcp"):
                 r.append(
-                    f"-A {OUTPUT} -d {server}/32 -p {proto} -m {proto} --dport 53 "
+                    f"-A {OUTPUT} -d {server}/{host} -p {proto} -m {proto} --dport 53 "
                     f"-j REDIRECT --to-ports {settings.dns_port}"
                 )
         # ... and no other UDP is touched (the jump for UDP exists only for DNS).
         r.append(f"-A {OUTPUT} -p udp -j RETURN")
-    r.append(f"-A {OUTPUT} -d 127.0.0.1/32 -j RETURN")
+    r.append(f"-A {OUTPUT} -d {'127.0.0.1' if family == 4 else '::1'}/{host} -j RETURN")
     r += (f"-A {OUTPUT} {_tcp_port(port)} -j RETURN" for port in settings.exclude_outbound_ports)
-    r += (f"-A {OUTPUT} {_to(cidr)} -j RETURN" for cidr in settings.exclude_outbound_ip_ranges)
-    r += _included(OUTPUT, REDIRECT, settings.include_outbound_ip_ranges, _to, "")
+    excluded = _of_family(settings.exclude_outbound_ip_ranges, family)
+    r += (f"-A {OUTPUT} {_to(cidr)} -j RETURN" for cidr in excluded)
+    included = _of_family(settings.include_outbound_ip_ranges, family)
+    r += _included(OUTPUT, REDIRECT, included, _to, "")
     r.append(f"-A {REDIRECT} -p tcp -j REDIRECT --to-ports {settings.outbound_port}")
     return tuple(r)
 
@@ -190,14 +211,14 @@ def _included(
     return [f"-A {chain} {match(v)} -j {target}" for v in values]
 
 
-def installed_rules(settings: CaptureSettings) -> tuple[str, ...]:
+def installed_rules(settings: CaptureSettings, family: int = 4) -> tuple[str, ...]:
     """Everything `apply` adds to the nat table, as `iptables-save` lists it: our chain
     declarations, then the rules (jumps in built-in chains first, as iptables-save orders
     them). This is what `--dry-run` prints."""
     return (
         *(f":{chain} - [0:0]" for chain in CHAINS),
         *jump_rules(settings),
-        *chain_rules(settings),
+        *chain_rules(settings, family),
     )
 
 
@@ -262,7 +283,7 @@ def cleanup_script(state: NatState) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def apply_script(settings: CaptureSettings, state: NatState) -> str:
+def apply_script(settings: CaptureSettings, state: NatState, family: int = 4) -> str:
     """Install the rules in one transaction, replacing any earlier install (idempotent):
     existing jumps of ours are deleted, and declaring a chain that exists flushes it; chains
     of ours that this version no longer uses are removed."""
@@ -273,6 +294,6 @@ def apply_script(settings: CaptureSettings, state: NatState) -> str:
     lines += [f"-X {c}" for c in stale]
     lines += [f":{chain} - [0:0]" for chain in CHAINS]
     lines += jump_rules(settings)
-    lines += chain_rules(settings)
+    lines += chain_rules(settings, family)
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"

@@ -47,6 +47,7 @@ class BootstrapOptions:
     ip: str
     pod_name: str
     namespace: str = "default"
+    proxy_type: str = "sidecar"  # or "router" (a gateway)
     service_account: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
     # Where ADS lives: "unix:///path/XDS" or "host:port".
@@ -56,6 +57,8 @@ class BootstrapOptions:
     interception_mode: str = "NONE"
     cluster_domain: str = "cluster.local"
     extra_metadata: Mapping[str, str] = field(default_factory=dict)
+    # Every pod IP, in order (dual-stack: both families); () = just `ip`.
+    instance_ips: tuple[str, ...] = ()
     # The agent's SDS socket (a filesystem path, "unix://" optional); None: no `sds-grpc`.
     sds_address: str | None = None
     # The agent's status server port on `ip`; None: no readiness listener.
@@ -67,7 +70,7 @@ class BootstrapOptions:
     @property
     def node_id(self) -> str:
         return (
-            f"sidecar~{self.ip}~{self.pod_name}.{self.namespace}~"
+            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
             f"{self.namespace}.svc.{self.cluster_domain}"
         )
 
@@ -80,8 +83,10 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
     """The bootstrap an agent writes: ADS and SDS over the workdir's Unix sockets."""
     return BootstrapOptions(
         ip=cfg.ip,
+        instance_ips=cfg.instance_ips,
         pod_name=cfg.pod_name,
         namespace=cfg.namespace,
+        proxy_type=cfg.proxy_type,
         service_account=cfg.service_account,
         labels=dict(cfg.labels),
         xds_address=f"unix://{cfg.xds_socket.absolute()}",
@@ -119,7 +124,7 @@ def node_metadata(opts: BootstrapOptions) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "NAME": opts.pod_name,
         "NAMESPACE": opts.namespace,
-        "INSTANCE_IPS": opts.ip,
+        "INSTANCE_IPS": ",".join(opts.instance_ips or (opts.ip,)),
         "SERVICE_ACCOUNT": opts.service_account,
         "LABELS": dict(opts.labels),
         "INTERCEPTION_MODE": opts.interception_mode,

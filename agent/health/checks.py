@@ -20,6 +20,10 @@ _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
+class CheckError(Exception):
+    """The check could not get an answer (the reason is the message)."""
+
+
 async def http_get(
     host: str,
     port: int,
@@ -28,6 +32,26 @@ async def http_get(
     https: bool = False,
     headers: tuple[tuple[str, str], ...] = (),
 ) -> str | None:
+    try:
+        status, _ = await http_status(host, port, path, https=https, headers=headers)
+    except CheckError as e:
+        return str(e)
+    if 200 <= status < 400:
+        return None
+    return f"HTTP GET {host}:{port}{path}: status {status}"
+
+
+async def http_status(
+    host: str,
+    port: int,
+    path: str = "/",
+    *,
+    https: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
+    max_body: int = 0,
+) -> tuple[int, bytes]:
+    """(status, up to `max_body` bytes of the body as sent) of one GET; CheckError when there
+    is no HTTP answer. `headers` may set Host and User-Agent (else ours)."""
     context: ssl.SSLContext | None = None
     if https:
         context = ssl.create_default_context()
@@ -36,7 +60,7 @@ async def http_get(
     try:
         reader, writer = await asyncio.open_connection(host, port, ssl=context)
     except OSError as e:
-        return f"HTTP GET {host}:{port}: {e.strerror or e}"
+        raise CheckError(f"HTTP GET {host}:{port}: {e.strerror or e}") from None
     try:
         names = {k.lower() for k, _ in headers}
         lines = [f"GET {path or '/'} HTTP/1.1"]
@@ -48,19 +72,20 @@ async def http_get(
         writer.write("\r\n".join(lines).encode("latin-1"))
         await writer.drain()
         status_line = await reader.readuntil(b"\n")
+        body = b""
+        if max_body:
+            await reader.readuntil(b"\r\n\r\n")
+            body = await reader.read(max_body)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
-        return f"HTTP GET {host}:{port}{path}: {e}"
+        raise CheckError(f"HTTP GET {host}:{port}{path}: {e}") from None
     finally:
         writer.close()
         with contextlib.suppress(OSError, ssl.SSLError):
             await writer.wait_closed()
     parts = status_line[:_MAX_STATUS_LINE].decode("latin-1").split()
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        return f"HTTP GET {host}:{port}{path}: not an HTTP response"
-    status = int(parts[1])
-    if 200 <= status < 400:
-        return None
-    return f"HTTP GET {host}:{port}{path}: status {status}"
+        raise CheckError(f"HTTP GET {host}:{port}{path}: not an HTTP response")
+    return int(parts[1]), body
 
 
 async def tcp_connect(host: str, port: int) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from control.config import kinds
 from control.config.discovery import discover
 from control.config.errors import ConfigError
-from control.config.manifest import objects_of
+from control.config.manifest import in_revision, objects_of
 from control.config.merge import check_duplicates, merge
 from control.config.objects import ConfigObject, FileConfig
 from control.config.yamlsource import parse_yaml
@@ -29,12 +29,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_DOMAIN = "cluster.local"
 
 
-def load_text(text: str, file: str, domain: str = DEFAULT_DOMAIN) -> FileConfig:
-    """Parse and validate the objects in `text` (the contents of `file`)."""
+def load_text(text: str, file: str, domain: str = DEFAULT_DOMAIN, revision: str = "") -> FileConfig:
+    """Parse and validate the objects in `text` (the contents of `file`); objects labelled
+    for another revision than `revision` are left out (manifest.in_revision)."""
     objects: list[ConfigObject] = []
     warnings: list[ConfigWarning] = []
     for doc in parse_yaml(text, file):
         for raw in objects_of(doc):
+            if not in_revision(raw, revision):
+                logger.debug("%s: %s is for another revision", file, raw.label)
+                continue
             converted = kinds.convert(raw, domain)
             warnings.extend(converted.warnings)
             if converted.object is not None:
@@ -43,8 +47,10 @@ def load_text(text: str, file: str, domain: str = DEFAULT_DOMAIN) -> FileConfig:
     return FileConfig(file, tuple(objects), tuple(dict.fromkeys(warnings)))
 
 
-def load_bytes(data: bytes, file: str, domain: str = DEFAULT_DOMAIN) -> FileConfig:
-    return load_text(decode(data, file), file, domain)
+def load_bytes(
+    data: bytes, file: str, domain: str = DEFAULT_DOMAIN, revision: str = ""
+) -> FileConfig:
+    return load_text(decode(data, file), file, domain, revision)
 
 
 def load_file(path: str, domain: str = DEFAULT_DOMAIN) -> FileConfig:

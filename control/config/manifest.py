@@ -16,6 +16,7 @@ from control.config.yamlsource import Document, Path, line_in
 from control.model.types import SourceRef
 
 DEFAULT_NAMESPACE = "default"
+REVISION_LABEL = "istio.io/rev"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,19 @@ class RawObject:
     def label(self) -> str:
         """How messages name the object: `Service default/backend`."""
         return f"{self.kind} {self.namespace}/{self.name}"
+
+
+def in_revision(raw: RawObject, revision: str) -> bool:
+    """Whether a control plane of `revision` ("" = the default revision) uses the object, as
+    Istio's LabelsInRevision with istiod's REVISION (`default` unless installed as a
+    revision): Istio and Gateway API config labelled `istio.io/rev` is for that revision
+    only; unlabelled config, and Kubernetes' own kinds, are for every revision."""
+    group = raw.api_version.rpartition("/")[0]
+    if not (group.endswith(".istio.io") or group == "gateway.networking.k8s.io"):
+        return True
+    labels = (raw.data.get("metadata") or {}).get("labels") or {}
+    wanted = labels.get(REVISION_LABEL) if isinstance(labels, Mapping) else None
+    return wanted is None or str(wanted) == (revision or "default")
 
 
 def format_path(path: Path) -> str:

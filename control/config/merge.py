@@ -16,6 +16,7 @@ from control.config.conflicts import (
 )
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig
+from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
     ConfigWarning,
     MeshConfig,
@@ -75,7 +76,8 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
     )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
-    warnings.extend(virtual_service_conflicts(virtual_services))
+    # One VirtualService per host holds for sidecars; gateways merge theirs per host.
+    warnings.extend(virtual_service_conflicts(mesh_virtual_services(virtual_services)))
     warnings.extend(destination_rule_conflicts(destination_rules))
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     return MeshConfig(
@@ -87,6 +89,8 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
+        gateways=tuple(g for obj in objects for g in obj.gateways),
+        telemetries=tuple(t for obj in objects for t in obj.telemetries),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

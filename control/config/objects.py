@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from control.model.gateway import Gateway
+from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
@@ -33,11 +35,23 @@ class ConfigObject:
     virtual_services: tuple[VirtualService, ...] = ()
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
+    gateways: tuple[Gateway, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """Identity for duplicate detection: (kind, namespace, name)."""
-        return (self.source.kind, self.source.namespace, self.source.name)
+        """Identity for duplicate detection: (kind, namespace, name). A kind outside the core
+        and Istio groups is qualified by its group (`Gateway.gateway.networking.k8s.io`), so
+        an Istio Gateway and a Gateway API Gateway of the same name are two objects."""
+        return (qualified_kind(self.source.kind, self.raw), self.source.namespace, self.source.name)
+
+
+def qualified_kind(kind: str, raw: Mapping[str, Any]) -> str:
+    api_version = raw.get("apiVersion")
+    group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
+    if not group or group.endswith(".istio.io"):
+        return kind
+    return f"{kind}.{group}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,17 +8,18 @@ handed over, and which side facts (namespace labels, an API client) a source may
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from control.config.delivery import ChangeHandler
 from control.config.errors import ConfigError
+from control.model.meshconfig import MeshSettings
 from control.model.types import MeshConfig
 
 if TYPE_CHECKING:
     from control.kube.client import KubeClient
 
-__all__ = ["ChangeHandler", "ConfigSource"]
+__all__ = ["ChangeHandler", "ConfigSource", "MeshChangeHandler", "MeshConfigSource"]
 
 
 class ConfigSource(Protocol):
@@ -74,6 +75,34 @@ class ConfigSource(Protocol):
     def subscribe(self, handler: ChangeHandler) -> None:
         """Hand every later config to `handler` too (see the class contract)."""
         ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+MeshChangeHandler = Callable[[MeshSettings], None]
+
+
+class MeshConfigSource(Protocol):
+    """The mesh config in effect (Istio's MeshConfig: `--mesh-config`, the ConfigMap `istio`,
+    flags on top), kept current in the background; the push pipeline's second input.
+
+    Contract: as ConfigSource, with `MeshSettings` for MeshConfig: `start()` returns once the
+    first version is loaded (raising ConfigError for a file the control plane must not start
+    on); later versions that differ are handed to every `subscribe`d handler (plain
+    callables, on the event loop, which must return at once); `errors` holds the current
+    error of each failing input while its last good version stays in `current`."""
+
+    @property
+    def current(self) -> MeshSettings: ...
+
+    @property
+    def errors(self) -> Mapping[str, ConfigError]: ...
+
+    def status(self) -> Mapping[str, object]: ...
+
+    def subscribe(self, handler: MeshChangeHandler) -> None: ...
 
     async def start(self) -> None: ...
 

@@ -45,7 +45,7 @@ Stamp = tuple[int, int, int, int, str]
 _RACY_SECONDS = 2.0
 
 
-def _stamp(path: str, now: float) -> Stamp | None:
+def file_stamp(path: str, now: float) -> Stamp | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -65,7 +65,7 @@ def _scan(paths: tuple[str, ...]) -> dict[str, Stamp]:
     now = time.time()
     out: dict[str, Stamp] = {}
     for file in discover(paths, missing_ok=True):
-        stamp = _stamp(file, now)
+        stamp = file_stamp(file, now)
         if stamp is not None:
             out[file] = stamp
     return out
@@ -76,7 +76,7 @@ def _scan(paths: tuple[str, ...]) -> dict[str, Stamp]:
 _Loaded = FileConfig | ConfigError | None
 
 
-def _load_files(files: Iterable[str], domain: str) -> dict[str, _Loaded]:
+def _load_files(files: Iterable[str], domain: str, revision: str = "") -> dict[str, _Loaded]:
     out: dict[str, _Loaded] = {}
     for file in files:
         try:
@@ -85,7 +85,7 @@ def _load_files(files: Iterable[str], domain: str) -> dict[str, _Loaded]:
             out[file] = None if not os.path.exists(file) else exc
             continue
         try:
-            out[file] = load_bytes(data, file, domain)
+            out[file] = load_bytes(data, file, domain, revision)
         except ConfigError as exc:
             out[file] = exc
         except Exception as exc:  # a bug in a validator; reject the file, don't retry forever
@@ -111,8 +111,10 @@ class ConfigWatcher(Lifecycle):
         debounce: float = 0.1,
         poll_interval: float = 0.25,
         domain: str = DEFAULT_DOMAIN,
+        revision: str = "",
     ) -> None:
         self.paths = tuple(paths)
+        self.revision = revision  # config labelled for another istio.io/rev is left out
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.debounce = debounce
         self.poll_interval = poll_interval
@@ -141,7 +143,7 @@ class ConfigWatcher(Lifecycle):
         scanned_at = time.monotonic()
         files = await asyncio.to_thread(discover, self.paths)
         stamps = await asyncio.to_thread(_scan, self.paths)
-        loaded = await asyncio.to_thread(_load_files, files, self.domain)
+        loaded = await asyncio.to_thread(_load_files, files, self.domain, self.revision)
         for file in files:
             result = loaded[file]
             if isinstance(result, ConfigError):
@@ -221,7 +223,7 @@ class ConfigWatcher(Lifecycle):
     async def _apply(self, stamps: dict[str, Stamp], scanned_at: float = 0.0) -> None:
         changed = sorted(f for f, s in stamps.items() if self._stamps.get(f) != s)
         removed = sorted(set(self._stamps) - set(stamps))
-        loaded = await asyncio.to_thread(_load_files, changed, self.domain)
+        loaded = await asyncio.to_thread(_load_files, changed, self.domain, self.revision)
         for file, result in loaded.items():
             if result is None:  # deleted between the scan and the read
                 stamps.pop(file, None)

@@ -221,6 +221,7 @@ def _kube_inject(args: argparse.Namespace) -> int:
             pilot_address=args.pilot_address,
             hold_application_until_proxy_starts=args.hold_application_until_proxy_starts,
             native_sidecars=args.native_sidecars,
+            revision=args.revision,
         )
         sys.stdout.write(inject_documents(text, template, values, source))
     except (KubeInjectError, TemplateError) as e:

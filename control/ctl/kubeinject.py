@@ -3,7 +3,8 @@
 Reads Kubernetes YAML (several documents allowed) and prints it back with the agent injected
 into every Pod and every pod template (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
 CronJob). As with istioctl, manual injection does not look at namespace labels: every pod is
-injected unless it opts out (`sidecar.istio.io/inject: "false"`) or already has the sidecar.
+injected unless it opts out (`sidecar.istio.io/inject: "false"`) or already has the sidecar;
+with `--revision`, with that revision's settings (as a namespace labelled for it).
 Other objects pass through unchanged. Sans-IO apart from reading the template.
 """
 
@@ -14,7 +15,13 @@ from typing import Any
 
 import yaml
 
-from control.webhook.inject import NAMESPACE_LABEL, InjectionValues, apply_patch, injection_patch
+from control.webhook.inject import (
+    NAMESPACE_LABEL,
+    REVISION_LABEL,
+    InjectionValues,
+    apply_patch,
+    injection_patch,
+)
 from control.webhook.template import SidecarTemplate
 
 # kind -> where its pod template is
@@ -84,7 +91,9 @@ def _inject_pod(
     had_namespace = "namespace" in meta
     meta.setdefault("namespace", namespace)
     view = {**pod, "metadata": meta, "spec": pod.get("spec") or {}}
-    _, patch = injection_patch(view, _MANUAL, template, values)
+    # As if the namespace asked for this injector (the default one, or --revision's).
+    manual = {REVISION_LABEL: values.revision} if values.revision else _MANUAL
+    _, patch = injection_patch(view, manual, template, values)
     if not patch:
         return pod
     out = apply_patch(view, patch)

@@ -11,6 +11,11 @@ Where each decision is made:
   interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
   implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
   route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe);
+- routers (gateways): gateway_listeners (LDS per merged server port), gateway_routes (RDS
+  `http.<port>` / `https.<port>.…` from bound VirtualServices), gateway_tls (server
+  certificates over SDS); clusters and endpoints as for sidecars (cluster names stay
+  `outbound|PORT|SUBSET|HOST`, so DestinationRules and auto mTLS apply at the gateway hop);
+  no NDS (DNS proxying is a sidecar's);
 - proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
   (LDS/RDS, xDS-server listeners), grpc_clusters (CDS/EDS, their transport security);
 - what those share: plans (outbound clusters and ports, inbound ports, binds), route_translation
@@ -29,6 +34,8 @@ from typing import Final
 from control.generate import (
     clusters,
     endpoints,
+    gateway_listeners,
+    gateway_routes,
     grpc_clusters,
     grpc_listeners,
     listeners_redirect,
@@ -66,9 +73,20 @@ GRPC_GENERATORS: Final[dict[str, Generator]] = {
 }
 
 
+ROUTER_GENERATORS: Final[dict[str, Generator]] = {
+    CLUSTER_TYPE: clusters.generate,
+    ENDPOINT_TYPE: endpoints.generate,
+    LISTENER_TYPE: gateway_listeners.generate,
+    ROUTE_TYPE: gateway_routes.generate,
+    WORKLOAD_PROBE: probes.generate,
+}
+
+
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
     """The generator table that speaks the proxy's dialect."""
-    return GRPC_GENERATORS if proxy.is_grpc else GENERATORS
+    if proxy.is_grpc:
+        return GRPC_GENERATORS
+    return ROUTER_GENERATORS if proxy.is_router else GENERATORS
 
 
-__all__ = ["GENERATORS", "GRPC_GENERATORS", "Generator", "generators_for"]
+__all__ = ["GENERATORS", "GRPC_GENERATORS", "ROUTER_GENERATORS", "Generator", "generators_for"]

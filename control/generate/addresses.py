@@ -59,3 +59,4 @@ def parse_default_endpoint(value: str, proxy_ip: str, port: int) -> Upstream | N
 
 # Where captured inbound connections arrive (REDIRECT): the listener is bound to every address.
 WILDCARD_BIND: Final = "0.0.0.0"
+WILDCARD_BIND_IPV6: Final = "::"

@@ -50,6 +50,7 @@ from control.generate.resource_names import (
     PASSTHROUGH_CLUSTER,
     inbound_cluster_name,
 )
+from control.generate.tracing import collector_clusters
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
@@ -84,6 +85,9 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
         ("cds-outbound", plan.key, mtls), lambda: _outbound(ctx, plan.all_clusters, mtls)
     )
     inbound = tuple(_inbound(ctx, port) for port in inbound_ports(ctx, proxy))
+    # The tracers' collectors (generate/tracing.py), unless a service cluster is one already.
+    names = ctx.memo(("cds-names", plan.key), lambda: frozenset(c.name for c in plan.all_clusters))
+    inbound += collector_clusters(ctx, proxy, names)
     # Proxies of one scope with equal inbound clusters share the set (and its digest).
     return ctx.memo(("cds-set", plan.key, mtls, inbound), lambda: ResourceSet(outbound + inbound))
 

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
+from control.generate.conflicts import Conflicts
 from control.model.index import MeshIndex
 from control.xds.cache import Resource, ResourceCache
 
@@ -33,6 +34,8 @@ class GenContext:
         self.index = index
         self.cache = cache
         self._memo: dict[Hashable, object] = {}
+        # Met while generating this push (the pilot_conflict_* gauges read them).
+        self.conflicts = Conflicts()
         self.changed: frozenset[str] | None = None
         # Only the previous memo is kept, never the previous context: that would chain every
         # push's memo to the one before it.

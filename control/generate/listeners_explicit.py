@@ -41,6 +41,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from control.generate.addresses import socket_address
 from control.generate.authz_rbac import http_filters as http_rbac_filters
 from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, variant_resource
 from control.generate.filters import (
     TCP_PROXY_FILTER,
@@ -49,6 +50,12 @@ from control.generate.filters import (
     hcm_filter,
     sidecar_hcm,
     tcp_proxy,
+)
+from control.generate.listener_telemetry import (
+    NONE,
+    ListenerTelemetry,
+    listener_telemetry,
+    with_telemetry,
 )
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import (
@@ -68,6 +75,7 @@ from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
+from control.model.telemetry import WorkloadMode
 from control.model.traffic import TrafficPolicy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
@@ -86,6 +94,8 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     taken: set[tuple[str, int]] = set()
     peer = ctx.index.peer_policy(proxy.namespace, proxy.labels)
     policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
+    server = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
+    client = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
     for inbound in inbound_ports(ctx, proxy):
         taken.add((inbound.bind, inbound.number))
         mode = peer.mode_for(inbound.number)
@@ -103,7 +113,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 )
                 continue
             mode = MtlsMode.DISABLE
-        resources.append(_inbound(ctx, inbound, mode, policies))
+        resources.append(_inbound(ctx, inbound, mode, policies, server))
     for port in plan.ports:
         bind = egress_bind(sidecar, port.number, proxy.ip)
         if (bind, port.number) in taken:
@@ -116,24 +126,50 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 port.number,
             )
             continue
-        resources.append(_outbound(ctx, port, bind, plan.scope))
+        resources.append(_outbound(ctx, port, bind, plan.scope, client))
     return ResourceSet(resources)
 
 
-def _outbound(ctx: GenContext, port: OutboundPort, bind: str, scope: str) -> Resource:
+def _outbound(
+    ctx: GenContext, port: OutboundPort, bind: str, scope: str, tel: ListenerTelemetry = NONE
+) -> Resource:
     name = listener_name(bind, port.number)
+    _record_conflicts(ctx, port)
     if port.http:
         # Everything else an HTTP listener needs comes from RDS, so the address is all it reads.
         http_key = (bind, port.number)
         return variant_resource(
-            ctx, LISTENER_TYPE, name, ("http", *http_key), lambda: build_outbound_http(*http_key)
+            ctx,
+            LISTENER_TYPE,
+            name,
+            ("http", *http_key, tel),
+            lambda: with_telemetry(build_outbound_http(*http_key), tel),
         )
     # The plan lives in the push memo, so id(port) cannot be reused during the push.
     chains = ctx.memo(("lds-chains", id(port), scope), lambda: tcp_chains(port, ctx.index, scope))
     tcp_key = (bind, port.number, chains)
     return variant_resource(
-        ctx, LISTENER_TYPE, name, ("tcp", *tcp_key), lambda: build_outbound_tcp(*tcp_key)
+        ctx,
+        LISTENER_TYPE,
+        name,
+        ("tcp", *tcp_key, tel),
+        lambda: with_telemetry(build_outbound_tcp(*tcp_key), tel),
     )
+
+
+def _record_conflicts(ctx: GenContext, port: OutboundPort) -> None:
+    """The TCP services that get no listener here: with an HTTP service on the port, all of
+    them (HTTP takes the port); otherwise every one but the first by hostname (tcp_chains)."""
+    if not port.tcp:
+        return
+    if port.http:
+        for c in port.tcp:
+            ctx.conflicts.add(Conflict.TCP_OVER_HTTP, (port.number, c.service.hostname))
+        return
+    first = min(port.tcp, key=lambda c: c.service.hostname)
+    for c in port.tcp:
+        if c is not first:
+            ctx.conflicts.add(Conflict.TCP_OVER_TCP, (port.number, c.service.hostname))
 
 
 def tcp_chains(port: OutboundPort, index: MeshIndex | None = None, scope: str = "") -> Chains:
@@ -183,9 +219,16 @@ def _inbound(
     port: InboundPort,
     mode: MtlsMode,
     policies: tuple[AuthorizationPolicy, ...],
+    tel: ListenerTelemetry = NONE,
 ) -> Resource:
     key = (port.bind, port.number, port.protocol.is_http, mode, policies)
-    return variant_resource(ctx, LISTENER_TYPE, port.listener, key, lambda: build_inbound(*key))
+    return variant_resource(
+        ctx,
+        LISTENER_TYPE,
+        port.listener,
+        (*key, tel),
+        lambda: with_telemetry(build_inbound(*key), tel),
+    )
 
 
 # --- pure builders ---------------------------------------------------------------------------
@@ -215,7 +258,7 @@ def build_outbound_tcp(bind: str, number: int, chains: Chains) -> Listener:
         traffic_direction=TrafficDirection.OUTBOUND,
     )
     for server_names, (targets, source_ip) in chains:
-        chain = FilterChain(filters=[_weighted_tcp_proxy(targets, source_ip, number)])
+        chain = FilterChain(filters=[weighted_tcp_proxy(targets, source_ip, number)])
         if server_names:
             chain.filter_chain_match.CopyFrom(
                 FilterChainMatch(server_names=list(server_names), transport_protocol="tls")
@@ -300,7 +343,7 @@ def _inbound_filters(
     return [hcm_filter(hcm)]
 
 
-def _weighted_tcp_proxy(
+def weighted_tcp_proxy(
     targets: tuple[tuple[str, int], ...], source_ip: bool, number: int
 ) -> Filter:
     if len(targets) == 1 and not source_ip:

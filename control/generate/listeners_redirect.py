@@ -45,8 +45,9 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate import listeners_explicit
-from control.generate.addresses import WILDCARD_BIND, is_ip, socket_address
+from control.generate.addresses import WILDCARD_BIND, WILDCARD_BIND_IPV6, is_ip, socket_address
 from control.generate.authz_rbac import network_filters as network_rbac_filters
+from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext
 from control.generate.filters import (
     TLS_INSPECTOR_FILTER,
@@ -54,12 +55,14 @@ from control.generate.filters import (
     sidecar_hcm,
     tcp_proxy,
 )
+from control.generate.listener_telemetry import listener_telemetry, with_telemetry
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
+from control.model.telemetry import WorkloadMode
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
@@ -121,11 +124,30 @@ def fallback_vhosts(policy: str) -> list[VirtualHost]:
 
 def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     plan = outbound_plan(ctx, proxy)
-    chains = ctx.memo(("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports))
-    key = (chains, ctx.index.outbound_policy(proxy))
-    return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_OUTBOUND, key, lambda: build_virtual_outbound(*key), variant=key
+    chains = ctx.memo(
+        ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
     )
+    key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    return ctx.resource(
+        LISTENER_TYPE,
+        VIRTUAL_OUTBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_outbound(*key), tel),
+        variant=(*key, tel),
+    )
+
+
+def has_ipv6(proxy: Proxy) -> bool:
+    """A dual-stack (or IPv6) pod: ip6tables redirects its IPv6 traffic to `[::]:15001` and
+    `[::]:15006`, so the virtual listeners listen there too (one listener, two addresses:
+    its name, stats and filter chains stay those of the IPv4 listener)."""
+    return any(":" in ip for ip in proxy.ips)
+
+
+def _dual_stack(listener: Listener, port: int) -> None:
+    extra = listener.additional_addresses.add()
+    extra.address.CopyFrom(socket_address(WILDCARD_BIND_IPV6, port))
 
 
 def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
@@ -138,7 +160,9 @@ def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...]:
+def outbound_chains(
+    ports: tuple[OutboundPort, ...], conflicts: Conflicts | None = None
+) -> tuple[OutboundChain, ...]:
     """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates)."""
     chains: list[OutboundChain] = []
     for port in ports:
@@ -160,6 +184,9 @@ def outbound_chains(ports: tuple[OutboundPort, ...]) -> tuple[OutboundChain, ...
                 chains.append(("tcp", port.number, (), (), c.name))
                 port_taken = True
             else:
+                if conflicts is not None:
+                    kind = Conflict.TCP_OVER_HTTP if port.http else Conflict.TCP_OVER_TCP
+                    conflicts.add(kind, (port.number, c.service.hostname))
                 warn_once(
                     ("virtual-tcp-unreachable", port.number, c.service.hostname),
                     "port %d: TCP service %s has no VIP and another service takes the port; "
@@ -178,7 +205,9 @@ def _tls_inspector() -> ListenerFilter:
     return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
-def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Listener:
+def build_virtual_outbound(
+    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+) -> Listener:
     listener = Listener(
         name=VIRTUAL_OUTBOUND,
         address=socket_address(WILDCARD_BIND, OUTBOUND_CAPTURE_PORT),
@@ -187,6 +216,8 @@ def build_virtual_outbound(chains: tuple[OutboundChain, ...], policy: str) -> Li
         # no hand-off to other listeners (there are none in this mode).
         listener_filters=[_original_dst()],
     )
+    if ipv6:
+        _dual_stack(listener, OUTBOUND_CAPTURE_PORT)
     for kind, number, prefixes, server_names, cluster in chains:
         match = FilterChainMatch(destination_port=UInt32Value(value=number))
         match.prefix_ranges.extend(_cidr(p) for p in prefixes)
@@ -229,9 +260,14 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
         if mode is not None:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
-    key = (tuple(specs), default, policies)
+    key = (tuple(specs), default, policies, has_ipv6(proxy))
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
     return ctx.resource(
-        LISTENER_TYPE, VIRTUAL_INBOUND, key, lambda: build_virtual_inbound(*key), variant=key
+        LISTENER_TYPE,
+        VIRTUAL_INBOUND,
+        (*key, tel),
+        lambda: with_telemetry(build_virtual_inbound(*key), tel),
+        variant=(*key, tel),
     )
 
 
@@ -255,6 +291,7 @@ def build_virtual_inbound(
     ports: tuple[InboundSpec, ...],
     default: MtlsMode | None,
     policies: tuple[AuthorizationPolicy, ...] = (),
+    ipv6: bool = False,
 ) -> Listener:
     listener = Listener(
         name=VIRTUAL_INBOUND,
@@ -262,6 +299,8 @@ def build_virtual_inbound(
         traffic_direction=TrafficDirection.INBOUND,
         listener_filters=[_original_dst()],
     )
+    if ipv6:
+        _dual_stack(listener, INBOUND_CAPTURE_PORT)
     inspect = False
     for number, http, mode in ports:
         # Mode NONE's chains for this port, told apart from other ports by the destination.

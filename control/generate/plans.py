@@ -20,6 +20,7 @@ from control.generate.addresses import (
     Upstream,
     parse_default_endpoint,
 )
+from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext
 from control.generate.resource_names import (
     inbound_cluster_name,
@@ -294,23 +295,31 @@ def inbound_ports(ctx: GenContext, proxy: Proxy) -> tuple[InboundPort, ...]:
     """The proxy's inbound ports from its Sidecar's ingress listeners. In interception mode
     NONE nothing else can reach the pod through the sidecar, so no Sidecar means no inbound.
     In REDIRECT, without Sidecar ingress, they are the ports of the services that select the
-    workload (as Istio derives them), forwarded to the app at the pod IP."""
+    workload (as Istio derives them), forwarded to the app at the pod IP. A router has no
+    inbound side (its listeners are its Gateways' servers)."""
+    if proxy.is_router:
+        return ()
     sidecar = sidecar_of(ctx, proxy)
     if sidecar is None or not sidecar.ingress:
         if proxy.interception_mode == "REDIRECT":
             return ctx.memo(
                 ("inbound-ports-redirect", proxy.ip, proxy.namespace, proxy.labels),
-                lambda: service_inbound_ports(ctx.index.services_selecting(proxy), proxy.ip),
+                lambda: service_inbound_ports(
+                    ctx.index.services_selecting(proxy), proxy.ip, ctx.conflicts
+                ),
             )
         return ()
     return ctx.memo(
         ("inbound-ports", proxy.ip, sidecar.ingress),
-        lambda: _build_inbound(sidecar, sidecar.ingress, proxy.ip),
+        lambda: _build_inbound(sidecar, sidecar.ingress, proxy.ip, ctx.conflicts),
     )
 
 
 def _build_inbound(
-    sidecar: SidecarScope, ingress: tuple[IngressListener, ...], proxy_ip: str
+    sidecar: SidecarScope,
+    ingress: tuple[IngressListener, ...],
+    proxy_ip: str,
+    conflicts: Conflicts,
 ) -> tuple[InboundPort, ...]:
     out: list[InboundPort] = []
     seen: set[int] = set()
@@ -340,6 +349,7 @@ def _build_inbound(
             continue
         if number in seen:
             # Both would be named inbound|PORT||: the cluster name has no room for the bind.
+            conflicts.add(Conflict.INBOUND, (sidecar.source, number))
             warn_once(
                 ("inbound-dup", sidecar.source, number),
                 "%s: ingress port %d declared twice; the first one is used",
@@ -352,7 +362,9 @@ def _build_inbound(
     return tuple(out)
 
 
-def service_inbound_ports(services: tuple[Service, ...], proxy_ip: str) -> tuple[InboundPort, ...]:
+def service_inbound_ports(
+    services: tuple[Service, ...], proxy_ip: str, conflicts: Conflicts | None = None
+) -> tuple[InboundPort, ...]:
     """One inbound port per workload port (the target port: what a caller's connection is
     addressed to, so what the capture sees), the first service by hostname deciding the
     protocol when several share it. A named target port cannot be resolved for a proxy (it
@@ -365,6 +377,10 @@ def service_inbound_ports(services: tuple[Service, ...], proxy_ip: str) -> tuple
                 out[number] = InboundPort(
                     number, port.protocol, WILDCARD_BIND, Upstream(proxy_ip, number)
                 )
+            elif conflicts is not None and out[number].protocol != port.protocol:
+                # Istio's inbound listener conflict: two services select this workload
+                # port with different protocols; the first by hostname decides.
+                conflicts.add(Conflict.INBOUND, (proxy_ip, number, service.hostname))
     return tuple(out[n] for n in sorted(out))
 
 

@@ -15,6 +15,7 @@ from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate import listeners_redirect
+from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext, variant_resource
 from control.generate.names import search_names
 from control.generate.plans import (
@@ -61,7 +62,8 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 def _resource(
     ctx: GenContext, port: OutboundPort, client_namespace: str, scope: str, fallback: str = ""
 ) -> Resource:
-    key = (port.number, vhost_specs(ctx.index, port, client_namespace, scope), fallback)
+    specs = vhost_specs(ctx.index, port, client_namespace, scope, ctx.conflicts)
+    key = (port.number, specs, fallback)
     # The same name ("9080") carries different domains for clients in different namespaces;
     # the key holds the finished domains, so namespaces that end up with the same names (the
     # usual case: no service of theirs on the port) share the bytes.
@@ -69,7 +71,11 @@ def _resource(
 
 
 def vhost_specs(
-    index: MeshIndex, port: OutboundPort, client_namespace: str, scope: str = ""
+    index: MeshIndex,
+    port: OutboundPort,
+    client_namespace: str,
+    scope: str = "",
+    conflicts: Conflicts | None = None,
 ) -> tuple[VhostSpec, ...]:
     """Virtual hosts in hostname order; a domain two services could claim goes to the first
     (Envoy rejects a RouteConfiguration with a duplicate domain, case-insensitively)."""
@@ -88,6 +94,8 @@ def vhost_specs(
                     own.add(folded)
                     domains.append(domain)
                 continue
+            if conflicts is not None:
+                conflicts.add(Conflict.DUPLICATE_DOMAIN, (port.number, folded, service.hostname))
             warn_once(
                 ("domain-conflict", port.number, domain, service.hostname, owner),
                 "port %d: domain %s of %s is already used by %s; left out",
@@ -113,10 +121,10 @@ def _routes(
                 DEFAULT_ROUTE, (), (target,), _hash(index, service.hostname, port, "", scope)
             ),
         )
-    return _vs_routes(index, vs, port, client_namespace, scope)
+    return vs_routes(index, vs, port, client_namespace, scope)
 
 
-def _vs_routes(
+def vs_routes(
     index: MeshIndex, vs: VirtualService, port: int, client_namespace: str, scope: str
 ) -> tuple[RouteSpec, ...]:
     out: list[RouteSpec] = []

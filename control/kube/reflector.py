@@ -9,13 +9,15 @@
 (410 Gone: our resourceVersion is too old; list again, which replaces the store, so objects
 deleted meanwhile disappear and nothing is lost). A watch that ends normally is re-opened from
 `resource_version` (resume); errors back off with `Backoff`. `synced` turns true after the
-first complete list, which is what the source's readiness waits for.
+first complete list, which is what the source's readiness waits for. `on_events`, when set, is
+told how many objects each list or event added, updated or deleted ("add", "update",
+"delete"), as informers count them for Istio's pilot_k8s_*_events.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,17 +52,32 @@ class Reflector:
     changed: bool = False  # set when the store changed; the owner clears it
     relists: int = 0
     bookmarks: int = 0
+    on_events: Callable[[str, int], None] | None = field(default=None, compare=False)
 
     def listed(self, items: Iterable[Mapping[str, Any]], resource_version: str) -> None:
         """A complete list: it replaces the store (objects absent from it are gone)."""
         store = {key_of(o): o for o in items}
         if store != self.store:
             self.changed = True
+            if self.on_events is not None:
+                self._count_list(store)
         self.store = store
         self.resource_version = resource_version
         if self.synced:
             self.relists += 1
         self.synced = True
+
+    def _count_list(self, store: Mapping[Key, Mapping[str, Any]]) -> None:
+        assert self.on_events is not None
+        old = self.store
+        counts = {
+            "add": sum(1 for k in store if k not in old),
+            "update": sum(1 for k, o in store.items() if k in old and old[k] != o),
+            "delete": sum(1 for k in old if k not in store),
+        }
+        for event, n in counts.items():
+            if n:
+                self.on_events(event, n)
 
     def event(self, event: Mapping[str, Any]) -> Next:
         etype = event.get("type")
@@ -79,12 +96,17 @@ class Reflector:
             self.bookmarks += 1
         elif etype in ("ADDED", "MODIFIED"):
             key = key_of(obj)
-            if self.store.get(key) != obj:
+            before = self.store.get(key)
+            if before != obj:
                 self.store[key] = obj
                 self.changed = True
+                if self.on_events is not None:
+                    self.on_events("add" if before is None else "update", 1)
         elif etype == "DELETED":
             if self.store.pop(key_of(obj), None) is not None:
                 self.changed = True
+                if self.on_events is not None:
+                    self.on_events("delete", 1)
         else:
             raise WatchError(f"unknown watch event type {etype!r}")
         if rv:

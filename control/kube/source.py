@@ -25,7 +25,7 @@ from typing import Any
 from control.config import kinds
 from control.config.delivery import WarningLog, deliver
 from control.config.errors import ConfigError
-from control.config.manifest import RawObject
+from control.config.manifest import RawObject, in_revision
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
 from control.kube.client import KubeClient, KubeConfig
@@ -72,19 +72,21 @@ PODS = Resource("Pod", "v1", "pods")
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
 
-_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io")
+_ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
 
 def _plural(kind: str) -> str:
     lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "o", "u"):
+        return lower[:-1] + "ies"  # policies; but gateways
+    return lower + "s"
 
 
 def istio_resources() -> list[Resource]:
     """Every Istio kind a converter exists for, at the group's v1 version."""
     out = []
-    for kind, (versions, _) in sorted(kinds.CONVERTERS.items()):
-        groups = {v.split("/")[0] for v in versions if "/" in v}
+    for kind, entries in sorted(kinds.CONVERTERS.items()):
+        groups = {v.split("/")[0] for versions, _ in entries for v in versions if "/" in v}
         for group in _ISTIO_GROUPS:
             if group in groups:
                 out.append(Resource(kind, f"{group}/v1", _plural(kind)))
@@ -143,6 +145,23 @@ def _with_slice_endpoints(
     return dataclasses.replace(obj, services=services)
 
 
+# Istio's `type` label for its registry informers (kube controller's registerHandlers).
+_REGISTRY_TYPES = {
+    "Service": "Services",
+    "Pod": "Pods",
+    "Namespace": "Namespaces",
+    "EndpointSlice": "EndpointSlice",
+}
+
+
+def _events_of(
+    resource: Resource, on_events: Callable[[str, str, str, int], None]
+) -> Callable[[str, int], None]:
+    registry = _REGISTRY_TYPES.get(resource.kind)
+    source, kind = ("registry", registry) if registry else ("config", resource.kind)
+    return lambda event, n: on_events(source, kind, event, n)
+
+
 class KubeSource(Lifecycle):
     """Keeps `current` in sync with the API server. `async with KubeSource(...)`."""
 
@@ -152,19 +171,28 @@ class KubeSource(Lifecycle):
         on_change: OnChange | None = None,
         *,
         domain: str = "cluster.local",
+        revision: str = "",
         debounce: float = 0.05,
         watch_timeout: int = 300,
         page_size: int = 500,
+        on_events: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
+        """`on_events(source, type, event, n)`: n objects of `type` were added, updated or
+        deleted; source "registry" for Services, Pods, Namespaces and EndpointSlices, "config"
+        for Istio kinds (Istio's pilot_k8s_reg_events and pilot_k8s_cfg_events)."""
         self.config = config
         self.client = KubeClient(config)
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
         self.domain = domain
+        self.revision = revision  # Istio config labelled for another istio.io/rev is left out
         self.debounce = debounce
         self.watch_timeout = watch_timeout
         self.page_size = page_size
         self.resources = [SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources()]
         self.reflectors = {r.kind: Reflector() for r in self.resources}
+        if on_events is not None:
+            for r in self.resources:
+                self.reflectors[r.kind].on_events = _events_of(r, on_events)
         self.current = MeshConfig()
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0
@@ -332,6 +360,8 @@ class KubeSource(Lifecycle):
             data={**obj, "apiVersion": resource.api_version, "kind": resource.kind},
             lines={},
         )
+        if not in_revision(raw, self.revision):
+            return None
         try:
             converted = kinds.convert(raw, self.domain)
         except ConfigError as e:

@@ -12,9 +12,10 @@ MeshIndex decides when to derive and what "only workloads changed" means (`rules
 `endpoints_only`); the lookups themselves live in one part per concern, each built from its
 own slice of the config: endpoint_index (endpoints and identities: the only part that
 depends on workloads, and the only one a derived index patches), traffic_index
-(VirtualService, DestinationRule), security_index (PeerAuthentication, AuthorizationPolicy)
-and visibility_index (Sidecar scope, visible services). A derived index shares the other three
-parts, memos and all, with its parent.
+(VirtualService, DestinationRule), security_index (PeerAuthentication, AuthorizationPolicy),
+visibility_index (Sidecar scope, visible services) and gateway_index (the servers a router
+serves, the VirtualServices bound to them). A derived index shares the rule-only parts, memos
+and all, with its parent.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
+from control.model.gateway_index import (
+    BoundServer,
+    GatewayIndex,
+    GatewayListener,
+    ServerConflict,
+    target_ports,
+)
+from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
 from control.model.security_index import SecurityIndex
+from control.model.telemetry import ProxyTelemetry
+from control.model.telemetry_index import TelemetryIndex
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.traffic_index import TrafficIndex
 from control.model.types import (
@@ -52,8 +63,11 @@ class MeshIndex:
         trust_domain: str = "cluster.local",
         version: int = 0,
         outbound_traffic_policy: str = "ALLOW_ANY",
+        mesh: MeshSettings = DEFAULT_MESH,
     ) -> None:
         self.config = config
+        # Istio's MeshConfig in effect (--mesh-config; flags applied): telemetry reads it.
+        self.mesh = mesh
         self.trust_domain = trust_domain
         # Mesh-wide (Istio's meshConfig.outboundTrafficPolicy): where a REDIRECT proxy sends
         # traffic for destinations the mesh does not know; a Sidecar may override it.
@@ -71,6 +85,8 @@ class MeshIndex:
         self._security = SecurityIndex(config)
         self._traffic = TrafficIndex(config, self.service_by_host)
         self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
+        self._gateways = GatewayIndex(config)
+        self._telemetry = TelemetryIndex(config.telemetries, mesh)
         self._endpoints = EndpointIndex(
             self.services,
             self.service_by_host,
@@ -89,6 +105,7 @@ class MeshIndex:
         trust_domain: str = "cluster.local",
         version: int = 0,
         outbound_traffic_policy: str = "ALLOW_ANY",
+        mesh: MeshSettings = DEFAULT_MESH,
     ) -> MeshIndex:
         """The index of a new snapshot: derived from this one when only workloads changed
         (the rules and mesh settings are equal), else built afresh. Either way it answers
@@ -97,6 +114,7 @@ class MeshIndex:
         if (
             trust_domain == self.trust_domain
             and outbound_traffic_policy == self.outbound_traffic_policy
+            and mesh == self.mesh
             and rules_of(config) == rules_of(self.config)
         ):
             removed, added = workload_difference(self.workloads, workloads)
@@ -119,6 +137,7 @@ class MeshIndex:
             trust_domain=trust_domain,
             version=version,
             outbound_traffic_policy=outbound_traffic_policy,
+            mesh=mesh,
         )
 
     def changed_since(self, other: MeshIndex) -> frozenset[str] | None:
@@ -190,6 +209,23 @@ class MeshIndex:
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         return self._visibility.visible_services(proxy)
 
+    # --- gateways (gateway_index) ----------------------------------------------------------
+
+    def gateway_listeners(
+        self, proxy: Proxy, default_bind: str
+    ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
+        ports = target_ports(self.services_selecting(proxy))
+        return self._gateways.listeners(proxy.labels, default_bind, ports)
+
+    def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
+        return self._gateways.virtual_services(bound)
+
+    # --- telemetry (telemetry_index) -------------------------------------------------------
+
+    def telemetry(self, proxy: Proxy) -> ProxyTelemetry:
+        """Access logs, tracing and metrics settings in effect for the proxy's workload."""
+        return self._telemetry.for_workload(proxy.namespace, proxy.labels)
+
 
 def rules_of(config: MeshConfig) -> tuple[object, ...]:
     """The config objects that everything but endpoints is built from: services, Sidecars,
@@ -205,6 +241,9 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.destination_rules,
         # What members register as and the probe their agents get (generate/probes.py).
         config.workload_groups,
+        config.gateways,
+        # Access logs, tracing and metrics settings (model/telemetry_index.py).
+        config.telemetries,
     )
 
 

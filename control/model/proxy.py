@@ -47,6 +47,8 @@ class Proxy:
     # CERTIFICATE_PROVIDER, written by the agent in proxy-only mode): only then may its config
     # name that provider (gRPC rejects a whole CDS or LDS response naming one it lacks).
     cert_provider: bool = False
+    # Node metadata ISTIO_VERSION, as the proxy claims it: only a metric label (pilot_xds).
+    istio_version: str = ""
     # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
     # 15020. The dashboard reads the agent's metrics there.
     status_port: int = 0
@@ -129,6 +131,7 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         workload_group=_str(metadata, "WORKLOAD_GROUP") or _str(metadata, "AUTO_REGISTER_GROUP"),
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
+        istio_version=intern(_str(metadata, "ISTIO_VERSION")[:64]),
         status_port=_port(metadata.get("STATUS_PORT")),
     )
 

@@ -307,6 +307,32 @@ class VirtualService:
         return (self.namespace, self.name)
 
 
+def bound_to(vs: VirtualService, gateway: str) -> VirtualService | None:
+    """The part of `vs` that applies to `gateway` (`mesh`, or a resolved `ns/name`), as Istio
+    selects it: the VirtualService must name the gateway in `gateways`; a match (or TCP/TLS
+    route) naming gateways of its own applies only to those; a route whose every match was
+    left out is left out (it must not become a catch-all). None when nothing applies. A
+    VirtualService that applies unchanged is returned as is (sidecar config keyed by it stays
+    shared)."""
+    if gateway not in vs.gateways:
+        return None
+    http: list[HttpRoute] = []
+    for route in vs.http:
+        matches = tuple(m for m in route.matches if not m.gateways or gateway in m.gateways)
+        if route.matches and not matches:
+            continue
+        same = len(matches) == len(route.matches)
+        http.append(route if same else replace(route, matches=matches))
+    tcp = tuple(r for r in vs.tcp if not r.gateways or gateway in r.gateways)
+    tls = tuple(r for r in vs.tls if not r.gateways or gateway in r.gateways)
+    if not (http or tcp or tls):
+        return None
+    if len(http) == len(vs.http) and all(a is b for a, b in zip(http, vs.http, strict=True)):
+        if len(tcp) == len(vs.tcp) and len(tls) == len(vs.tls):
+            return vs
+    return replace(vs, http=tuple(http), tcp=tcp, tls=tls)
+
+
 # --- which object applies (shared by MeshIndex and the conflict warnings of merge) ----------
 
 

@@ -6,15 +6,22 @@ with its parent, memos included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     DestinationRule,
     VirtualService,
+    bound_to,
     pick_destination_rule,
     pick_virtual_service,
 )
 from control.model.types import MeshConfig, Service
+
+
+def mesh_virtual_services(services: Iterable[VirtualService]) -> list[VirtualService]:
+    """What of each VirtualService sidecars see (bound to `mesh`)."""
+    return [bound for vs in services if (bound := bound_to(vs, MESH_GATEWAY)) is not None]
 
 
 class TrafficIndex:
@@ -22,7 +29,9 @@ class TrafficIndex:
 
     def __init__(self, config: MeshConfig, service_by_host: Mapping[str, Service]) -> None:
         self._service_by_host = service_by_host
-        self.virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
+        # Sidecars see only what is bound to `mesh` (gateway routes are gateway_index's).
+        mesh = mesh_virtual_services(config.virtual_services)
+        self.virtual_services = tuple(sorted(mesh, key=lambda v: v.key))
         self.destination_rules = tuple(sorted(config.destination_rules, key=lambda r: r.key))
         # Exact hosts are looked up in a dict; only wildcard objects are scanned per host.
         self._vs_by_host: dict[str, list[VirtualService]] = {}

@@ -40,7 +40,10 @@ class VisibilityIndex:
     def sidecar_for(self, proxy: Proxy) -> SidecarScope | None:
         """The Sidecar that applies to a proxy: one with a matching workloadSelector first,
         then the namespace-wide one (no selector), as Istio picks them. Ties go to the oldest
-        name in sort order so the result is deterministic."""
+        name in sort order so the result is deterministic. A router has none: Sidecars
+        configure sidecars (an Istio gateway sees every service exported to it)."""
+        if proxy.is_router:
+            return None
         key = (proxy.namespace, proxy.labels)
         if key in self._sidecars:
             return self._sidecars[key]

@@ -36,6 +36,12 @@ PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 DEFAULT_NAME = "pilotfish-sidecar-injector"
 
 
+def default_name(revision: str = "") -> str:
+    """The webhook configuration a control plane keeps, as Istio names a revision's
+    (istio-sidecar-injector-<rev>)."""
+    return f"{DEFAULT_NAME}-{revision}" if revision else DEFAULT_NAME
+
+
 class Outcome(enum.Enum):
     UP_TO_DATE = "up-to-date"
     UPDATED = "updated"

@@ -9,11 +9,34 @@ Who gets a sidecar follows Istio:
 - otherwise the namespace label `istio-injection=enabled` opts the pod in;
 - a namespace labelled `istio-injection=disabled` is never injected.
 
+Revisions, as the selectors of Istio's revisioned MutatingWebhookConfigurations: a pod
+belongs to the revision its namespace names (`istio.io/rev`; a namespace with an
+`istio-injection` label belongs to the default revision), or, in a namespace naming none, the
+revision its own `istio.io/rev` label names. An injector started with `--revision R` injects
+only pods of revision R (unless they opt out with `sidecar.istio.io/inject=false`); one
+without a revision injects only pods of the default revision (no `istio.io/rev`, or
+`istio.io/rev=default`), by the rules above. A revision's pods get the label `istio.io/rev=R`.
+
+App probes are rewritten to go through the agent (control/webhook/probes.py).
+
 What it adds: the template's agent container (with the pod's labels as ISTIO_META_LABELS), its
 volumes, the status annotation and the `security.istio.io/tlsMode: istio` label (auto mTLS
 knows the pod has a sidecar). When the pod asks for interception mode REDIRECT (annotation
 `sidecar.istio.io/interceptionMode`), also the capture init container, first, with args from
 Istio's `traffic.sidecar.istio.io/*` annotations.
+
+Prometheus, as Istio's metrics merge: the pod gets `prometheus.io/scrape: "true"`,
+`prometheus.io/port: "15020"` and `prometheus.io/path: /stats/prometheus` (the agent's merged
+metrics), unless it opts out (`prometheus.io/scrape: "false"`, or
+`prometheus.istio.io/merge-metrics: "false"`, or `InjectionValues.prometheus_merge` off: mesh
+`enablePrometheusMerge`) or already names its own scrape port or path: Istio then moves those
+into ISTIO_PROMETHEUS_ANNOTATIONS for its agent to scrape and merge, which our agent does not
+do, so the pod's own annotations are kept and nothing of the app's metrics is lost.
+
+A pod whose `inject.istio.io/templates` annotation names Istio's `gateway` template gets the
+agent as a router (`--proxy-type router`): no capture (a gateway is addressed, not
+intercepted) and node metadata INTERCEPTION_MODE REDIRECT, as Istio's gateways have, so its
+listeners bind every address of the pod.
 
 Start order, as Istio's template: with `holdApplicationUntilProxyStarts` (the mesh default in
 `InjectionValues`, or the pod's `proxy.istio.io/config` annotation) the agent container goes
@@ -30,12 +53,20 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from control.webhook.probes import (
+    PROBERS_ENV,
+    ProbeRewriteError,
+    probers_env,
+    rewrite_probes,
+    rewrite_wanted,
+)
 from control.webhook.template import PROXY_CONTAINER, SidecarTemplate
 
 NAMESPACE_LABEL = "istio-injection"
@@ -43,11 +74,15 @@ INJECT_KEY = "sidecar.istio.io/inject"
 STATUS_ANNOTATION = "sidecar.istio.io/status"
 INTERCEPTION_ANNOTATION = "sidecar.istio.io/interceptionMode"
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
+REVISION_LABEL = "istio.io/rev"
+DEFAULT_REVISION = "default"
 IGNORED_NAMESPACES = frozenset(("kube-system", "kube-public"))
 INTERCEPTION_MODES = ("NONE", "REDIRECT")
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
 NATIVE_SIDECAR_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 HOLD_KEY = "holdApplicationUntilProxyStarts"
+TEMPLATES_ANNOTATION = "inject.istio.io/templates"
+GATEWAY_TEMPLATE = "gateway"
 # Istio's is `pilot-agent wait`; ours polls the agent's status port (agent/wait.py).
 WAIT_COMMAND = ("pilotfish-agent", "wait")
 # Istio's sidecar startupProbe: what a native sidecar's start is judged by (kubelet starts the
@@ -75,6 +110,20 @@ _CAPTURE_FLAGS: tuple[tuple[str, str, str], ...] = (
 _ALWAYS_EXCLUDED_INBOUND = ("15000", "15020", "15021", "15090")
 
 
+# What Prometheus scrapes on an injected pod: the agent's status port, merged metrics.
+PROMETHEUS_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": "15020",
+    "prometheus.io/path": "/stats/prometheus",
+}
+MERGE_METRICS_ANNOTATION = "prometheus.istio.io/merge-metrics"
+# Prometheus sanitizes annotation names into label names, so `prometheus.io/scrape` and
+# `prometheus-io/scrape` mean the same to it (and to Istio's injector).
+_LABEL_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
 class InjectionError(ValueError):
     """The pod cannot be injected as asked (a bad annotation value, a name clash)."""
 
@@ -90,6 +139,17 @@ class InjectionValues:
     hold_application_until_proxy_starts: bool = False
     # Istio's ENABLE_NATIVE_SIDECARS: the default for pods without the annotation.
     native_sidecars: bool = False
+    # MeshConfig enablePrometheusMerge (Istio's default: on): scrape annotations added.
+    prometheus_merge: bool = True
+    # MeshConfig defaultConfig.proxyMetadata: environment of every injected agent, as Istio
+    # sets it; defaultConfig.drainDuration (seconds; None: the agent's default).
+    proxy_metadata: tuple[tuple[str, str], ...] = ()
+    drain_duration: float | None = None
+    # Istio's sidecarInjectorWebhook.rewriteAppHTTPProbe: the default for pods without the
+    # sidecar.istio.io/rewriteAppHTTPProbers annotation.
+    rewrite_app_probes: bool = True
+    # The control plane's --revision ("" = the default revision).
+    revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +158,27 @@ class Decision:
     reason: str
 
 
-def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -> Decision:
+def pod_revision(
+    pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None
+) -> tuple[str, str]:
+    """(the revision whose injector the pod belongs to, "" = the default one; what said so:
+    "namespace" or "pod" for an istio.io/rev label, "" when no revision label applies)."""
+    ns_labels = namespace_labels or {}
+    if NAMESPACE_LABEL in ns_labels:
+        return "", ""
+    if REVISION_LABEL in ns_labels:
+        revision, where = str(ns_labels[REVISION_LABEL]), "namespace"
+    else:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if REVISION_LABEL not in labels:
+            return "", ""
+        revision, where = str(labels[REVISION_LABEL]), "pod"
+    return ("" if revision == DEFAULT_REVISION else revision), where
+
+
+def decide(
+    pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None, revision: str = ""
+) -> Decision:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     namespace = str(meta.get("namespace") or "")
@@ -118,15 +198,61 @@ def decide(pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None) -
         return Decision(False, f"namespace label {NAMESPACE_LABEL}=disabled")
     labels = meta.get("labels") or {}
     asked = labels.get(INJECT_KEY, annotations.get(INJECT_KEY))
-    if asked is not None:
-        value = str(asked).strip().lower()
-        if value in ("false", "n", "no", "off", "0"):
-            return Decision(False, f"{INJECT_KEY}={asked} (opt-out)")
-        if value in ("true", "y", "yes", "on", "1"):
-            return Decision(True, f"{INJECT_KEY}={asked}")
+    value = str(asked).strip().lower() if asked is not None else ""
+    if value in ("false", "n", "no", "off", "0"):
+        return Decision(False, f"{INJECT_KEY}={asked} (opt-out)")
+    mine = "" if revision == DEFAULT_REVISION else revision
+    theirs, where = pod_revision(pod, ns_labels)
+    if theirs != mine:
+        return Decision(
+            False, f"the pod is for revision {theirs or DEFAULT_REVISION}, not this one"
+        )
+    if where:
+        return Decision(True, f"{where} label {REVISION_LABEL}={mine or DEFAULT_REVISION}")
+    if value in ("true", "y", "yes", "on", "1"):
+        return Decision(True, f"{INJECT_KEY}={asked}")
     if ns_labels.get(NAMESPACE_LABEL) == "enabled":
         return Decision(True, f"namespace label {NAMESPACE_LABEL}=enabled")
     return Decision(False, "neither the pod nor its namespace asks for injection")
+
+
+def prometheus_annotations(
+    annotations: Mapping[str, Any], values: InjectionValues = InjectionValues()
+) -> dict[str, str]:
+    """The scrape annotations injection sets ({} when it leaves the pod's alone)."""
+    merge = annotations.get(MERGE_METRICS_ANNOTATION)
+    if merge is not None:
+        if str(merge) not in (*_GO_TRUE, *_GO_FALSE):
+            raise InjectionError(
+                f'annotation {MERGE_METRICS_ANNOTATION}: {merge!r} is not "true" or "false"'
+            )
+        if str(merge) in _GO_FALSE:
+            return {}
+    elif not values.prometheus_merge:
+        return {}
+    own = {_LABEL_UNSAFE.sub("_", str(k)): str(v) for k, v in annotations.items()}
+    if own.get("prometheus_io_scrape") in _GO_FALSE:
+        return {}  # the pod asks not to be scraped (an unparsable value counts as yes)
+    if own.get("prometheus_io_port") == PROMETHEUS_ANNOTATIONS["prometheus.io/port"]:
+        return {}  # already ours: injected before, or the user points at the agent
+    if "prometheus_io_port" in own or "prometheus_io_path" in own:
+        return {}  # the pod's own scrape target (see the module docstring)
+    return dict(PROMETHEUS_ANNOTATIONS)
+
+
+def pilot_address(values: InjectionValues) -> str:
+    """Where the injected agent connects: as given, else the revision's own control plane
+    service (Istio's istiod-<rev>), which is what keeps a canary's pods on the canary."""
+    if values.pilot_address or not values.revision:
+        return values.pilot_address
+    return f"istiod-{values.revision}.istio-system.svc:15012"
+
+
+def templates(pod: Mapping[str, Any]) -> list[str]:
+    """The injection templates the pod names (Istio's `inject.istio.io/templates`)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = str(annotations.get(TEMPLATES_ANNOTATION) or "")
+    return [t.strip() for t in raw.split(",") if t.strip()]
 
 
 def interception_mode(pod: Mapping[str, Any]) -> str:
@@ -186,16 +312,26 @@ def injection_patch(
 ) -> tuple[Decision, list[dict[str, Any]]]:
     """The decision and the JSON patch ([] when the pod is not injected). Raises
     InjectionError when the pod asks for injection but cannot get it."""
-    decision = decide(pod, namespace_labels)
+    decision = decide(pod, namespace_labels, values.revision)
     if not decision.inject:
         return decision, []
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    mode = interception_mode(pod)
+    gateway = GATEWAY_TEMPLATE in templates(pod)
+    mode = "REDIRECT" if gateway else interception_mode(pod)
+    scrape = prometheus_annotations(meta.get("annotations") or {}, values)
+    try:
+        probe_changes, probers = (
+            rewrite_probes(spec.get("containers") or ())
+            if rewrite_wanted(meta.get("annotations") or {}, values.rewrite_app_probes)
+            else ([], {})
+        )
+    except ProbeRewriteError as e:
+        raise InjectionError(str(e)) from None
     native = native_sidecars(pod, values)
     hold = hold_application(pod, values) and not native
     init_containers, containers, volumes = template.copy()
-    if mode != "REDIRECT":
+    if mode != "REDIRECT" or gateway:
         init_containers = []
     else:
         capture_args = _capture_args(meta.get("annotations") or {})
@@ -203,6 +339,8 @@ def injection_patch(
             c["args"] = [*(c.get("args") or ()), *capture_args]
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     labels[TLS_MODE_LABEL] = "istio"
+    if values.revision:
+        labels[REVISION_LABEL] = values.revision
     for c in (*init_containers, *containers):
         if values.image:
             c["image"] = values.image
@@ -213,11 +351,19 @@ def injection_patch(
         env = _set_env(
             env, "ISTIO_META_LABELS", ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         )
-        if values.pilot_address:
-            env = _set_env(env, "PILOT_ADDRESS", values.pilot_address)
+        if values.pilot_address or values.revision:
+            env = _set_env(env, "PILOT_ADDRESS", pilot_address(values))
         if mode == "REDIRECT":
             env = _set_env(env, "ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
+        for name, value in values.proxy_metadata:
+            env = _set_env(env, name, value)
+        if values.drain_duration is not None:
+            env = _set_env(env, "PILOTFISH_DRAIN_DURATION", f"{values.drain_duration:g}")
+        if probers:
+            env = _set_env(env, PROBERS_ENV, probers_env(probers))
         c["env"] = env
+        if gateway:
+            c["args"] = [*(c.get("args") or ()), "--proxy-type", "router"]
     first: list[dict[str, Any]] = []
     if native:
         # Between the capture init container and the pod's own ones, as Istio orders them:
@@ -244,7 +390,11 @@ def injection_patch(
     )
     _check_clashes("volume", spec, ("volumes",), volumes)
 
-    patch: list[dict[str, Any]] = []
+    # Probes first: their paths index the pod's containers before any is inserted.
+    patch: list[dict[str, Any]] = [
+        {"op": "add", "path": f"/spec/containers/{index}/{field}", "value": probe}
+        for index, field, probe in probe_changes
+    ]
     if init_containers:
         if spec.get("initContainers"):
             # Capture first, as Istio does: the pod's own init containers then already run
@@ -262,18 +412,24 @@ def injection_patch(
     else:
         patch += _append("/spec/containers", spec.get("containers"), [*first, *containers])
     patch += _append("/spec/volumes", spec.get("volumes"), volumes)
-    status = {
+    status: dict[str, Any] = {
         "initContainers": [c["name"] for c in init_containers],
         "containers": [c["name"] for c in (*first, *containers)],
         "volumes": [v["name"] for v in volumes],
+        "revision": values.revision or DEFAULT_REVISION,
     }
-    patch += _set_key(
+    patch += _set_keys(
         "/metadata/annotations",
         meta.get("annotations"),
-        STATUS_ANNOTATION,
-        json.dumps(status, separators=(",", ":")),
+        {STATUS_ANNOTATION: json.dumps(status, separators=(",", ":")), **scrape},
     )
     patch += _set_key("/metadata/labels", meta.get("labels"), TLS_MODE_LABEL, "istio")
+    if values.revision:
+        # As Istio's template: which revision's proxy the pod runs (what `istioctl
+        # proxy-status` and a canary's rollout look at).
+        patch += _set_key(
+            "/metadata/labels", {TLS_MODE_LABEL: "istio"}, REVISION_LABEL, values.revision
+        )
     return decision, patch
 
 
@@ -349,9 +505,13 @@ def _append(path: str, existing: object, items: Sequence[Any]) -> list[dict[str,
 
 
 def _set_key(path: str, existing: object, key: str, value: str) -> list[dict[str, Any]]:
+    return _set_keys(path, existing, {key: value})
+
+
+def _set_keys(path: str, existing: object, items: Mapping[str, str]) -> list[dict[str, Any]]:
     if isinstance(existing, Mapping) and existing:
-        return [{"op": "add", "path": f"{path}/{_escape(key)}", "value": value}]
-    return [{"op": "add", "path": path, "value": {key: value}}]
+        return [{"op": "add", "path": f"{path}/{_escape(k)}", "value": v} for k, v in items.items()]
+    return [{"op": "add", "path": path, "value": dict(items)}]
 
 
 def _escape(token: str) -> str:

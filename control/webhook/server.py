@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -33,8 +34,12 @@ class WebhookServer:
         template: SidecarTemplate,
         namespace_labels: NamespaceLabels,
         values: InjectionValues = InjectionValues(),
+        on_result: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_result`: told "request" for every review, then "success", "skip" or
+        "failure" (Istio's sidecar_injection_* counters)."""
         self.template = template
+        self._on_result = on_result or (lambda _: None)
         self.namespace_labels = namespace_labels
         self.values = values
         self.reviews = 0
@@ -60,13 +65,20 @@ class WebhookServer:
             self._runner = None
 
     async def _inject(self, request: web.Request) -> web.Response:
+        self._on_result("request")
         try:
             review = json.loads(await request.read())
             answer = review_response(review, self.namespace_labels, self.template, self.values)
         except (ValueError, ReviewError) as e:
+            self._on_result("failure")
             # ValueError covers bad JSON; the API server logs the body of a 400.
             return web.json_response({"error": f"not an AdmissionReview v1: {e}"}, status=400)
         self.reviews += 1
         if "patch" in answer["response"]:
             self.injected += 1
+            self._on_result("success")
+        elif answer["response"].get("allowed"):
+            self._on_result("skip")
+        else:
+            self._on_result("failure")
         return web.json_response(answer)

@@ -26,7 +26,7 @@ import grpc
 from envoy.config.core.v3.base_pb2 import ControlPlane
 
 from control.ca.identity import Identity
-from control.metrics import Metrics
+from control.metrics import Metrics, grpc_code_name, metric_type
 from control.xds.cache import ResourceSet
 from control.xds.connection import (
     NO_TYPES,
@@ -99,6 +99,10 @@ class XdsServer:
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
         self._written = WrittenResponses(metrics)
+        # proxy id -> the (type, err) series of the per-type reject gauges it has, removed
+        # when its last stream closes so that churning proxies do not grow them.
+        self._rejected: dict[str, set[tuple[str, str]]] = {}
+        self._versions: set[str] = set()
         # Writes in progress: when they started and the task doing them (see _watch_writes).
         self._writing: dict[Connection, tuple[float, asyncio.Task[Any]]] = {}
         self._watchdog: asyncio.Task[None] | None = None
@@ -216,7 +220,8 @@ class XdsServer:
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
         conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
         self.connections[conn_id] = conn
-        self._metrics.xds_clients.labels("delta" if delta else "sotw").inc()
+        version = self._version_label(proxy.istio_version)
+        self._metrics.xds_clients.labels(version).inc()
         if self._on_connect is not None:
             self._on_connect(proxy, identity)
         conn.context = context
@@ -258,7 +263,8 @@ class XdsServer:
         finally:
             conn.closed = True
             self.connections.pop(conn_id, None)
-            self._metrics.xds_clients.labels("delta" if delta else "sotw").dec()
+            self._metrics.xds_clients.labels(version).dec()
+            self._forget_rejects(proxy.id)
             if self._on_disconnect is not None:
                 self._on_disconnect(proxy, identity)
             logger.info("stream %s closed", conn_id)
@@ -277,7 +283,6 @@ class XdsServer:
                 self._on_health(conn.proxy, conn.identity, health_error(req))
             return
         outcome: RequestOutcome = conn.state.receive(req)
-        short = typeurls.SHORT_NAMES.get(req.type_url, req.type_url)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
             pushed = conn.push_nonces.get(req.type_url) if conn.push_nonces else None
@@ -287,12 +292,41 @@ class XdsServer:
                 if not conn.push_nonces:
                     conn.push_nonces = None  # an emptied dict keeps its table
         elif outcome.kind is RequestKind.NACK:
-            self._metrics.rejects.labels(short).inc()
-            logger.warning("%s NACKed %s: %s", conn.proxy.id, short, outcome.error_message)
+            self._record_reject(conn, req)
+            logger.warning(
+                "%s NACKed %s: %s", conn.proxy.id, _short(req.type_url), outcome.error_message
+            )
         elif outcome.kind is RequestKind.STALE:
-            self._metrics.stale_requests.labels(short).inc()
+            self._metrics.stale_requests.labels(metric_type(req.type_url)).inc()
         if outcome.must_respond:
             conn.respond_types = conn.respond_types | {req.type_url}
+
+    def _version_label(self, version: str) -> str:
+        """pilot_xds's `version` label: what the proxy claims (ISTIO_VERSION), with the number
+        of distinct values capped, since any caller can claim anything."""
+        if version in self._versions:
+            return version
+        if len(self._versions) < _MAX_VERSION_LABELS:
+            self._versions.add(version)
+            return version
+        return "other"
+
+    def _record_reject(self, conn: Connection, req: Any) -> None:
+        kind = metric_type(req.type_url)
+        self._metrics.rejects.labels(kind).inc()
+        gauge = self._metrics.type_rejects.get(kind)
+        if gauge is not None:
+            err = grpc_code_name(req.error_detail.code)
+            gauge.labels(conn.proxy.id, err).inc()
+            self._rejected.setdefault(conn.proxy.id, set()).add((kind, err))
+
+    def _forget_rejects(self, proxy_id: str) -> None:
+        if proxy_id not in self._rejected:
+            return
+        if any(c.proxy.id == proxy_id for c in self.connections.values()):
+            return  # another stream of the same proxy is still open
+        for kind, err in self._rejected.pop(proxy_id):
+            self._metrics.type_rejects[kind].remove(proxy_id, err)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -305,7 +339,8 @@ class XdsServer:
         conn.busy = True
         try:
             while (conn.respond_types or conn.push_pending) and not conn.closed:
-                if not await self._send(conn, conn.context, self._collect(conn)):
+                started = self._clock()
+                if not await self._send(conn, conn.context, self._collect(conn), started):
                     if conn.handler is not None and conn.handler is not asyncio.current_task():
                         conn.handler.cancel()  # the handler is blocked reading: end the RPC
                     return
@@ -328,6 +363,7 @@ class XdsServer:
                 except Exception:
                     # A bug of ours (a generator failing for this proxy, say): logged, and
                     # the worker goes on with the other streams.
+                    self._metrics.internal_errors.inc()
                     logger.exception("stream %s: sending failed", conn.id)
         finally:
             # Always given back: a slot lost here is a stream that is never served (a new
@@ -341,6 +377,7 @@ class XdsServer:
         conn: Connection,
         context: grpc.aio.ServicerContext,
         frames: list[tuple[str, bytes]],
+        started: float,
     ) -> bool:
         """Write frames in order; False when the stream must close. A separate coroutine so
         that the encoded bytes are released as soon as they are written, not kept by an idle
@@ -352,7 +389,8 @@ class XdsServer:
         task = asyncio.current_task()
         assert task is not None
         for type_url, data in frames:
-            self._writing[conn] = (self._clock(), task)
+            write_started = self._clock()
+            self._writing[conn] = (write_started, task)
             self._start_watchdog()
             try:
                 await context.write(data)
@@ -360,12 +398,15 @@ class XdsServer:
                 if not timed_out(conn):
                     raise
                 task.uncancel()  # our watchdog's cancellation, not the worker's
-                self._metrics.push_errors.labels(_short(type_url)).inc()
+                self._metrics.write_timeouts.inc()
+                if type_url in _SEND_ERROR_TYPES:
+                    self._metrics.pushes.labels(metric_type(type_url) + "_senderr").inc()
                 logger.warning("stream %s: send timed out; closing it", conn.id)
                 return False
             finally:
                 self._writing.pop(conn, None)
-            self._written.written(type_url, data)
+            done = self._clock()
+            self._written.written(type_url, data, done - started, done - write_started)
         return True
 
     def _start_watchdog(self) -> None:
@@ -397,6 +438,9 @@ class XdsServer:
         state = conn.state
         pushed: set[str] = set()
         if push:
+            # From the push's start (the oldest one coalesced into it) until a send worker
+            # took this stream: istiod's time in the push queue.
+            self._metrics.queue_time.observe(max(0.0, self._clock() - conn.push_since))
             pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
             if push_types is not None:
                 pushed &= push_types
@@ -425,6 +469,13 @@ class XdsServer:
             if answer is not None:
                 frames.append((type_url, encode_response(answer, self._control_plane)))
         return frames
+
+
+_MAX_VERSION_LABELS = 32
+# The types istiod counts send errors for (pilot_xds_pushes{type="cds_senderr"}, ...).
+_SEND_ERROR_TYPES = frozenset(
+    (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE)
+)
 
 
 def _short(type_url: str) -> str:

@@ -11,7 +11,9 @@ WorkloadGroups of mesh.yaml (`--workload-group`), which admit only their own ser
 account. Requests go to the client's outbound listener 127.0.1.1:9080, are routed by Host
 header, and reach each app through its own Envoy; the apps print the caller's SPIFFE
 identity from `x-forwarded-client-cert`. Ctrl-C stops everything cleanly; `--once` exits after
-the traffic check (used by the e2e test).
+the traffic check (used by the e2e test). At the end it prints how to scrape the demo with
+Prometheus (examples/observability/prometheus-local.yml) and a PromQL query that shows its
+traffic in Istio's standard metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ sys.path.insert(0, str(ROOT))
 
 CLIENT_IP = "127.0.1.1"
 APPS = {"reviews": "127.0.1.2", "ratings": "127.0.1.3"}
+# The demo's requests as the destination sidecars count them (Istio's standard metric).
+TRAFFIC_QUERY = (
+    "sum by (source_workload, destination_service, response_code) "
+    '(rate(istio_requests_total{reporter="destination", '
+    'destination_service_namespace="default"}[1m]))'
+)
+PROMETHEUS_COMMAND = (
+    "prometheus --config.file=examples/observability/prometheus-local.yml "
+    "--storage.tsdb.path=/tmp/pilotfish-prometheus --web.listen-address=127.0.0.1:9090"
+)
 
 
 async def start_app(name: str, ip: str) -> web.AppRunner:
@@ -265,6 +277,12 @@ async def main() -> int:
             ok = False
         say("registered through WorkloadGroups: " + json.dumps(await registered_summary()))
         say("syncz: " + json.dumps(await syncz_summary()))
+        say(f"metrics: scrape the mesh with `{PROMETHEUS_COMMAND}`")
+        say(f"PromQL for the demo's traffic: {TRAFFIC_QUERY}")
+        say(
+            "control plane metrics: http://127.0.0.1:15014/metrics "
+            "(dashboards: examples/observability)"
+        )
         if not ok:
             rc = 1
         elif not args.once:

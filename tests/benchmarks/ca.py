@@ -169,7 +169,7 @@ def issued_counts(metrics_url: str) -> tuple[float, float]:
         text = r.read().decode()
 
     def value(name: str) -> float:
-        m = re.search(rf"^{name}_total (\S+)$", text, re.M)
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
     errors = ("authentication_failure", "csr_parsing_err", "csr_sign_err")

@@ -117,7 +117,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     recycled = sum(s["recycled"] for s in status)
     problems = check_acks(records)
     cp_errors = metric(m, "pilotfish_xds_stream_errors_total*") + metric(
-        m, "pilot_xds_push_errors_total*"
+        m, "pilot_xds_write_timeout_total"
     )
     ok = (
         rss_slope <= RSS_SLOPE_MAX
@@ -127,7 +127,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
         and not cp_errors
     )
     pushes = metric(m, 'pilot_push_triggers_total{type="config"}')
-    eds_only = metric(m, 'pilot_push_triggers_total{type="eds_only"}')
+    eds_only = metric(m, "pilotfish_eds_only_pushes_total")
     print(
         f"soak: {args.proxies} proxies (half SotW, half delta), {args.services} services x "
         f"{args.endpoints} endpoints, {args.seconds:g} s: {mesh.changes} endpoint changes "

@@ -123,7 +123,7 @@ async def _run_mode(args: argparse.Namespace, delta: bool, tmp: Path) -> bool:
     mode = "delta" if delta else "sotw"
     rate_limited = metric(m, "pilotfish_xds_connections_rate_limited_total")
     cp_errors = metric(m, "pilotfish_xds_stream_errors_total*") + metric(
-        m, "pilot_xds_push_errors_total*"
+        m, "pilot_xds_write_timeout_total"
     )
     name = f"storm {mode}"
     print(

@@ -137,6 +137,9 @@ def test_make_demo_routes_traffic_and_stops_cleanly() -> None:
     assert "reviews-127.0.1.2 (default/reviews)" in r.stdout, r.stdout
     assert "ratings-127.0.1.3 (default/ratings)" in r.stdout, r.stdout
     assert "SYNCED" in r.stdout
+    # How to see the traffic in Prometheus (the query is checked in test_observability).
+    assert "examples/observability/prometheus-local.yml" in r.stdout
+    assert "PromQL for the demo's traffic: sum by (" in r.stdout
     assert "[demo] stopped" in r.stdout
 
 

@@ -113,11 +113,22 @@ async def workdirs() -> AsyncIterator[Path]:
 
 
 def start_sidecar(
-    pod: Pod, cp: ControlPlane, host: str, workdir: Path, log_dir: Path, app: str, group: str
+    pod: Pod,
+    cp: ControlPlane,
+    host: str,
+    workdir: Path,
+    log_dir: Path,
+    app: str,
+    group: str,
+    *,
+    capture: tuple[str, ...] = ("--capture-dns",),
+    env: dict[str, str] | None = None,
 ) -> AgentProcess:
     """The pod's agent, on the control plane's TLS port at `host` with a token of service
-    account `app`; `group`: the WorkloadGroup it registers in ("" = a client only)."""
-    pod.run(sys.executable, "-m", "agent", "iptables", "--capture-dns", check=True)
+    account `app`; `group`: the WorkloadGroup it registers in ("" = a client only);
+    `capture`: the flags of its `pilotfish-agent iptables` step; `env`: the agent's extra
+    environment."""
+    pod.run(sys.executable, "-m", "agent", "iptables", *capture, check=True)
     agent = mesh_agent(
         cp,
         workdir,
@@ -130,6 +141,7 @@ def start_sidecar(
         service_account=app,
         host=host,
         wrap=pod.command(),
+        env=env,
         log_path=log_dir / f"{pod.name}-agent.log",
     )
     agent.start()

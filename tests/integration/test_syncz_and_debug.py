@@ -23,6 +23,7 @@ from tests.support.envoy import EnvoyProcess
 from tests.support.mesh import UNBINDABLE_SIDECAR
 from tests.support.mesh import WEB_YAML as BASE
 from tests.support.net import pod_ip
+from tests.support.promtext import parse
 
 pytestmark = pytest.mark.envoy
 
@@ -109,8 +110,11 @@ async def test_syncz_synced_then_error_after_nack_and_bad_yaml_keeps_serving(
             status, body = await http_get(base + "/ready")
             assert status == 200
             status, body = await http_get(base + "/metrics")
-            assert status == 200 and "pilot_xds_pushes_total" in body
-            assert 'pilot_total_xds_rejects_total{type="LDS"}' in body
+            assert status == 200 and "\npilot_xds_pushes{" in body
+            assert 'pilot_total_xds_rejects{type="lds"}' in body
+            # Istio's per-node gauge too, with the code Envoy NACKed with.
+            nacked = parse(body).series("pilot_xds_lds_reject")
+            assert [r["node"] for r in nacked] == [entry["proxy"]] and nacked[0]["err"], nacked
             status, body = await http_get(base + "/debug/connections")
             assert json.loads(body)[0]["ip"] == client_ip
             status, body = await http_get(base + "/debug/config_dump?proxyID=client.default")

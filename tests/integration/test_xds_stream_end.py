@@ -29,6 +29,7 @@ from protos import typeurls
 from tests.support.adsclient import DELTA, SOTW, node_id
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.net import pod_ip
+from tests.support.promtext import parse
 
 # No BDP probing: the client's stream window stays at 64 KB, so a response it does not read
 # (a few hundred kilobytes of clusters) blocks the server's write.
@@ -138,7 +139,9 @@ async def test_send_timeout_status_reaches_a_client_that_reads_again(
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "did not read" in (e.value.details() or "")
         await eventually(rpcs_finished, timeout=10, what="the RPC to finish")
-    assert cp.metrics.push_errors.labels("CDS")._value.get() == 1
+    exposed = parse(cp.metrics.render().decode())
+    assert exposed.value("pilot_xds_write_timeout") == 1
+    assert exposed.value("pilot_xds_pushes", type="cds_senderr") == 1  # as istiod counts it
     assert error_records(errors) == []
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
+from tests.support.gateways import GATEWAY_MESH
 from tests.support.traffic import TRAFFIC_YAML
 from tests.unit.test_config_service import REVIEWS
 from tests.unit.test_config_serviceentry import EXTERNAL_API
@@ -64,6 +65,7 @@ CORPUS: dict[str, str] = {
     "workloadentry": VM.lstrip("\n"),
     "workloadgroup": GROUP.lstrip("\n"),
     "security": SECURITY,
+    "gateway": GATEWAY_MESH.lstrip("\n"),
     "demo": (ROOT / "examples/local/mesh.yaml").read_text(),
     "sample-app": (ROOT / "examples/kubernetes/sample-app.yaml").read_text(),
 }

@@ -28,13 +28,15 @@ async def running_control_plane(
     max_workload_cert_ttl: float = 24 * 3600.0,
     host: str = "127.0.0.1",
     outbound_traffic_policy: str = "ALLOW_ANY",
+    mesh_config: Path | None = None,
     **xds: Any,
 ) -> AsyncIterator[ControlPlane]:
     """A control plane on ephemeral ports: plaintext xDS, the TLS port (`secure`, on by
     default; `cp.secure_xds_port`, fixed with `secure_port` for restarts) and the
     client-certificate port (`mtls`). Without
     `state_dir` the CA root and token key live in memory (`cp.ca`, `cp.tokens`). `host`: where
-    the xDS ports listen (a network-namespace pod reaches the root namespace's gateway)."""
+    the xDS ports listen (a network-namespace pod reaches the root namespace's gateway).
+    `mesh_config`: an Istio MeshConfig file (`--mesh-config`), watched like the config."""
     ca_cert, ca_key, ca_chain = ca_files or ("", "", None)
     opts = ControlPlaneOptions(
         config_paths=(str(config_dir),),
@@ -46,6 +48,7 @@ async def running_control_plane(
         ca_chain=str(ca_chain or ""),
         max_workload_cert_ttl=max_workload_cert_ttl,
         outbound_traffic_policy=outbound_traffic_policy,
+        mesh_config=str(mesh_config) if mesh_config else "",
         state_dir=str(state_dir) if state_dir else "",
         http_address="127.0.0.1:0",
         id="test-cp",

@@ -58,6 +58,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "destinationrules": ("DestinationRule", "networking.istio.io/v1"),
     "peerauthentications": ("PeerAuthentication", "security.istio.io/v1"),
     "authorizationpolicies": ("AuthorizationPolicy", "security.istio.io/v1"),
+    "telemetries": ("Telemetry", "telemetry.istio.io/v1"),
     "mutatingwebhookconfigurations": (
         "MutatingWebhookConfiguration",
         "admissionregistration.k8s.io/v1",

@@ -8,6 +8,10 @@ pod, each with a veth to the bridge, loopback up, a default route via the gatewa
 `/etc/netns/<ns>/resolv.conf` naming the gateway as resolver (which `ip netns exec` puts in
 place of /etc/resolv.conf for processes run in the pod).
 
+With `ipv6=True` the network is dual-stack: a /64 from the ULA range (fd70:6966::/32 here,
+never routed) on the same links, the gateway `::1` of it, each pod an IPv6 address next to its
+IPv4 one (`Pod.ip6`), added without duplicate-address detection so they are usable at once.
+
 Everything is removed on close, also when the test fails: processes started in the pods are
 killed (`ip netns pids`), namespaces, links and resolv.conf directories deleted.
 
@@ -64,6 +68,7 @@ class Pod:
     netns: str
     ip: str
     gateway: str
+    ip6: str = ""  # dual-stack networks only
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def command(self, *argv: str) -> list[str]:
@@ -116,12 +121,15 @@ def clean_env() -> dict[str, str]:
 class PodNetwork:
     """A bridge network of pods; use as a context manager (removes everything on exit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ipv6: bool = False) -> None:
         # A /24 per network, from the pid and a counter, so parallel runs do not collide.
         n = next(_seq)
         self.tag = f"pf{os.getpid() % 10000}{n}"
         self.subnet = 10 + (os.getpid() * 7 + n) % 240
         self.gateway = f"198.18.{self.subnet}.1"
+        self.ipv6 = ipv6
+        self.prefix6 = f"fd70:6966:{os.getpid() % 0x10000:x}:{self.subnet:x}"
+        self.gateway6 = f"{self.prefix6}::1" if ipv6 else ""
         self.switch = f"{self.tag}sw"
         self.root_link = f"{self.tag}g"
         self.pods: list[Pod] = []
@@ -150,6 +158,8 @@ class PodNetwork:
                 self.switch,
             )
             _ip("addr", "add", f"{self.gateway}/24", "dev", self.root_link)
+            if self.ipv6:
+                _ip("-6", "addr", "add", f"{self.gateway6}/64", "dev", self.root_link, "nodad")
             _ip("link", "set", self.root_link, "up")
             self._in(self.switch, "link", "set", "up0", "master", "br0", "up")
         except BaseException:
@@ -166,7 +176,8 @@ class PodNetwork:
         ip = self._addr(10 + index)
         _ip("netns", "add", netns)
         self._netns.append(netns)
-        pod = Pod(name, netns, ip, self.gateway)
+        ip6 = f"{self.prefix6}::{10 + index:x}" if self.ipv6 else ""
+        pod = Pod(name, netns, ip, self.gateway, ip6)
         self.pods.append(pod)
         leg = f"p{index}"
         _ip(
@@ -186,6 +197,8 @@ class PodNetwork:
         self._in(self.switch, "link", "set", leg, "master", "br0", "up")
         self._in(netns, "link", "set", "lo", "up")
         self._in(netns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        if ip6:
+            self._in(netns, "-6", "addr", "add", f"{ip6}/64", "dev", "eth0", "nodad")
         self._in(netns, "link", "set", "eth0", "up")
         self._in(netns, "route", "add", "default", "via", self.gateway)
         etc = Path("/etc/netns") / netns
@@ -227,7 +240,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def pod_network() -> Iterator[PodNetwork]:
+def pod_network(ipv6: bool = False) -> Iterator[PodNetwork]:
     require_netns()
-    with PodNetwork() as net:
+    if ipv6 and not Path("/proc/net/if_inet6").exists():
+        pytest.skip("dual-stack pods need IPv6 in the kernel")
+    with PodNetwork(ipv6) as net:
         yield net

@@ -103,9 +103,9 @@ def test_load_file_mixed_manifests(tmp_path: Path) -> None:
         spec: {replicas: 2}
         ---
         apiVersion: networking.istio.io/v1
-        kind: Gateway
+        kind: EnvoyFilter
         metadata: {name: web}
-        spec: {servers: []}
+        spec: {configPatches: []}
         ---
         """
     ).lstrip("\n")
@@ -116,7 +116,7 @@ def test_load_file_mixed_manifests(tmp_path: Path) -> None:
     assert [str(w) for w in fc.warnings] == [
         f"Deployment default/web ({path}:1): kind Deployment (apiVersion apps/v1) is not "
         "supported; ignored",
-        f"Gateway default/web ({path}:6): kind Gateway (apiVersion "
+        f"EnvoyFilter default/web ({path}:6): kind EnvoyFilter (apiVersion "
         "networking.istio.io/v1) is not supported; ignored",
     ]
 

@@ -309,9 +309,9 @@ async def test_file_io_runs_off_the_event_loop(
         threads.add(threading.get_ident())
         return real_scan(paths)
 
-    def load(files: list[str], domain: str) -> dict[str, object]:
+    def load(files: list[str], domain: str, revision: str = "") -> dict[str, object]:
         threads.add(threading.get_ident())
-        return real_load(files, domain)  # type: ignore[return-value]
+        return real_load(files, domain, revision)  # type: ignore[return-value]
 
     monkeypatch.setattr(watcher_module, "_scan", scan)
     monkeypatch.setattr(watcher_module, "_load_files", load)

@@ -80,6 +80,7 @@ def test_kube_inject_from_stdin_matches_the_webhook_patch() -> None:
     expected = apply_patch(original, patch)
     del expected["metadata"]["namespace"]
     assert template == expected
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "15020"
     # The opted-out pod and the Service pass through unchanged.
     docs = list(yaml.safe_load_all(DEPLOYMENT))
     assert pod == docs[1] and service == docs[2]

@@ -153,6 +153,7 @@ def test_injection_webhook_plumbing_lines_up() -> None:
     the patcher's default name is that configuration, and the mounted template is the
     ConfigMap the webhook and kube-inject share."""
     from control.__main__ import build_parser
+    from control.webhook.cabundle import default_name
     from control.webhook.template import DEFAULT_TEMPLATE, parse_template
 
     deployment = control_plane_deployment()
@@ -163,7 +164,8 @@ def test_injection_webhook_plumbing_lines_up() -> None:
     )
     webhook_port = int(parsed.webhook_address.rpartition(":")[2])
     mwc = next(d for _, d in documents() if d["kind"] == "MutatingWebhookConfiguration")
-    assert mwc["metadata"]["name"] == parsed.webhook_config_name
+    # Unset: the default name, with -REV for a --revision.
+    assert mwc["metadata"]["name"] == (parsed.webhook_config_name or default_name(parsed.revision))
     service = next(
         d for n, d in documents() if n == "control-plane.yaml" and d["kind"] == "Service"
     )
@@ -195,16 +197,15 @@ def sidecar_template() -> dict[str, Any]:
     return dict(yaml.safe_load(cm["data"]["sidecar.yaml"]))
 
 
-@pytest.mark.parametrize("where", ["template", "sample"])
+@pytest.mark.parametrize("where", ["template", "sample", "gateway"])
 def test_agent_sidecar_is_valid_and_its_args_and_env_are_the_agents(where: str) -> None:
     from agent.config import build_parser
 
     if where == "template":
         spec = sidecar_template()
     else:
-        deployment = next(
-            d for n, d in documents() if n == "sample-app.yaml" and d["kind"] == "Deployment"
-        )
+        file = "sample-app.yaml" if where == "sample" else "ingress-gateway.yaml"
+        deployment = next(d for n, d in documents() if n == file and d["kind"] == "Deployment")
         spec = deployment["spec"]["template"]["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "istio-proxy")
     assert round_trip(agent, "V1Container") == _clean(agent)
@@ -222,6 +223,7 @@ def test_agent_sidecar_is_valid_and_its_args_and_env_are_the_agents(where: str) 
     mounts = {m["name"] for m in agent["volumeMounts"]}
     assert mounts <= {v["name"] for v in spec["volumes"]}
     assert agent["securityContext"]["runAsUser"] != 0
+    assert (parsed.proxy_type == "router") == (where == "gateway")
 
 
 # --- Dockerfiles ----------------------------------------------------------------------------

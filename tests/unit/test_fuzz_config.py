@@ -23,7 +23,7 @@ from control.config.errors import ConfigError
 from control.config.loader import load_bytes
 from control.config.merge import merge
 from control.config.yamlsource import last_line
-from control.generate import GENERATORS
+from control.generate import generators_for
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.index import MeshIndex
@@ -44,6 +44,12 @@ PROXIES = [
         ],
         start=1,
     )
+] + [
+    # A router: the corpus's Gateways select it (tests/support/gateways.py).
+    proxy_from_node(
+        "router~10.1.0.9~ingress.edge~edge.svc.cluster.local",
+        {"LABELS": {"istio": "ingressgateway"}, "SDS": "true"},
+    )
 ]
 TYPES = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 
@@ -52,7 +58,7 @@ def generate_all(mesh: MeshConfig) -> None:
     ctx = GenContext(MeshIndex(mesh, ()), ResourceCache())
     for proxy in PROXIES:
         for t in TYPES:
-            GENERATORS[t](ctx, proxy)
+            generators_for(proxy)[t](ctx, proxy)
 
 
 def note(outcome: str) -> None:

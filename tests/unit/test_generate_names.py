@@ -180,6 +180,6 @@ async def test_service_change_repushes_names_and_endpoint_change_keeps_them(
         cp.push_now()
         second = cp.resources(p, [NAME_TABLE])[NAME_TABLE]
         assert second.digest != first.digest
-        assert cp.metrics.push_triggers.labels("eds_only")._value.get() == 0
+        assert cp.metrics.eds_only_pushes._value.get() == 0
     finally:
         await cp.close(0)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from control.webhook.inject import (
+    PROMETHEUS_ANNOTATIONS,
     STATUS_ANNOTATION,
     InjectionError,
     InjectionValues,
@@ -219,6 +220,71 @@ def test_patch_paths_escape_label_keys_and_append_to_existing_lists() -> None:
     out = apply_patch(pod, patch)
     assert out["metadata"]["annotations"]["team"] == "a"
     assert next(v["name"] for v in out["spec"]["volumes"]) == "data"
+
+
+ISTIO_SCRAPE = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": "15020",
+    "prometheus.io/path": "/stats/prometheus",
+}
+
+
+def scrape_annotations(pod: dict[str, Any], **values: Any) -> dict[str, str]:
+    decision, patch = injection_patch(pod, ENABLED, TEMPLATE, InjectionValues(**values))
+    assert decision.inject
+    out = apply_patch(pod, patch)["metadata"].get("annotations") or {}
+    return {k: v for k, v in out.items() if "prometheus" in k}
+
+
+@pytest.mark.parametrize("annotations", [None, {}, {"team": "a"}, {"prometheus.io/scrape": "true"}])
+def test_injected_pods_are_scraped_at_the_agents_merged_metrics(
+    annotations: dict[str, str] | None,
+) -> None:
+    """As Istio's metrics merge: Prometheus scrapes the agent's status port, which serves
+    Envoy's and the agent's metrics (the standard istio_* ones among them)."""
+    assert PROMETHEUS_ANNOTATIONS == ISTIO_SCRAPE
+    pod = app_pod(annotations=annotations)
+    assert scrape_annotations(pod) == ISTIO_SCRAPE
+    if annotations:  # the pod's other annotations stay
+        out = injected(app_pod(annotations=annotations))
+        assert out["metadata"]["annotations"].items() >= annotations.items() - {
+            ("prometheus.io/scrape", "true")
+        }
+
+
+@pytest.mark.parametrize(
+    ("annotations", "values"),
+    [
+        # The pod opts out of scraping (any spelling Prometheus reads as the same label).
+        ({"prometheus.io/scrape": "false"}, {}),
+        ({"prometheus-io/scrape": "False"}, {}),
+        # The pod opts out of the merge, or the mesh turned it off (enablePrometheusMerge).
+        ({"prometheus.istio.io/merge-metrics": "false"}, {}),
+        ({}, {"prometheus_merge": False}),
+        # The pod's own scrape target is kept (our agent does not scrape and merge the app's).
+        ({"prometheus.io/port": "9100", "prometheus.io/path": "/metrics"}, {}),
+        ({"prometheus.io/path": "/app-metrics"}, {}),
+    ],
+)
+def test_scrape_annotations_the_pod_set_are_not_overridden(
+    annotations: dict[str, str], values: dict[str, Any]
+) -> None:
+    pod = app_pod(annotations=annotations)
+    assert scrape_annotations(pod, **values) == {
+        k: v for k, v in annotations.items() if "prometheus" in k
+    }
+
+
+def test_merge_metrics_annotation_can_turn_it_on_against_the_mesh_default() -> None:
+    pod = app_pod(annotations={"prometheus.istio.io/merge-metrics": "true"})
+    got = scrape_annotations(pod, prometheus_merge=False)
+    assert got == {**ISTIO_SCRAPE, "prometheus.istio.io/merge-metrics": "true"}
+
+
+def test_a_bad_merge_metrics_annotation_is_a_clear_error() -> None:
+    pod = app_pod(annotations={"prometheus.istio.io/merge-metrics": "maybe"})
+    with pytest.raises(InjectionError, match=r'merge-metrics: .maybe. is not "true" or "false"'):
+        injection_patch(pod, ENABLED, TEMPLATE)
 
 
 def test_template_errors() -> None:

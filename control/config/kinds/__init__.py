@@ -1,6 +1,8 @@
 """Kind converters: validate one raw object and convert it to the model.
 
-Each supported kind has a module with `API_VERSIONS` and `convert(ctx, domain)`. Objects of
+Each supported kind has a module with `API_VERSIONS` and `convert(ctx, domain)`. A kind name
+can stand for several kinds in different API groups (Istio's `Gateway` and the Gateway API's):
+each is one entry of that name, chosen by the object's apiVersion. Objects of
 other kinds (or other API versions) are not errors: they are reported once as ignored, so a
 directory of mixed manifests (Deployments next to Services) loads.
 """
@@ -13,10 +15,12 @@ from control.config.fields import Context
 from control.config.kinds import (
     authorizationpolicy,
     destinationrule,
+    gateway,
     peerauthentication,
     service,
     serviceentry,
     sidecar,
+    telemetry,
     virtualservice,
     workloadentry,
     workloadgroup,
@@ -27,26 +31,35 @@ from control.model.types import ConfigWarning
 
 Converter = Callable[[Context, str], ConfigObject]
 
-CONVERTERS: dict[str, tuple[tuple[str, ...], Converter]] = {
-    "Service": (service.API_VERSIONS, service.convert),
-    "WorkloadEntry": (workloadentry.API_VERSIONS, workloadentry.convert),
-    "WorkloadGroup": (workloadgroup.API_VERSIONS, workloadgroup.convert),
-    "ServiceEntry": (serviceentry.API_VERSIONS, serviceentry.convert),
-    "Sidecar": (sidecar.API_VERSIONS, sidecar.convert),
-    "VirtualService": (virtualservice.API_VERSIONS, virtualservice.convert),
-    "DestinationRule": (destinationrule.API_VERSIONS, destinationrule.convert),
-    "PeerAuthentication": (peerauthentication.API_VERSIONS, peerauthentication.convert),
-    "AuthorizationPolicy": (authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),
+# Per kind name: (API versions, converter), one entry per API group of that name.
+CONVERTERS: dict[str, tuple[tuple[tuple[str, ...], Converter], ...]] = {
+    "Service": ((service.API_VERSIONS, service.convert),),
+    "WorkloadEntry": ((workloadentry.API_VERSIONS, workloadentry.convert),),
+    "WorkloadGroup": ((workloadgroup.API_VERSIONS, workloadgroup.convert),),
+    "ServiceEntry": ((serviceentry.API_VERSIONS, serviceentry.convert),),
+    "Sidecar": ((sidecar.API_VERSIONS, sidecar.convert),),
+    "VirtualService": ((virtualservice.API_VERSIONS, virtualservice.convert),),
+    "DestinationRule": ((destinationrule.API_VERSIONS, destinationrule.convert),),
+    "PeerAuthentication": ((peerauthentication.API_VERSIONS, peerauthentication.convert),),
+    "AuthorizationPolicy": ((authorizationpolicy.API_VERSIONS, authorizationpolicy.convert),),
+    "Gateway": ((gateway.API_VERSIONS, gateway.convert),),
+    "Telemetry": ((telemetry.API_VERSIONS, telemetry.convert),),
 }
+
+
+def converter_for(kind: str, api_version: str) -> Converter | None:
+    for versions, converter in CONVERTERS.get(kind, ()):
+        if api_version in versions:
+            return converter
+    return None
 
 
 def convert(obj: RawObject, domain: str) -> Converted:
     """Validate and convert one object; raises ConfigError for invalid objects."""
-    entry = CONVERTERS.get(obj.kind)
-    if entry is None or obj.api_version not in entry[0]:
+    converter = converter_for(obj.kind, obj.api_version)
+    if converter is None:
         message = f"kind {obj.kind} (apiVersion {obj.api_version}) is not supported; ignored"
         return Converted(None, (ConfigWarning(obj.source, message),))
-    _, converter = entry
     ctx = Context(obj)
     result = converter(ctx, domain)
     return Converted(result, tuple(ctx.warnings))

@@ -1,9 +1,10 @@
-"""Istio `VirtualService` -> model VirtualService (HTTP and TCP routes for sidecars).
+"""Istio `VirtualService` -> model VirtualService (HTTP, TCP and TLS routes).
 
-Only the `mesh` gateway exists here. A VirtualService bound to other gateways only is reported
-and ignored; `mesh` next to other gateways keeps the `mesh` part. A match condition we cannot
-honour (sourceLabels, ...) is reported and its match is dropped, so the route matches less,
-never more.
+`gateways` binds it as Istio does: absent means sidecars only (`mesh`); `ns/name` or a bare
+name (the VirtualService's namespace) names a Gateway, and `mesh` must then be listed to keep
+sidecars. `match[].gateways` narrows one match. Which part applies where is decided by
+`control.model.traffic.bound_to`. A match condition we cannot honour (sourceLabels, ...) is
+reported and its match is dropped, so the route matches less, never more.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from control.config.kinds.common import (
 )
 from control.config.manifest import format_path
 from control.config.objects import ConfigObject
+from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     Destination,
     Fault,
@@ -34,12 +36,13 @@ from control.model.traffic import (
     Rewrite,
     StringMatch,
     TcpRoute,
+    TlsRoute,
     VirtualService,
+    host_matches,
 )
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
-MESH_GATEWAY = "mesh"
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
 
 
@@ -62,21 +65,18 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         resolved = resolve(host)
         if resolved not in hosts:
             hosts.append(resolved)
-    for_mesh = _gateways(spec, "gateways")
+    gateways = _gateways(spec, "gateways", obj.namespace) or (MESH_GATEWAY,)
     http = tuple(
         r for item in spec.get_maps("http") if (r := _http_route(item, resolve)) is not None
     )
     tcp = tuple(_tcp_route(item, resolve) for item in spec.get_maps("tcp"))
-    if spec.has("tls"):
-        ctx.warn_unsupported(spec.at("tls"), "(TLS routes by SNI)")
-        spec.ignore("tls")
+    tls = tuple(_tls_route(item, resolve, tuple(hosts)) for item in spec.get_maps("tls"))
     exports = export_to(spec)
     spec.finish()
     if not any(spec.has(k) for k in ("http", "tcp", "tls")):
-        spec.fail(None, "needs http or tcp routes")
-    if not for_mesh:
-        ctx.warn("applies to gateways only (spec.gateways has no 'mesh'); ignored for sidecars")
-        return ConfigObject(ctx.source, obj.data)
+        spec.fail(None, "needs http, tcp or tls routes")
+    if tls and MESH_GATEWAY in gateways:
+        ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
@@ -84,23 +84,34 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         hosts=tuple(hosts),
         http=http,
         tcp=tcp,
+        tls=tls,
         export_to=exports,
+        gateways=gateways,
     )
     return ConfigObject(ctx.source, obj.data, virtual_services=(vs,))
 
 
-def _gateways(f: Fields, key: str) -> bool:
-    """True when the object (or match) applies to sidecars (`mesh`, or no gateways at all)."""
-    gateways = [g for _, g in f.get_strs(key)]
-    if not gateways:
-        return True
-    others = [g for g in gateways if g != MESH_GATEWAY]
-    if others:
-        f.ctx.warn(
-            f"{format_path(f.at(key))}: gateways {', '.join(others)} are not supported; "
-            "only 'mesh' (sidecars) is served"
-        )
-    return MESH_GATEWAY in gateways
+def _gateways(f: Fields, key: str, namespace: str) -> tuple[str, ...]:
+    """Gateway names resolved as Istio resolves them: `mesh`, `ns/name`, or a bare name in
+    the VirtualService's namespace; () when absent."""
+    out: list[str] = []
+    for path, value in f.get_strs(key):
+        if value == MESH_GATEWAY:
+            ref = value
+        else:
+            ns, slash, name = value.rpartition("/")
+            if not slash:
+                ns = namespace
+            elif ns == ".":
+                ns = namespace
+            if problem := formats.dns1123_label(ns):
+                f.ctx.fail(path, f"gateway namespace {ns!r} {problem}")
+            if problem := formats.dns1123_subdomain(name):
+                f.ctx.fail(path, f"gateway name {name!r} {problem}")
+            ref = f"{ns}/{name}"
+        if ref not in out:
+            out.append(ref)
+    return tuple(out)
 
 
 # --- HTTP ------------------------------------------------------------------------------------
@@ -111,7 +122,7 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
     matches: list[HttpMatch] = []
     items = f.get_maps("match")
     for item in items:
-        match = _http_match(item)
+        match = _http_match(item, resolve.namespace)
         if match is not None:
             matches.append(match)
     if items and not matches:
@@ -155,8 +166,8 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
     return route
 
 
-def _http_match(f: Fields) -> HttpMatch | None:
-    for_mesh = _gateways(f, "gateways")
+def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
+    gateways = _gateways(f, "gateways", namespace)
     headers: list[HeaderMatch] = []
     for path, key, value in f.get_items("headers"):
         headers.append(HeaderMatch(key.lower(), _string_match_at(f, path, value)))
@@ -178,12 +189,13 @@ def _http_match(f: Fields) -> HttpMatch | None:
         query_params=tuple(query),
         port=f.get_port("port"),
         source_namespace=f.get_str("sourceNamespace"),
+        gateways=gateways,
     )
     unusable = f.unused()
     for key in unusable:
         f.ctx.warn(f"{format_path(f.at(key))} is not supported; this match is dropped")
     f.ignore(*unusable)
-    if unusable or not for_mesh:
+    if unusable:
         return None
     return match
 
@@ -370,14 +382,51 @@ def _header_ops(f: Fields | None) -> HeaderOpsPart:
 
 
 def _tcp_route(f: Fields, resolve: _Resolver) -> TcpRoute:
-    ports: list[int] = []
-    for item in f.get_maps("match"):
-        port = item.get_port("port")
-        for key in item.unused():
-            item.fail(key, "is not supported in tcp matches (only port)")
-        if port is not None:
-            ports.append(port)
+    ports, gateways = _l4_matches(f, f.get_maps("match"), resolve.namespace, "tcp", ())
     destinations = tuple(_destination(item, resolve) for item in f.get_maps("route", required=True))
     _check_weights(f, destinations)
     f.finish()
-    return TcpRoute(tuple(ports), destinations)
+    return TcpRoute(ports, destinations, gateways)
+
+
+def _l4_matches(
+    f: Fields, items: list[Fields], namespace: str, what: str, extra: tuple[str, ...]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Ports and gateways of tcp/tls matches. The model keeps one gateway list per route, so
+    matches must agree on it: when only some name gateways, the others would widen the route."""
+    ports: list[int] = []
+    per_match: list[tuple[str, ...]] = []
+    for item in items:
+        port = item.get_port("port")
+        per_match.append(_gateways(item, "gateways", namespace))
+        item.ignore(*extra)
+        for key in item.unused():
+            only = ", ".join(("port", "gateways", *extra))
+            item.fail(key, f"is not supported in {what} matches (only {only})")
+        if port is not None:
+            ports.append(port)
+    gateways = per_match[0] if per_match else ()
+    if any(g != gateways for g in per_match):
+        f.fail("match", "every match of one route must name the same gateways (or none)")
+    return tuple(ports), gateways
+
+
+# --- TLS (passthrough by SNI, on gateways) ---------------------------------------------------
+
+
+def _tls_route(f: Fields, resolve: _Resolver, hosts: tuple[str, ...]) -> TlsRoute:
+    items = f.get_maps("match", required=True)
+    sni: list[str] = []
+    for item in items:
+        for path, host in item.get_strs("sniHosts", required=True):
+            check_host(item, path, host)
+            resolved = resolve(host)
+            if not any(host_matches(h, resolved) for h in hosts):
+                item.ctx.fail(path, f"sniHost {host!r} is not one of the VirtualService's hosts")
+            if resolved not in sni:
+                sni.append(resolved)
+    ports, gateways = _l4_matches(f, items, resolve.namespace, "tls", ("sniHosts",))
+    destinations = tuple(_destination(item, resolve) for item in f.get_maps("route", required=True))
+    _check_weights(f, destinations)
+    f.finish()
+    return TlsRoute(tuple(sni), ports, destinations, gateways)

@@ -1,0 +1,159 @@
+"""Envoy file access logs (`envoy.access_loggers.file`) from a proxy's effective telemetry
+(control/model/telemetry.py AccessLogSink), for HTTP connection managers and TCP proxies
+alike: Istio's default TEXT format and JSON labels, a custom format, and the status-code
+filters a Telemetry `filter.expression` compiles to. Pure functions of hashable inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from envoy.config.accesslog.v3.accesslog_pb2 import (
+    AccessLog,
+    AccessLogFilter,
+    AndFilter,
+    ComparisonFilter,
+    OrFilter,
+    StatusCodeFilter,
+)
+from envoy.config.core.v3.base_pb2 import DataSource, RuntimeUInt32
+from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
+from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
+from google.protobuf.struct_pb2 import Struct
+
+from control.generate.warn import warn_once
+from control.generate.wire import pack
+from control.model.meshconfig import AccessLogEncoding
+from control.model.telemetry import AccessLogSink, CodeFilter
+
+FILE_LOGGER: Final = "envoy.access_loggers.file"
+
+# Istio's default TEXT format (pilot/pkg/model/telemetry_logging.go EnvoyTextLogFormat).
+ISTIO_TEXT_FORMAT: Final = (
+    '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% "
+    '"%UPSTREAM_TRANSPORT_FAILURE_REASON%" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% '
+    '%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%" '
+    '"%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%" %UPSTREAM_CLUSTER_RAW% '
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% "
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n"
+)
+
+# Istio's default JSON labels (EnvoyJSONLogFormatIstio).
+ISTIO_JSON_LABELS: Final[tuple[tuple[str, str], ...]] = (
+    ("authority", "%REQ(:AUTHORITY)%"),
+    ("bytes_received", "%BYTES_RECEIVED%"),
+    ("bytes_sent", "%BYTES_SENT%"),
+    ("connection_termination_details", "%CONNECTION_TERMINATION_DETAILS%"),
+    ("downstream_local_address", "%DOWNSTREAM_LOCAL_ADDRESS%"),
+    ("downstream_remote_address", "%DOWNSTREAM_REMOTE_ADDRESS%"),
+    ("duration", "%DURATION%"),
+    ("method", "%REQ(:METHOD)%"),
+    ("path", "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%"),
+    ("protocol", "%PROTOCOL%"),
+    ("request_id", "%REQ(X-REQUEST-ID)%"),
+    ("requested_server_name", "%REQUESTED_SERVER_NAME%"),
+    ("response_code", "%RESPONSE_CODE%"),
+    ("response_code_details", "%RESPONSE_CODE_DETAILS%"),
+    ("response_flags", "%RESPONSE_FLAGS%"),
+    ("route_name", "%ROUTE_NAME%"),
+    ("start_time", "%START_TIME%"),
+    ("upstream_cluster", "%UPSTREAM_CLUSTER_RAW%"),
+    ("upstream_host", "%UPSTREAM_HOST%"),
+    ("upstream_local_address", "%UPSTREAM_LOCAL_ADDRESS%"),
+    ("upstream_service_time", "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%"),
+    ("upstream_transport_failure_reason", "%UPSTREAM_TRANSPORT_FAILURE_REASON%"),
+    ("user_agent", "%REQ(USER-AGENT)%"),
+    ("x_forwarded_for", "%REQ(X-FORWARDED-FOR)%"),
+)
+
+# Envoy's comparison filter reads its value through the runtime; the key is required.
+_RUNTIME_KEY: Final = "access_log.status_code_filter"
+
+
+def access_logs(sinks: tuple[AccessLogSink, ...]) -> list[AccessLog]:
+    """The `access_log` entries for an HCM or a TCP proxy."""
+    return [_access_log(s) for s in sinks]
+
+
+def _access_log(sink: AccessLogSink) -> AccessLog:
+    log = AccessLog(
+        name=FILE_LOGGER,
+        typed_config=pack(FileAccessLog(path=sink.path, log_format=log_format(sink))),
+    )
+    if sink.filter is not None:
+        log.filter.CopyFrom(code_filter(sink.filter))
+    return log
+
+
+def log_format(sink: AccessLogSink) -> SubstitutionFormatString:
+    if sink.encoding is AccessLogEncoding.JSON:
+        labels = _json_labels(sink)
+        body = Struct()
+        body.update(dict(labels))
+        return SubstitutionFormatString(json_format=body)
+    text = sink.text_format or ISTIO_TEXT_FORMAT
+    if not text.endswith("\n"):
+        text += "\n"  # as Istio: one line per entry
+    return SubstitutionFormatString(text_format_source=DataSource(inline_string=text))
+
+
+def _json_labels(sink: AccessLogSink) -> tuple[tuple[str, str], ...]:
+    if sink.json_labels is not None:
+        return sink.json_labels
+    if not sink.text_format:
+        return ISTIO_JSON_LABELS
+    # MeshConfig accessLogFormat with accessLogEncoding JSON is a JSON object of labels; Istio
+    # falls back to its default labels when it is not one, and so do we (said once).
+    try:
+        parsed = json.loads(sink.text_format)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and all(isinstance(v, str) for v in parsed.values()):
+        return tuple(sorted((str(k), v) for k, v in parsed.items()))
+    warn_once(
+        ("access-log-json-format", sink.text_format),
+        "mesh config accessLogFormat is not a JSON object of strings; Istio's default JSON "
+        "labels are used",
+    )
+    return ISTIO_JSON_LABELS
+
+
+def code_filter(f: CodeFilter) -> AccessLogFilter:
+    """Envoy's status-code filters for a compiled `response.code` expression."""
+    terms = [_term(op, value) for op, value in f.terms]
+    if len(terms) == 1:
+        return terms[0]
+    if f.all_of:
+        return AccessLogFilter(and_filter=AndFilter(filters=terms))
+    return AccessLogFilter(or_filter=OrFilter(filters=terms))
+
+
+_OPS: Final = {
+    "==": ComparisonFilter.EQ,
+    "!=": ComparisonFilter.NE,
+    ">=": ComparisonFilter.GE,
+    "<=": ComparisonFilter.LE,
+}
+
+
+def _status(op: ComparisonFilter.Op.ValueType, value: int) -> AccessLogFilter:
+    comparison = ComparisonFilter(
+        op=op, value=RuntimeUInt32(default_value=value, runtime_key=_RUNTIME_KEY)
+    )
+    return AccessLogFilter(status_code_filter=StatusCodeFilter(comparison=comparison))
+
+
+def _term(op: str, value: int) -> AccessLogFilter:
+    if op == ">":
+        return _status(ComparisonFilter.GE, value + 1)
+    if op == "<":
+        if value == 0:  # no code is below zero: a filter nothing passes
+            return AccessLogFilter(
+                and_filter=AndFilter(
+                    filters=[_status(ComparisonFilter.LE, 0), _status(ComparisonFilter.GE, 1)]
+                )
+            )
+        return _status(ComparisonFilter.LE, value - 1)
+    return _status(_OPS[op], value)

@@ -1,0 +1,72 @@
+"""Telemetry on a built listener: access logs on every HttpConnectionManager and TCP proxy
+(inbound, outbound, passthrough chains alike) and the tracer on every HCM, for one side of a
+proxy. The listener builders stay pure functions of their specs; a generator passes the
+`ListenerTelemetry` of the side (part of the resource's cache key) and wraps the build in
+`with_telemetry`. Gateway listeners (CLIENT side, as in Istio) use it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.listener.v3.listener_components_pb2 import FilterChain
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
+    HttpConnectionManager,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+
+from control.generate.access_logs import access_logs
+from control.generate.context import GenContext
+from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
+from control.generate.tracing import hcm_tracing, service_name
+from control.generate.wire import pack
+from control.model.proxy import Proxy
+from control.model.telemetry import SideTelemetry, WorkloadMode
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerTelemetry:
+    side: SideTelemetry
+    service: str = ""  # how the proxy names itself in spans
+
+    @property
+    def empty(self) -> bool:
+        return not self.side.access_logs and self.side.tracing is None
+
+
+NONE = ListenerTelemetry(SideTelemetry())
+
+
+def listener_telemetry(ctx: GenContext, proxy: Proxy, mode: WorkloadMode) -> ListenerTelemetry:
+    side = ctx.index.telemetry(proxy).side(mode)
+    if not side.access_logs and side.tracing is None:
+        return NONE
+    return ListenerTelemetry(side, service_name(proxy) if side.tracing is not None else "")
+
+
+def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener:
+    """`listener` with the side's access logs and tracer added (in place; returned)."""
+    if telemetry.empty:
+        return listener
+    logs = access_logs(telemetry.side.access_logs)
+    tracing = telemetry.side.tracing
+    hcm_trace = hcm_tracing(tracing, telemetry.service) if tracing is not None else None
+    chains: list[FilterChain] = list(listener.filter_chains)
+    if listener.HasField("default_filter_chain"):
+        chains.append(listener.default_filter_chain)
+    for chain in chains:
+        for f in chain.filters:
+            if f.name == HCM_FILTER:
+                hcm = HttpConnectionManager()
+                f.typed_config.Unpack(hcm)
+                hcm.access_log.extend(logs)
+                if hcm_trace is not None:
+                    hcm.tracing.CopyFrom(hcm_trace)
+                f.typed_config.CopyFrom(pack(hcm))
+            elif f.name == TCP_PROXY_FILTER and logs:
+                tcp = TcpProxy()
+                f.typed_config.Unpack(tcp)
+                tcp.access_log.extend(logs)
+                f.typed_config.CopyFrom(pack(tcp))
+    return listener

@@ -1,0 +1,346 @@
+"""Benchmark: requests through our gateway against the same Envoy binary with an equivalent
+hand-written static config, HTTP and HTTPS.
+
+Our side is a real router pod: `pilotfish-agent --proxy-type router` with its Envoy, configured
+over xDS by an in-process control plane from an Istio Gateway (HTTP server and an HTTPS SIMPLE
+server with a file certificate) and a VirtualService. The floor is a second Envoy started
+with a static bootstrap that does the same: a listener per port (TLS with the same certificate
+files), one route to one cluster. Both Envoys run with the agent's `--concurrency 2` and send
+to the same backend (a third Envoy answering every request itself). h2load drives each in
+alternating rounds; figures are medians over rounds: throughput ratio (target >= 0.95) and
+p99 latency ratio (target <= 1.1), ours / floor. The config is the only difference.
+
+A second static Envoy (identical to the floor) is measured the same way and its ratio to the
+floor printed as the run's noise: on a busy shared machine that noise can exceed the targets'
+margins, and a figure is only as good as it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.envoy import envoy_binary
+from tests.support.mesh import mesh_agent
+from tests.support.net import pod_ip
+from tests.support.testca import TestCA
+
+HOST = "bench.example.com"
+HTTP_PORT, HTTPS_PORT, BACKEND_PORT = 8080, 8443, 8080
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
+_ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+
+
+def mesh_yaml(backend_ip: str, cert: Path, key: Path) -> str:
+    return textwrap.dedent(
+        f"""\
+        apiVersion: v1
+        kind: Service
+        metadata: {{name: bench, namespace: default}}
+        spec:
+          selector: {{app: bench}}
+          ports: [{{name: http, port: 9080, targetPort: {BACKEND_PORT}}}]
+        ---
+        apiVersion: networking.istio.io/v1
+        kind: WorkloadEntry
+        metadata: {{name: bench-0, namespace: default}}
+        spec: {{address: "{backend_ip}", labels: {{app: bench}}}}
+        ---
+        apiVersion: networking.istio.io/v1
+        kind: Gateway
+        metadata: {{name: bench, namespace: istio-system}}
+        spec:
+          selector: {{istio: ingressgateway}}
+          servers:
+          - port: {{number: {HTTP_PORT}, name: http, protocol: HTTP}}
+            hosts: [{HOST}]
+          - port: {{number: {HTTPS_PORT}, name: https, protocol: HTTPS}}
+            hosts: [{HOST}]
+            tls: {{mode: SIMPLE, serverCertificate: {cert}, privateKey: {key}}}
+        ---
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {{name: bench, namespace: default}}
+        spec:
+          hosts: [{HOST}]
+          gateways: [istio-system/bench]
+          http: [{{route: [{{destination: {{host: bench}}}}]}}]
+        """
+    )
+
+
+def _hcm(routes: list[dict[str, Any]], stat: str) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": _HCM,
+            "stat_prefix": stat,
+            "codec_type": "AUTO",
+            "route_config": {
+                "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": routes}]
+            },
+            "http_filters": [
+                {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}
+            ],
+        },
+    }
+
+
+def _address(ip: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": ip, "port_value": port}}
+
+
+def backend_bootstrap(ip: str) -> dict[str, Any]:
+    """The backend: answers every request itself (fast, the same for both sides)."""
+    route = {
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+    }
+    return {
+        "admin": {"address": _address(ip, 15000)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "backend",
+                    "address": _address(ip, BACKEND_PORT),
+                    "filter_chains": [{"filters": [_hcm([route], "backend")]}],
+                }
+            ]
+        },
+    }
+
+
+def static_bootstrap(ip: str, backend_ip: str, cert: Path, key: Path) -> dict[str, Any]:
+    """The floor: what the gateway does, written by hand."""
+    route = {"match": {"prefix": "/"}, "route": {"cluster": "bench", "timeout": "0s"}}
+    tls = {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TLS,
+            "common_tls_context": {
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_certificates": [
+                    {
+                        "certificate_chain": {"filename": str(cert)},
+                        "private_key": {"filename": str(key)},
+                    }
+                ],
+            },
+        },
+    }
+    return {
+        "admin": {"address": _address(ip, 15000)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "http",
+                    "address": _address(ip, HTTP_PORT),
+                    "filter_chains": [{"filters": [_hcm([route], "http")]}],
+                },
+                {
+                    "name": "https",
+                    "address": _address(ip, HTTPS_PORT),
+                    "filter_chains": [
+                        {"filters": [_hcm([route], "https")], "transport_socket": tls}
+                    ],
+                },
+            ],
+            "clusters": [
+                {
+                    "name": "bench",
+                    "type": "STATIC",
+                    "connect_timeout": "10s",
+                    "load_assignment": {
+                        "cluster_name": "bench",
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {"endpoint": {"address": _address(backend_ip, BACKEND_PORT)}}
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ],
+        },
+    }
+
+
+def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+    path = workdir / f"{name}.json"
+    path.write_text(json.dumps(bootstrap))
+    log = (workdir / f"{name}.log").open("wb")
+    return subprocess.Popen(
+        [
+            envoy_binary(),
+            "-c",
+            str(path),
+            "--use-dynamic-base-id",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+class RunFailed(Exception):
+    pass
+
+
+def measured(url: str, ip: str, port: int, requests: int, log: Path) -> tuple[float, float]:
+    """One figure; a run with failed requests is repeated (twice at most) and said, never
+    averaged in: a failure is a fact about the run, not a slow request."""
+    for attempt in range(3):
+        try:
+            return h2load(url, ip, port, requests, log)
+        except RunFailed as e:
+            print(f"run failed (attempt {attempt + 1}): {str(e).splitlines()[0]}", flush=True)
+    raise SystemExit(f"{url} at {ip}:{port}: three runs in a row had failed requests")
+
+
+def h2load(url: str, ip: str, port: int, requests: int, log: Path) -> tuple[float, float]:
+    """(requests per second, p99 seconds) of one h2load run against ip:port."""
+    out = subprocess.run(
+        [
+            "h2load",
+            "-n",
+            str(requests),
+            "-c",
+            "8",
+            "-m",
+            "8",
+            "-t",
+            "1",
+            f"--connect-to={ip}:{port}",
+            f"--log-file={log}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    if not re.search(rf"{requests} succeeded, 0 failed, 0 errored", out):
+        raise RunFailed(f"h2load saw failures against {url} at {ip}:{port}:\n{out}")
+    rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out).group(1))  # type: ignore[union-attr]
+    durations = sorted(int(line.split("\t")[2]) for line in log.read_text().splitlines() if line)
+    return rps, durations[int(len(durations) * 0.99) - 1] / 1e6
+
+
+async def ready(ip: str) -> bool:
+    url = f"http://{ip}:{HTTP_PORT}/"
+    proc = await asyncio.create_subprocess_exec(
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        f"Host: {HOST}",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await proc.communicate()
+    return out == b"200"
+
+
+def _medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(x[0] for x in runs), statistics.median(x[1] for x in runs)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=20000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pf-gateway-"))
+    issued = TestCA().server_cert([HOST])
+    cert, key = issued.write(tmp, "bench")
+    backend_ip, gateway_ip, static_ip, twin_ip = pod_ip(), pod_ip(), pod_ip(), pod_ip()
+    cfg = tmp / "cfg"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(mesh_yaml(backend_ip, cert, key))
+    procs = [
+        start_envoy(backend_bootstrap(backend_ip), tmp, "backend"),
+        start_envoy(static_bootstrap(static_ip, backend_ip, cert, key), tmp, "static"),
+        start_envoy(static_bootstrap(twin_ip, backend_ip, cert, key), tmp, "twin"),
+    ]
+    agent = None
+    try:
+        async with running_control_plane(cfg) as cp:
+            agent = mesh_agent(
+                cp,
+                tmp,
+                gateway_ip,
+                "ingress-0",
+                "istio=ingressgateway",
+                "--proxy-type",
+                "router",
+                namespace="istio-system",
+                service_account="ingress",
+            )
+            agent.start()
+            for ip in (gateway_ip, static_ip, twin_ip):
+                await eventually(
+                    lambda ip=ip: ready(ip),
+                    timeout=60,
+                    what=f"{ip} answering",
+                )
+            results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for r in range(args.rounds):
+                for scheme, port in (("http", HTTP_PORT), ("https", HTTPS_PORT)):
+                    url = f"{scheme}://{HOST}:{port}/"
+                    # Alternate who goes first: neither side always gets the warmer machine.
+                    order = [("ours", gateway_ip), ("floor", static_ip), ("twin", twin_ip)]
+                    for side, ip in order if r % 2 == 0 else reversed(order):
+                        log = tmp / f"{scheme}-{side}-{r}.tsv"
+                        results.setdefault((scheme, side), []).append(
+                            measured(url, ip, port, args.requests, log)
+                        )
+            summary: dict[str, float] = {}
+            for scheme in ("http", "https"):
+                o_rps, o_p99 = _medians(results[(scheme, "ours")])
+                f_rps, f_p99 = _medians(results[(scheme, "floor")])
+                t_rps, t_p99 = _medians(results[(scheme, "twin")])
+                print(
+                    f"gateway {scheme}: {o_rps:.0f} req/s vs static Envoy {f_rps:.0f} req/s,"
+                    f" ratio {o_rps / f_rps:.2f} (target >= 0.95); p99 {o_p99 * 1000:.2f} ms vs"
+                    f" {f_p99 * 1000:.2f} ms, ratio {o_p99 / f_p99:.2f} (target <= 1.1);"
+                    f" noise (identical static twin / floor): {t_rps / f_rps:.2f},"
+                    f" p99 {t_p99 / f_p99:.2f}"
+                )
+                summary[f"{scheme}_throughput_ratio"] = o_rps / f_rps
+                summary[f"{scheme}_p99_ratio"] = o_p99 / f_p99
+            print(json.dumps(summary))
+    finally:
+        if agent is not None:
+            agent.kill()
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(main())
