@@ -13,14 +13,12 @@ the page are the real ones. tests/e2e/test_ui_mesh.py drives the page against re
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
-from aiohttp import web
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.app import ControlPlane, ControlPlaneOptions
@@ -29,8 +27,8 @@ from tests.support.adsclient import AdsStream, node_id
 from tests.support.browser import Page, artifacts_dir, chromium
 from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
 from tests.support.net import pod_ip
+from tests.support.statusport import HOSTILE, StatusPort
 
-HOSTILE = "<img src=x onerror=window.__pwned=1>"
 MESH = """\
 apiVersion: v1
 kind: Service
@@ -59,57 +57,6 @@ spec:
   ports: [{port: nope}]
 """
 CLIENT_EDGE = "wl:default/client>svc:backend.default.svc.cluster.local"
-
-
-def _flow(src: str, code: str) -> str:
-    labels = {
-        "reporter": "destination",
-        "source_workload": src,
-        "source_workload_namespace": "default",
-        "destination_workload": "backend",
-        "destination_workload_namespace": "default",
-        "destination_service": "backend.default.svc.cluster.local",
-        "destination_service_name": "backend",
-        "destination_service_namespace": "default",
-        "request_protocol": "http",
-        "response_code": code,
-        "connection_security_policy": "mutual_tls",
-    }
-    return ",".join(f"{k}={json.dumps(v)}" for k, v in labels.items())
-
-
-class StatusPort:
-    """Istio standard metrics on <ip>:15020/stats/prometheus: client → backend at 20 rps with
-    a quarter 503s, and a caller with a hostile name at 2 rps."""
-
-    def __init__(self, ip: str) -> None:
-        self.ip = ip
-        self.started = time.monotonic()
-        self.scrapes = 0
-        self._runner: web.AppRunner | None = None
-
-    def text(self) -> str:
-        t = time.monotonic() - self.started
-        lines = ["# TYPE istio_requests_total counter"]
-        for src, code, rate in (("client", "200", 15), ("client", "503", 5), (HOSTILE, "200", 2)):
-            lines.append(f"istio_requests_total{{{_flow(src, code)}}} {int(rate * t)}")
-        lines.append("# TYPE envoy_server_live gauge\nenvoy_server_live 1")
-        return "\n".join(lines) + "\n"
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        self.scrapes += 1
-        return web.Response(text=self.text())
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/stats/prometheus", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.ip, 15020).start()
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.fixture
