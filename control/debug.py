@@ -32,6 +32,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa
 from google.protobuf import any_pb2, json_format
 
 from control.config.errors import ConfigError
+from control.gatewayapi import status as gateway_status
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceSet
@@ -193,6 +194,8 @@ class DebugServer:
                 "warnings": warnings,
                 # Workloads auto-registered through WorkloadGroups, as WorkloadEntries.
                 "registered": self._registered(),
+                # Gateway API status as computed (and, in Kubernetes mode, written back).
+                "gatewayStatus": [gateway_status.as_json(s) for s in config.gateway_api_status],
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
                 "source": self._config.status(),

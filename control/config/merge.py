@@ -6,7 +6,7 @@ services with the same hostname the first one wins (and a warning names both).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 from control.config.conflicts import (
@@ -16,9 +16,11 @@ from control.config.conflicts import (
 )
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig
+from control.gatewayapi.translate import translate
 from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
     ConfigWarning,
+    Labels,
     MeshConfig,
     Service,
     SourceRef,
@@ -29,8 +31,16 @@ def _where(source: SourceRef) -> str:
     return f"{source.file}:{source.line}"
 
 
-def merge(files: Sequence[FileConfig]) -> MeshConfig:
+def merge(
+    files: Sequence[FileConfig],
+    namespace_labels: Callable[[str], Labels] = lambda _ns: (),
+    secrets: Collection[tuple[str, str]] | None = None,
+) -> MeshConfig:
     """One MeshConfig from the objects of all files.
+
+    Gateway API objects are translated here, with the whole config at hand:
+    `namespace_labels` answers a namespace's labels (for allowedRoutes selectors; files have
+    none but the name label), `secrets` the known Secrets (None: not known, not checked).
 
     Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
     error points at the later one and names the first.
@@ -80,6 +90,13 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
     warnings.extend(virtual_service_conflicts(mesh_virtual_services(virtual_services)))
     warnings.extend(destination_rule_conflicts(destination_rules))
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
+    # Translated after the checks above: those are about sidecar routing (one VirtualService
+    # per host), while a gateway merges the routes of many HTTPRoutes per host.
+    gateway_api = translate(
+        [o for obj in objects for o in obj.gateway_api], services, namespace_labels, secrets
+    )
+    warnings.extend(gateway_api.warnings)
+    virtual_services.extend(gateway_api.virtual_services)
     return MeshConfig(
         services=tuple(services),
         workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
@@ -89,7 +106,9 @@ def merge(files: Sequence[FileConfig]) -> MeshConfig:
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
         workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
-        gateways=tuple(g for obj in objects for g in obj.gateways),
+        gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
+        reference_grants=gateway_api.reference_grants,
+        gateway_api_status=gateway_api.statuses,
         telemetries=tuple(t for obj in objects for t in obj.telemetries),
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),

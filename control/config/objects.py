@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.model.gateway import Gateway
+from control.model.gatewayapi import GatewayApiObject
 from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
@@ -36,6 +37,8 @@ class ConfigObject:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    # Gateway API objects, translated once all are merged (control/gatewayapi/translate.py).
+    gateway_api: tuple[GatewayApiObject, ...] = ()
     telemetries: tuple[Telemetry, ...] = ()
 
     @property

@@ -1,5 +1,6 @@
 """Talking to the Kubernetes API server: where it is and how to authenticate (in-cluster or a
-kubeconfig file), and a small aiohttp client for list, watch, get, create and replace.
+kubeconfig file), and a small aiohttp client for list, watch, get, create, replace and
+merge-patch.
 
 Only what the control plane needs: bearer tokens (in-cluster, kubeconfig `token` or
 `tokenFile`), client certificates, the cluster CA (file or inline data) or
@@ -214,12 +215,22 @@ class KubeClient(Lifecycle):
         """PUT: an update, conditional on body.metadata.resourceVersion (409 when stale)."""
         return await self._send("PUT", path, body)
 
-    async def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
+    async def merge_patch(self, path: str, body: Mapping[str, Any]) -> Any:
+        """PATCH with a JSON merge patch (RFC 7386), e.g. of a `.../status` subresource."""
+        return await self._send("PATCH", path, body, "application/merge-patch+json")
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any],
+        content_type: str = "application/json",
+    ) -> Any:
         async with self.session.request(
             method,
             self.config.server + path,
             data=json.dumps(body),
-            headers={**self._headers(), "Content-Type": "application/json"},
+            headers={**self._headers(), "Content-Type": content_type},
             timeout=aiohttp.ClientTimeout(total=10),
         ) as r:
             return await _json_or_raise(r)

@@ -1,7 +1,9 @@
 """Mesh config from the Kubernetes API: the same MeshConfig the file watcher builds.
 
-One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces and the
-Istio kinds we support (networking.istio.io and security.istio.io, version v1). Services and
+One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces, the
+Istio kinds we support (networking.istio.io and security.istio.io, version v1) and the
+Gateway API kinds (gateway.networking.k8s.io), whose status is written back
+(gatewaystatus.py). Services and
 Istio objects go through the same kind converters as YAML files; Pods become workloads (pod IP,
 labels, service account, named container ports); Services without a selector take their
 endpoints from their EndpointSlices (endpointslices.py). `start()` returns once every resource has
@@ -25,11 +27,13 @@ from typing import Any
 from control.config import kinds
 from control.config.delivery import WarningLog, deliver
 from control.config.errors import ConfigError
+from control.config.kinds.gatewayapi import KINDS as GATEWAY_API_KINDS
 from control.config.manifest import RawObject, in_revision
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
 from control.kube.client import KubeClient, KubeConfig
 from control.kube.endpointslices import slice_endpoints, slices_by_service
+from control.kube.gatewaystatus import StatusWriter
 from control.kube.reflector import Key, Reflector
 from control.kube.watchloop import WatchSpec, reflect
 from control.model.types import (
@@ -60,11 +64,23 @@ class Resource:
     kind: str
     api_version: str  # "v1" or "group/version"
     plural: str
+    # Kinds whose name another group uses too (the Gateway API's Gateway) are known by
+    # `Kind.group`; the others by their kind.
+    qualified: bool = False
+
+    @property
+    def base(self) -> str:
+        prefix = "/api/" if "/" not in self.api_version else "/apis/"
+        return f"{prefix}{self.api_version}"
 
     @property
     def path(self) -> str:
-        prefix = "/api/" if "/" not in self.api_version else "/apis/"
-        return f"{prefix}{self.api_version}/{self.plural}"
+        return f"{self.base}/{self.plural}"
+
+    @property
+    def key(self) -> str:
+        group = self.api_version.rpartition("/")[0]
+        return f"{self.kind}.{group}" if self.qualified else self.kind
 
 
 SERVICES = Resource("Service", "v1", "services")
@@ -91,6 +107,14 @@ def istio_resources() -> list[Resource]:
             if group in groups:
                 out.append(Resource(kind, f"{group}/v1", _plural(kind)))
     return out
+
+
+def gateway_api_resources() -> list[Resource]:
+    """Every Gateway API kind, at the first version its converter accepts."""
+    return [
+        Resource(kind, versions[0], plural, qualified=True)
+        for (_, kind), (versions, _, plural) in sorted(GATEWAY_API_KINDS.items())
+    ]
 
 
 def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
@@ -188,11 +212,24 @@ class KubeSource(Lifecycle):
         self.debounce = debounce
         self.watch_timeout = watch_timeout
         self.page_size = page_size
-        self.resources = [SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources()]
-        self.reflectors = {r.kind: Reflector() for r in self.resources}
+        self.resources = [
+            SERVICES,
+            PODS,
+            NAMESPACES,
+            ENDPOINT_SLICES,
+            *istio_resources(),
+            *gateway_api_resources(),
+        ]
+        self.reflectors = {r.key: Reflector() for r in self.resources}
         if on_events is not None:
             for r in self.resources:
-                self.reflectors[r.kind].on_events = _events_of(r, on_events)
+                self.reflectors[r.key].on_events = _events_of(r, on_events)
+        gateway_api = {r.kind: r for r in self.resources if r.qualified}
+        self.status_writer = StatusWriter(
+            self.client,
+            {kind: (r.base, r.plural) for kind, r in gateway_api.items()},
+            lambda kind: self.reflectors[gateway_api[kind].key].store,
+        )
         self.current = MeshConfig()
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0
@@ -212,6 +249,8 @@ class KubeSource(Lifecycle):
         await self._synced.wait()
         self.current = self._build()
         self._warnings.update(self.current.warnings)
+        await self.status_writer.start()
+        self.status_writer.update(self.current.gateway_api_status)
         self._tasks.append(asyncio.create_task(self._merge_loop(), name="kube-merge"))
         logger.info(
             "kubernetes config synced from %s: %d services, %d pods as workloads",
@@ -223,6 +262,7 @@ class KubeSource(Lifecycle):
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
         await cancel(*tasks)
+        await self.status_writer.close()
         await self.client.close()
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
@@ -269,7 +309,7 @@ class KubeSource(Lifecycle):
     # --- list+watch ------------------------------------------------------------------------
 
     async def _reflect(self, resource: Resource) -> None:
-        r = self.reflectors[resource.kind]
+        r = self.reflectors[resource.key]
 
         def listed() -> None:
             self._changed(r)
@@ -302,6 +342,7 @@ class KubeSource(Lifecycle):
                 continue
             previous, self.current = self.current, merged
             self._warnings.update(self.current.warnings)
+            self.status_writer.update(merged.gateway_api_status)
             if merged != previous:
                 self.reloads += 1
                 for handler in self._handlers:
@@ -315,7 +356,7 @@ class KubeSource(Lifecycle):
         slices = slices_by_service(self.reflectors[ENDPOINT_SLICES.kind].store.values())
         pods = self.reflectors[PODS.kind].store
         for resource in self.resources:
-            store = self.reflectors[resource.kind].store
+            store = self.reflectors[resource.key].store
             for key in sorted(store):
                 obj = store[key]
                 if resource is PODS:
@@ -327,7 +368,7 @@ class KubeSource(Lifecycle):
                     continue  # read through the Services and the webhook
                 converted = self._convert(resource, key, obj, errors)
                 if converted is not None:
-                    seen.add((resource.kind, key))
+                    seen.add((resource.key, key))
                     obj_out, obj_warnings = converted
                     if resource is SERVICES:
                         obj_out = _with_slice_endpoints(obj_out, slices.get(key, ()), pods)
@@ -336,7 +377,8 @@ class KubeSource(Lifecycle):
         for gone in set(self._good) - seen:
             del self._good[gone]
         self._set_errors(errors)
-        return merge([FileConfig(SOURCE_FILE, tuple(objects), tuple(dict.fromkeys(warnings)))])
+        files = [FileConfig(SOURCE_FILE, tuple(objects), tuple(dict.fromkeys(warnings)))]
+        return merge(files, namespace_labels=lambda ns: labels_of(self.namespace_labels(ns)))
 
     def _convert(
         self,
@@ -346,7 +388,7 @@ class KubeSource(Lifecycle):
         errors: dict[str, ConfigError],
     ) -> tuple[ConfigObject, tuple[ConfigWarning, ...]] | None:
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        cached = self._good.get((resource.kind, key))
+        cached = self._good.get((resource.key, key))
         if cached is not None and cached[0] == rv:
             return cached[1], ()
         raw = RawObject(
@@ -369,7 +411,7 @@ class KubeSource(Lifecycle):
             return (cached[1], ()) if cached is not None else None
         if converted.object is None:
             return None
-        self._good[(resource.kind, key)] = (rv, converted.object)
+        self._good[(resource.key, key)] = (rv, converted.object)
         return converted.object, converted.warnings
 
     def _set_errors(self, errors: dict[str, ConfigError]) -> None:

@@ -65,6 +65,8 @@ class Gateway:
     # Routers whose labels match serve this gateway (any namespace, Istio's default).
     selector: Labels = ()
     servers: tuple[GatewayServer, ...] = ()
+    # Set: only routers of this namespace serve it (a Gateway API Gateway: its own namespace).
+    router_namespace: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -75,7 +77,10 @@ class Gateway:
         """How a VirtualService's `gateways` names it once resolved: `namespace/name`."""
         return f"{self.namespace}/{self.name}"
 
-    def selects(self, labels: Labels) -> bool:
+    def selects(self, labels: Labels, namespace: str = "") -> bool:
+        """Whether a router with `labels` in `namespace` serves this gateway."""
+        if self.router_namespace and namespace != self.router_namespace:
+            return False
         # Istio: an empty selector selects no router (it would capture every pod otherwise).
         return bool(self.selector) and workload_selector_matches(self.selector, labels)
 

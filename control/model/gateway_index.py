@@ -199,31 +199,38 @@ class GatewayIndex:
     def __init__(self, config: MeshConfig) -> None:
         self.gateways = tuple(sorted(config.gateways, key=lambda g: g.key))
         self._virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
-        self._selecting: dict[Labels, tuple[Gateway, ...]] = {}
+        self._selecting: dict[tuple[Labels, str], tuple[Gateway, ...]] = {}
         self._listeners: dict[
-            tuple[Labels, str, tuple[tuple[int, int], ...]],
+            tuple[Labels, str, tuple[tuple[int, int], ...], str],
             tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]],
         ] = {}
         self._bound: dict[tuple[str, str, tuple[str, ...]], tuple[VirtualService, ...]] = {}
         self._for_gateway: dict[str, tuple[VirtualService, ...]] = {}
 
-    def selecting(self, labels: Labels) -> tuple[Gateway, ...]:
-        """Gateways whose selector matches a router's labels, oldest first."""
-        found = self._selecting.get(labels)
+    def selecting(self, labels: Labels, namespace: str = "") -> tuple[Gateway, ...]:
+        """Gateways that a router's labels (and namespace) select, oldest first."""
+        key = (labels, namespace)
+        found = self._selecting.get(key)
         if found is None:
-            found = self._selecting[labels] = tuple(g for g in self.gateways if g.selects(labels))
+            found = self._selecting[key] = tuple(
+                g for g in self.gateways if g.selects(labels, namespace)
+            )
         return found
 
     def listeners(
-        self, labels: Labels, default_bind: str, port_map: tuple[tuple[int, int], ...] = ()
+        self,
+        labels: Labels,
+        default_bind: str,
+        port_map: tuple[tuple[int, int], ...] = (),
+        namespace: str = "",
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
-        """The merged listeners of a router with these labels, and the conflicts merging
-        them found (routers of one deployment share the answer)."""
-        key = (labels, default_bind, port_map)
+        """The merged listeners of a router with these labels in `namespace`, and the
+        conflicts merging them found (routers of one deployment share the answer)."""
+        key = (labels, default_bind, port_map, namespace)
         found = self._listeners.get(key)
         if found is None:
             found = self._listeners[key] = merge_servers(
-                self.selecting(labels), default_bind, dict(port_map)
+                self.selecting(labels, namespace), default_bind, dict(port_map)
             )
         return found
 

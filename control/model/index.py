@@ -215,7 +215,7 @@ class MeshIndex:
         self, proxy: Proxy, default_bind: str
     ) -> tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]]:
         ports = target_ports(self.services_selecting(proxy))
-        return self._gateways.listeners(proxy.labels, default_bind, ports)
+        return self._gateways.listeners(proxy.labels, default_bind, ports, proxy.namespace)
 
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)

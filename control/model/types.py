@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from control.model.gateway import Gateway
+    from control.model.gatewayapi import ObjectStatus, ReferenceGrant
     from control.model.telemetry import Telemetry
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
@@ -361,6 +362,11 @@ class MeshConfig:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    # Gateway API ReferenceGrants (see control.model.gatewayapi.reference_granted).
+    reference_grants: tuple[ReferenceGrant, ...] = ()
+    # Gateway API status as computed from this config (shown in /debug/configz, written back
+    # in Kubernetes mode); derived from the fields above, so not part of equality.
+    gateway_api_status: tuple[ObjectStatus, ...] = field(default=(), compare=False)
     telemetries: tuple[Telemetry, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)

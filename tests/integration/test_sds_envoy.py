@@ -310,4 +310,8 @@ async def test_envoy_reads_file_mounted_certificates(tmp_path: Path) -> None:
 
 
 async def _listener_active(envoy: EnvoyProcess) -> bool:
-    return (await envoy.stat("listener_manager.total_listeners_active")) == 1
+    # Active (warmed) is not yet accepting: Envoy starts its workers after the first listeners
+    # warm, and until then a connection is refused.
+    if (await envoy.stat("listener_manager.total_listeners_active")) != 1:
+        return False
+    return (await envoy.stat("listener_manager.workers_started")) == 1

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
+from tests.support.gatewayapi import GATEWAY_API_YAML
 from tests.support.gateways import GATEWAY_MESH
 from tests.support.traffic import TRAFFIC_YAML
 from tests.unit.test_config_service import REVIEWS
@@ -66,6 +67,7 @@ CORPUS: dict[str, str] = {
     "workloadgroup": GROUP.lstrip("\n"),
     "security": SECURITY,
     "gateway": GATEWAY_MESH.lstrip("\n"),
+    "gatewayapi": GATEWAY_API_YAML,
     "demo": (ROOT / "examples/local/mesh.yaml").read_text(),
     "sample-app": (ROOT / "examples/kubernetes/sample-app.yaml").read_text(),
 }

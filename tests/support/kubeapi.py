@@ -20,6 +20,9 @@ control plane uses, as the API server behaves on the wire:
   is unconditional); 404 NotFound for an object that does not exist;
 - `POST` to a collection to create (409 AlreadyExists when the name is taken, 404 when the
   namespace does not exist) and `DELETE` of one object;
+- `PATCH .../<name>/status` with a JSON merge patch: the status subresource (only `status`
+  changes, a new resourceVersion, a MODIFIED event);
+- the Gateway API kinds (`gateway.networking.k8s.io`, stored apart from Istio's `gateways`);
 - `POST /apis/authentication.k8s.io/v1/tokenreviews`: a TokenReview answered from the
   tokens the test registered (audiences checked as the API server does);
 - bearer-token auth on every request (401 otherwise), 404 for resources not served (a CRD that
@@ -64,8 +67,45 @@ RESOURCES: dict[str, tuple[str, str]] = {
         "admissionregistration.k8s.io/v1",
     ),
 }
-CLUSTER_SCOPED = frozenset(("namespaces", "mutatingwebhookconfigurations"))
-_BY_KIND = {kind: plural for plural, (kind, _) in RESOURCES.items()}
+# The Gateway API: keyed `<plural>.<group>`, since its `gateways` are not Istio's.
+GATEWAY_API = "gateway.networking.k8s.io"
+for _plural, _kind, _version in (
+    ("gatewayclasses", "GatewayClass", "v1"),
+    ("gateways", "Gateway", "v1"),
+    ("httproutes", "HTTPRoute", "v1"),
+    ("grpcroutes", "GRPCRoute", "v1"),
+    ("referencegrants", "ReferenceGrant", "v1beta1"),
+    ("tlsroutes", "TLSRoute", "v1alpha2"),
+    ("tcproutes", "TCPRoute", "v1alpha2"),
+):
+    RESOURCES[f"{_plural}.{GATEWAY_API}"] = (_kind, f"{GATEWAY_API}/{_version}")
+CLUSTER_SCOPED = frozenset(
+    ("namespaces", "mutatingwebhookconfigurations", f"gatewayclasses.{GATEWAY_API}")
+)
+_BY_KIND = {
+    (api_version.rpartition("/")[0], kind): plural
+    for plural, (kind, api_version) in RESOURCES.items()
+}
+
+
+def _plural_of(kind: str, api_version: str = "") -> str:
+    """The resource of a kind; `api_version` tells the Gateway API's Gateway from Istio's."""
+    group = api_version.rpartition("/")[0]
+    found = _BY_KIND.get((group, kind))
+    if found is not None:
+        return found
+    (plural,) = [p for (g, k), p in _BY_KIND.items() if k == kind and g != GATEWAY_API] or [
+        p for (_, k), p in _BY_KIND.items() if k == kind
+    ]
+    return plural
+
+
+def _display(plural: str) -> str:
+    """`services`, `virtualservices.networking.istio.io`: how API errors name a resource."""
+    if "." in plural:
+        return plural
+    group = RESOURCES[plural][1].rpartition("/")[0]
+    return f"{plural}.{group}" if group else plural
 
 
 @dataclass
@@ -100,6 +140,7 @@ class FakeKubeApi(Lifecycle):
         self.updates = 0  # PUTs accepted
         self.creates = 0  # POSTs accepted
         self.already_exists = 0  # POSTs answered 409
+        self.status_patches = 0  # PATCHes of .../status accepted
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -118,6 +159,7 @@ class FakeKubeApi(Lifecycle):
                 app.router.add_get(item, self._get_one)
                 app.router.add_put(item, self._replace)
                 app.router.add_delete(item, self._delete)
+                app.router.add_patch(item + "/status", self._patch_status)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -149,7 +191,7 @@ class FakeKubeApi(Lifecycle):
 
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or replace an object (ADDED or MODIFIED); returns it with its new RV."""
-        plural = _BY_KIND[obj["kind"]]
+        plural = _plural_of(obj["kind"], obj.get("apiVersion", ""))
         meta = obj.setdefault("metadata", {})
         if plural not in CLUSTER_SCOPED:
             meta.setdefault("namespace", "default")
@@ -162,8 +204,8 @@ class FakeKubeApi(Lifecycle):
         self._emit(plural, "MODIFIED" if existed else "ADDED", stored)
         return stored
 
-    def delete(self, kind: str, namespace: str, name: str) -> None:
-        plural = _BY_KIND[kind]
+    def delete(self, kind: str, namespace: str, name: str, api_version: str = "") -> None:
+        plural = _plural_of(kind, api_version)
         obj = self.objects[plural].pop((namespace, name))
         self.rv += 1
         obj = json.loads(json.dumps(obj))
@@ -197,9 +239,11 @@ class FakeKubeApi(Lifecycle):
         if not self._authorized(request):
             return _status(401, "Unauthorized", "Unauthorized")
         plural = request.match_info["plural"]
+        group = request.match_info.get("group")
+        if f"{plural}.{group}" in RESOURCES:
+            plural = f"{plural}.{group}"
         if plural not in RESOURCES or plural in self.unserved:
             return _status(404, "NotFound", "the server could not find the requested resource")
-        group = request.match_info.get("group")
         version = request.match_info["version"]
         _, api_version = RESOURCES[plural]
         if (f"{group}/{version}" if group else version) != api_version:
@@ -256,13 +300,12 @@ class FakeKubeApi(Lifecycle):
         wanted = meta.get("resourceVersion")
         if wanted and wanted != stored["metadata"]["resourceVersion"]:
             self.conflicts += 1
-            group = RESOURCES[plural][1].rpartition("/")[0]
-            qualified = f"{plural}.{group}" if group else plural
             return _status(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {qualified} "{key[1]}": the object has been '
-                "modified; please apply your changes to the latest version and try again",
+                f'Operation cannot be fulfilled on {_display(plural)} "{key[1]}": the object '
+                "has been modified; please apply your changes to the latest version and try "
+                "again",
             )
         self.updates += 1
         body["kind"], body["apiVersion"] = RESOURCES[plural]
@@ -297,6 +340,32 @@ class FakeKubeApi(Lifecycle):
         self.creates += 1
         return web.json_response(self.put(body), status=201)
 
+    async def _patch_status(self, request: web.Request) -> web.Response:
+        """`PATCH .../<name>/status` with a JSON merge patch (RFC 7386): only `status`
+        changes, as the status subresource allows; metadata.generation stays."""
+        plural = self._resource(request)
+        if isinstance(plural, web.Response):
+            return plural
+        key = self._key(request)
+        self.requests.append(f"PATCH-STATUS {plural} {key[1]}")
+        if request.content_type != "application/merge-patch+json":
+            return _status(415, "UnsupportedMediaType", f"{request.content_type} not supported")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _status(400, "BadRequest", "the body is not JSON")
+        stored = self.objects[plural].get(key)
+        if stored is None:
+            return _not_found(plural, key[1])
+        if not isinstance(body, dict):
+            return _status(400, "BadRequest", "a merge patch must be an object")
+        updated = json.loads(json.dumps(stored))
+        status = _merge_patch(updated.get("status") or {}, body.get("status") or {})
+        updated["status"] = status
+        self.status_patches += 1
+        updated["kind"], updated["apiVersion"] = RESOURCES[plural]
+        return web.json_response(self.put(updated))
+
     async def _delete(self, request: web.Request) -> web.Response:
         plural = self._resource(request)
         if isinstance(plural, web.Response):
@@ -305,7 +374,7 @@ class FakeKubeApi(Lifecycle):
         self.requests.append(f"DELETE {plural} {key[1]}")
         if key not in self.objects[plural]:
             return _not_found(plural, key[1])
-        self.delete(RESOURCES[plural][0], *key)
+        self.delete(RESOURCES[plural][0], *key, api_version=RESOURCES[plural][1])
         return _status(200, "Success", "deleted")
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
@@ -454,9 +523,20 @@ def _selects(selector: list[tuple[str, str, str]], obj: dict[str, Any]) -> bool:
 
 
 def _not_found(plural: str, name: str) -> web.Response:
-    group = RESOURCES[plural][1].rpartition("/")[0]
-    qualified = f"{plural}.{group}" if group else plural
-    return _status(404, "NotFound", f'{qualified} "{name}" not found')
+    return _status(404, "NotFound", f'{_display(plural)} "{name}" not found')
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
 
 
 def _gone() -> dict[str, Any]:

@@ -123,7 +123,14 @@ def test_control_plane_has_two_replicas_and_args_the_real_cli_accepts() -> None:
 
 
 def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
-    from control.kube.source import ENDPOINT_SLICES, NAMESPACES, PODS, SERVICES, istio_resources
+    from control.kube.source import (
+        ENDPOINT_SLICES,
+        NAMESPACES,
+        PODS,
+        SERVICES,
+        gateway_api_resources,
+        istio_resources,
+    )
 
     role = next(d for _, d in documents() if d["kind"] == "ClusterRole")
     granted: dict[tuple[str, str], set[str]] = {}
@@ -131,7 +138,8 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted[(group, resource)] = set(rule["verbs"])
-    for r in (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources()):
+    gateway_api = gateway_api_resources()
+    for r in (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources(), *gateway_api):
         group = r.api_version.rpartition("/")[0]
         assert {"list", "watch"} <= granted.get((group, r.plural), set()), r
     writes = {k: v - {"get", "list", "watch"} for k, v in granted.items()}
@@ -141,6 +149,12 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         # The root certificate publisher (control/kube/rootcert.py): create, update, never
         # delete.
         ("", "configmaps"): {"create", "update"},
+        # Gateway API status (control/kube/gatewaystatus.py): the status subresource only.
+        **{
+            ("gateway.networking.k8s.io", f"{r.plural}/status"): {"patch"}
+            for r in gateway_api
+            if r.kind != "ReferenceGrant"
+        },
     }
     assert {"get", "list", "watch"} <= granted[("", "configmaps")]
     # ... and the webhook configuration write is limited to our own object.

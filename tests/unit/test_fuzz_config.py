@@ -49,7 +49,12 @@ PROXIES = [
     proxy_from_node(
         "router~10.1.0.9~ingress.edge~edge.svc.cluster.local",
         {"LABELS": {"istio": "ingressgateway"}, "SDS": "true"},
-    )
+    ),
+    # The router of the Gateway API corpus's Gateway (tests/support/gatewayapi.py).
+    proxy_from_node(
+        "router~10.1.0.10~gw.infra~infra.svc.cluster.local",
+        {"LABELS": {"gateway.networking.k8s.io/gateway-name": "gw"}, "SDS": "true"},
+    ),
 ]
 TYPES = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 

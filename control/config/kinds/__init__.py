@@ -25,6 +25,7 @@ from control.config.kinds import (
     workloadentry,
     workloadgroup,
 )
+from control.config.kinds.gatewayapi import KINDS as GATEWAY_API_KINDS
 from control.config.manifest import RawObject
 from control.config.objects import ConfigObject, Converted
 from control.model.types import ConfigWarning
@@ -45,6 +46,11 @@ CONVERTERS: dict[str, tuple[tuple[tuple[str, ...], Converter], ...]] = {
     "Gateway": ((gateway.API_VERSIONS, gateway.convert),),
     "Telemetry": ((telemetry.API_VERSIONS, telemetry.convert),),
 }
+
+
+# The Gateway API kinds (gateway.networking.k8s.io): its `Gateway` is a second entry.
+for (_, _kind), (_versions, _converter, _) in GATEWAY_API_KINDS.items():
+    CONVERTERS[_kind] = (*CONVERTERS.get(_kind, ()), (_versions, _converter))
 
 
 def converter_for(kind: str, api_version: str) -> Converter | None:

@@ -1,0 +1,1 @@
+"""The Kubernetes Gateway API: translation into the model and status (sans-IO)."""
