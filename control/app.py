@@ -31,11 +31,13 @@ from control.config.source import ConfigSource
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.debugaccess import DebugAllow, debug_middleware, debug_policy, own_namespace
+from control.gatewayapi import status as gateway_status
 from control.kube.client import kube_config
 from control.kube.meshconfig import KubeMeshConfig
 from control.kube.rootcert import DEFAULT_EXCLUDED, RootCertPublisher
 from control.kube.source import KubeSource
 from control.metrics import Metrics
+from control.model.gatewayapi import GROUP as GATEWAY_API_GROUP
 from control.model.index import MeshIndex
 from control.model.meshconfig import MeshOverrides, MeshSettings
 from control.model.proxy import Proxy
@@ -440,6 +442,10 @@ def _dashboard(cp: ControlPlane) -> UiRoutes:
         config=cp.watcher,
         index=lambda: cp.current.index,
         remote_rows=remote,
+        statuses=lambda config: [
+            {**gateway_status.as_json(s), "group": GATEWAY_API_GROUP}
+            for s in config.gateway_api_status
+        ],
     )
     return UiRoutes(dashboard)
 

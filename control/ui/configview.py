@@ -24,13 +24,13 @@ def config_json(
     statuses: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, object]:
     """`statuses`: status the control plane computed for objects (Gateway API: `kind`,
-    `namespace`, `name`, `status`), shown instead of the status an object was loaded with."""
-    computed = {
-        (str(s.get("kind", "")), str(s.get("namespace", "")), str(s.get("name", ""))): s.get(
-            "status"
-        )
-        for s in statuses
-    }
+    `namespace`, `name`, `status`, and the API `group` when the kind alone is ambiguous, as
+    Istio's and Kubernetes' `Gateway` are), shown instead of the status an object was loaded
+    with."""
+    computed: dict[tuple[str, str, str], list[tuple[str, object]]] = {}
+    for row in statuses:
+        key = (str(row.get("kind", "")), str(row.get("namespace", "")), str(row.get("name", "")))
+        computed.setdefault(key, []).append((str(row.get("group", "")), row.get("status")))
     by_object: dict[tuple[str, str, str], list[str]] = {}
     loose: list[dict[str, object]] = []
     for w in config.warnings:
@@ -45,15 +45,23 @@ def config_json(
         if kinds and ref.kind not in kinds:
             continue
         raw: Mapping[str, Any] = obj
+        api_version = str(raw.get("apiVersion", ""))
+        group = api_version.rpartition("/")[0]
+        # Cluster-scoped kinds (GatewayClass) have no namespace in their status.
+        candidates = computed.get(_key(ref)) or computed.get((ref.kind, "", ref.name), [])
+        status = next(
+            (st for g, st in candidates if not g or g == group),
+            raw.get("status"),
+        )
         objects.append(
             {
                 "kind": ref.kind,
-                "apiVersion": str(raw.get("apiVersion", "")),
+                "apiVersion": api_version,
                 "namespace": ref.namespace,
                 "name": ref.name,
                 **_where(ref),
                 "warnings": by_object.get(_key(ref), []),
-                "status": computed.get(_key(ref), raw.get("status")),
+                "status": status,
                 "spec": raw.get("spec"),
             }
         )

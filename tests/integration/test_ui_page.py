@@ -23,6 +23,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.app import ControlPlane, ControlPlaneOptions
 from protos import typeurls
+from tests.support import gatewayapi as gwapi
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.browser import Page, artifacts_dir, chromium
 from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
@@ -90,6 +91,15 @@ async def test_dashboard_views_in_chromium_escape_hostile_strings(
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(MESH)
+    # Gateway API objects: the status the control plane computes shows in the config view.
+    (cfg / "gateway-api.yaml").write_text(
+        gwapi.dump(
+            gwapi.gateway_class(),
+            gwapi.gateway(),
+            gwapi.service("v1"),
+            gwapi.route("web"),
+        )
+    )
     async with running_control_plane(cfg) as cp:
         # A connected proxy at the status port's IP, its pod name hostile (node ids are
         # the caller's claim, shown in the proxies table).
@@ -162,6 +172,13 @@ async def test_dashboard_views_in_chromium_escape_hostile_strings(
                 where = json.dumps(f"{bad}:5: ")
                 await page.wait_for(f"{errors}.some(e => e.textContent.startsWith({where}))")
                 assert await _text_everywhere(page, "backend-route", "#config td")
+                route = "[...document.querySelectorAll('#config tbody tr')].find(r =>"
+                route += " r.cells[0].textContent === 'HTTPRoute')"
+                status = await page.wait_for(f"{route}?.cells[5].textContent")
+                assert "Accepted=True" in status and "ResolvedRefs=True" in status, status
+                gateway_class = route.replace("HTTPRoute", "GatewayClass")
+                status = await page.evaluate(f"{gateway_class}?.cells[5].textContent")
+                assert "Accepted=True" in status, status
                 await page.click("#config tbody tr")
                 await page.wait_for("!document.querySelector('#config-spec').hidden")
                 await _no_markup_from_data(page)
