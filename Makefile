@@ -52,6 +52,8 @@ demo: $(STAMP)
 XDS_STORM_ARGS ?=
 XDS_CHURN_ARGS ?=
 FANOUT_5000_ARGS ?= --streams 5000
+# e.g. TELEMETRY_BENCH_ARGS="--paths-requests 1000000" (issue 20's figure; default 200,000).
+TELEMETRY_BENCH_ARGS ?=
 
 bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/push_fanout.py
@@ -60,9 +62,11 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/xds_churn.py $(XDS_CHURN_ARGS)
 	$(BIN)/python tests/benchmarks/relay.py
 	$(BIN)/python tests/benchmarks/gateway.py
+	$(BIN)/python tests/benchmarks/handlers.py
 	$(BIN)/python tests/benchmarks/dns.py $(DNS_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py
+	$(BIN)/python tests/benchmarks/telemetry.py $(TELEMETRY_BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/ui.py
 
 # 10 minutes of churn at 200 proxies; RSS and fd slopes must stay flat. Not part of

@@ -24,6 +24,7 @@ from agent.dns.table import LookupTable, kubernetes_search_domains
 from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.drain import DrainPlan
 from agent.envoy.process import EnvoySupervisor
+from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.appprobe import AppProbes, probe_destination
 from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
@@ -31,12 +32,16 @@ from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
 from agent.sds.keys import KeyType
+from agent.sds.remote import RemoteSecrets
 from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
+from agent.telemetry.aggregator import MetricsAggregator
+from agent.telemetry.als import AccessLogServer
 from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
+from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
@@ -100,6 +105,13 @@ class Agent(Lifecycle):
         self.timeline = timeline or StartupTimeline()
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
+        self.handlers.observer = HandlerMetricsObserver(self.metrics)
+        # ECDS: remote Wasm code becomes a file in the workdir before Envoy sees the config;
+        # plug-ins add fetchers for other schemes (registry.register_fetcher).
+        self.handlers.fetchers.setdefault("http", fetch_http)
+        self.handlers.rewriters.setdefault(
+            EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
+        )
         self.stats = RelayStats(observer=MetricsObserver(self.metrics))
         tls = None
         if cfg.uses_tls and cfg.ca_root_cert is not None:
@@ -147,6 +159,13 @@ class Agent(Lifecycle):
                 cert_ttl=cfg.workload_cert_ttl,
             ),
             stats=SdsStats(observer=SdsMetricsObserver(self.metrics)),
+            # Gateway certificates (`kubernetes://<name>`): fetched from the control plane on
+            # the same channel, one stream each, for whichever the control plane allows.
+            remote=RemoteSecrets(
+                lambda: self.upstream.ads(delta=False),
+                node_id=cfg.node_id,
+                metadata={**cfg.node_metadata(), "SDS_FETCH": "true"},
+            ),
         )
         self.sds = SdsServer(
             cfg.sds_socket, self.secrets, owner=self.run_as[0] if self.run_as else None
@@ -172,6 +191,14 @@ class Agent(Lifecycle):
                 cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
             )
             self.handlers.register(WORKLOAD_PROBE, self.health)
+        # Istio's standard metrics, from the access log stream of Envoy's generated loggers;
+        # served with the agent's own metrics.
+        self.als: AccessLogServer | None = None
+        if cfg.standard_metrics and not cfg.proxy_only:
+            aggregator = MetricsAggregator()
+            self.metrics.registry.register(aggregator)
+            owner = self.run_as[0] if self.run_as else None
+            self.als = AccessLogServer(cfg.als_socket, aggregator, owner=owner)
         self.envoy: EnvoySupervisor | None = None
         host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
         admin = f"http://{host}:{cfg.envoy_admin_port}"
@@ -207,6 +234,7 @@ class Agent(Lifecycle):
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
             app_probe=self.app_probes.answer,
             app_probe_paths=cfg.app_probers,
+            handlers=self.handlers.describe,
         )
         self.stop_requested = asyncio.Event()
         self._started_at = time.monotonic()
@@ -221,7 +249,8 @@ class Agent(Lifecycle):
         runs on another core while those start here."""
         tl = self.timeline
         await asyncio.to_thread(make_workdir, self.cfg.workdir)
-        loaded = self.handlers.load_entry_points()
+        # Plug-ins import their modules (file I/O) and may look up message types.
+        loaded = await asyncio.to_thread(self.handlers.load_entry_points)
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
         await self.upstream.start()
@@ -234,6 +263,8 @@ class Agent(Lifecycle):
         if self.cert_files is not None:
             await self.cert_files.start()
         await self.downstream.start()
+        if self.als is not None:
+            await self.als.start()
         if self.run_as is not None:
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, self.cfg.xds_socket, -1, self.run_as[1])
@@ -312,11 +343,14 @@ class Agent(Lifecycle):
         if self.health is not None:
             await self.health.close()
         await self.agent_stream.close()
+        if self.als is not None:
+            await self.als.close()
         await self.downstream.close()
         await self.sds.close()
         if self.cert_files is not None:
             await self.cert_files.close()
         await self.secrets.close()
+        await self.handlers.close()
         await self.upstream.close()
 
     def _setup_dns(self, cfg: AgentConfig) -> None:

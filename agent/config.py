@@ -19,6 +19,7 @@ from agent.dns.forwarder import parse_upstream
 from agent.health.appprobers import ENV as APP_PROBERS_ENV
 from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
 from pilotfish_common import logsetup
+from protos.telemetry import ALS_NODE_METADATA
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
 # the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
@@ -90,6 +91,9 @@ class AgentConfig:
     # runs as it and the agent joins the group (their own traffic must not be captured).
     proxy_uid: int = 1337
     proxy_gid: int = 1337
+    # Istio's standard metrics (agent/telemetry): Envoy streams access log entries to
+    # <workdir>/ALS and the agent serves the counts on /stats/prometheus.
+    standard_metrics: bool = True
 
     @property
     def redirect(self) -> bool:
@@ -113,6 +117,10 @@ class AgentConfig:
     @property
     def sds_socket(self) -> Path:
         return self.workdir / "SDS"
+
+    @property
+    def als_socket(self) -> Path:
+        return self.workdir / "ALS"
 
     @property
     def grpc_cert_dir(self) -> Path:
@@ -144,6 +152,9 @@ class AgentConfig:
             # The gRPC bootstrap names the certificate files as provider `default`: config
             # may use it (agent and app streams must say the same, they are one workload).
             meta["CERTIFICATE_PROVIDER"] = "default"
+        elif self.standard_metrics:
+            # Envoy's bootstrap has the access log cluster (agent/envoy/bootstrap.py).
+            meta[ALS_NODE_METADATA] = "true"
         meta.update(self.extra_metadata)
         if self.workload_group:
             meta["WORKLOAD_GROUP"] = self.workload_group
@@ -343,6 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
         "an unanswered ping closes the connection after this long, and the agent "
         "reconnects (env PILOTFISH_KEEPALIVE_TIMEOUT; default %(default)s)",
     )
+    p.add_argument(
+        "--standard-metrics",
+        choices=("on", "off"),
+        default=env("PILOTFISH_STANDARD_METRICS", "on"),
+        help="Istio's standard metrics (istio_requests_total, ...) on /stats/prometheus, "
+        "computed from Envoy's access log stream (env PILOTFISH_STANDARD_METRICS; "
+        "default %(default)s)",
+    )
     p.add_argument("--status-port", type=int, default=15020)
     p.add_argument("--dns-port", type=int, default=15053, help="0 disables DNS")
     p.add_argument("--envoy-admin-port", type=int, default=15000)
@@ -464,4 +483,5 @@ def config_from_args(
         keepalive_timeout=args.keepalive_timeout,
         extra_metadata=extra,
         interception_mode=args.interception_mode,
+        standard_metrics=args.standard_metrics == "on",
     )

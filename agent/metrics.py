@@ -119,22 +119,22 @@ class MetricsObserver:
         self._m = metrics
 
     def request(self, type_url: str) -> None:
-        self._m.xds_proxy_requests.labels(_short(type_url)).inc()
+        self._m.xds_proxy_requests.labels(short_type(type_url)).inc()
 
     def response(self, type_url: str) -> None:
-        self._m.xds_proxy_responses.labels(_short(type_url)).inc()
+        self._m.xds_proxy_responses.labels(short_type(type_url)).inc()
 
     def upstream_error(self, kind: str) -> None:
         self._m.xds_upstream_errors.labels(kind).inc()
 
     def nack(self, type_url: str) -> None:
-        self._m.handler_nacks.labels(_short(type_url)).inc()
+        self._m.handler_nacks.labels(short_type(type_url)).inc()
 
     def streams(self, delta: int) -> None:
         self._m.xds_downstream_streams.inc(delta)
 
 
-def _short(type_url: str) -> str:
+def short_type(type_url: str) -> str:
     """The message name of a type URL: Istio's metrics use short type labels."""
     return type_url.rpartition("/")[2].rpartition(".")[2] or "unknown"
 

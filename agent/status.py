@@ -8,6 +8,7 @@
 - `GET /debug/ndsz`: the DNS name table as JSON.
 - `GET /app-health/<container>/livez|readyz|startupz`: the app's original probes, run by
   `app_probe` (agent/health/appprobe.py), for the kubelet probes the injector rewrote.
+- `GET /debug/handlers`: the ResponseHandlers (type, handler, package, mode, counts) as JSON.
 
 Callbacks keep this module ignorant of the rest of the agent (it is wired in `__main__`).
 HTTP is agent/httpio.py's (not aiohttp: see agent/httpwire.py for why).
@@ -67,6 +68,7 @@ class StatusServer(Lifecycle):
         on_quit: Callable[[], None],
         on_drain: Callable[[], Awaitable[None]],
         ndsz: Callable[[], object],
+        handlers: Callable[[], object] = list,
         readiness_timeout: float = 5.0,
         envoy_stats_timeout: float = 5.0,
         app_probe: Callable[[str, Mapping[str, str]], Awaitable[tuple[int, bytes]]] | None = None,
@@ -83,7 +85,6 @@ class StatusServer(Lifecycle):
         self._envoy_stats_url = envoy_stats_url
         self._on_quit = on_quit
         self._on_drain = on_drain
-        self._ndsz = ndsz
         self._readiness_timeout = readiness_timeout
         self._envoy_stats_timeout = envoy_stats_timeout
         self._app_probe = app_probe
@@ -97,7 +98,8 @@ class StatusServer(Lifecycle):
                 "/stats/prometheus": {"GET": self._stats},
                 "/quitquitquit": {"POST": self._quit},
                 "/drain": {"POST": self._drain},
-                "/debug/ndsz": {"GET": self._ndsz_handler},
+                "/debug/ndsz": {"GET": self._json(ndsz)},
+                "/debug/handlers": {"GET": self._json(handlers)},
             }
         )
         self._server = HttpServer(routes)
@@ -175,9 +177,10 @@ class StatusServer(Lifecycle):
         await self._on_drain()
         return Response.text("OK\n")
 
-    async def _ndsz_handler(self, request: Request) -> Response:
-        return Response(
-            200,
-            (json.dumps(self._ndsz(), indent=2, sort_keys=True, default=str) + "\n").encode(),
-            "application/json",
-        )
+    @staticmethod
+    def _json(view: Callable[[], object]) -> Callable[[Request], Awaitable[Response]]:
+        async def serve(request: Request) -> Response:
+            body = json.dumps(view(), indent=2, sort_keys=True, default=str) + "\n"
+            return Response(200, body.encode(), "application/json")
+
+        return serve

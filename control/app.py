@@ -44,6 +44,7 @@ from control.model.proxy import Proxy
 from control.pipeline import CurrentPush, PushPipeline, PushRecord
 from control.registry.autoregister import WorkloadRegistry
 from control.registry.keeper import WorkloadKeeper
+from control.secretaccess import SecretGuard
 from control.security import SecurityOptions, SecurityStack
 from control.ui.dashboard import Dashboard, MetricsSource
 from control.ui.promapi import PrometheusSource
@@ -59,6 +60,7 @@ from control.xds.options import XdsOptions, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
 from pilotfish_common.lifecycle import Lifecycle
+from protos import typeurls
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +215,8 @@ class ControlPlane(Lifecycle):
             authorize=self.security.authorize_stream,
             trim=heap.malloc_trim(),
             syncz_filter=access.visible_syncz,
+            # Gateway certificates: only a router of the Secret's namespace may subscribe.
+            guards={typeurls.SECRET: SecretGuard(lambda: self.current.index)},
         )
         self.pipeline = PushPipeline(
             self.watcher,

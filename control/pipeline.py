@@ -36,11 +36,12 @@ from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
 from pilotfish_common.lifecycle import Lifecycle
-from protos.typeurls import ENDPOINT
+from protos.typeurls import ENDPOINT, SECRET
 
 logger = logging.getLogger(__name__)
 
 _EDS_ONLY = frozenset((ENDPOINT,))
+_EDS_AND_SDS = frozenset((ENDPOINT, SECRET))
 PUSH_LOG_SIZE = 1024
 
 
@@ -258,7 +259,8 @@ class PushPipeline(Lifecycle):
         else (clusters, listeners and routes are built from those objects alone), so only EDS
         is pushed, as Istio's incremental EDS push does, and only those services' assignments
         are regenerated. The exception is a change of the identities behind a service (the
-        SANs its mTLS clusters accept), which Istio answers with a full push too."""
+        SANs its mTLS clusters accept), which Istio answers with a full push too. A Secret
+        whose contents alone changed (a rotation) adds SDS to such a push."""
         started = time.monotonic()
         wall = time.time()
         old_index = self._rebuild(started)
@@ -268,7 +270,11 @@ class PushPipeline(Lifecycle):
         eds_only = endpoints_only(old_index, self._current.index)
         if eds_only:
             self._metrics.eds_only_pushes.inc()
-            streams = self._target.push_all(_EDS_ONLY)
+            types = _EDS_ONLY
+            if old_index.config.secrets != self._current.index.config.secrets:
+                # A rotated certificate: only the SDS streams holding it get anything.
+                types = _EDS_AND_SDS
+            streams = self._target.push_all(types)
         else:
             streams = self._target.push_all()
         self.push_log.append(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from protos.telemetry import ALS_CLUSTER, ALS_NODE_METADATA
+
 if TYPE_CHECKING:
     from agent.config import AgentConfig
 
@@ -61,6 +63,9 @@ class BootstrapOptions:
     instance_ips: tuple[str, ...] = ()
     # The agent's SDS socket (a filesystem path, "unix://" optional); None: no `sds-grpc`.
     sds_address: str | None = None
+    # The agent's access log service socket, for the standard metrics (protos/telemetry.py);
+    # None: no `pilotfish-als` cluster, and the control plane generates no metrics loggers.
+    als_address: str | None = None
     # The agent's status server port on `ip`; None: no readiness listener.
     status_port: int | None = None
     readiness_port: int = 15021
@@ -101,6 +106,7 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
         },
         interception_mode=cfg.interception_mode,
         sds_address=str(cfg.sds_socket.absolute()),
+        als_address=str(cfg.als_socket.absolute()) if cfg.standard_metrics else None,
         status_port=cfg.status_port,
     )
 
@@ -135,6 +141,8 @@ def node_metadata(opts: BootstrapOptions) -> dict[str, Any]:
         # mTLS config that takes its certificates from there (without it, such config would
         # wait forever for secrets nobody serves).
         meta["SDS"] = "true"
+    if opts.als_address is not None:
+        meta[ALS_NODE_METADATA] = "true"
     meta.update(opts.extra_metadata)
     return meta
 
@@ -206,6 +214,9 @@ def build_bootstrap(opts: BootstrapOptions) -> dict[str, Any]:
     if opts.sds_address is not None:
         path = opts.sds_address.removeprefix("unix://")
         clusters.append(_static_cluster(SDS_CLUSTER, {"pipe": {"path": path}}, http2=True))
+    if opts.als_address is not None:
+        path = opts.als_address.removeprefix("unix://")
+        clusters.append(_static_cluster(ALS_CLUSTER, {"pipe": {"path": path}}, http2=True))
     if opts.status_port is not None:
         # Istio's short timeout: the agent is on the same host; a slow connect means it is
         # not ready, and the kubelet's probe should hear that quickly.

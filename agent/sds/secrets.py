@@ -1,5 +1,6 @@
-"""The secret manager: the workload certificate, the root, file-mounted secrets, and who
-to tell when one of them changes.
+"""The secret manager: the workload certificate, the root, file-mounted secrets, gateway
+certificates from the control plane (`kubernetes://…`, remote.py), and who to tell when one
+of them changes.
 
 It owns two loops. The rotation loop generates a key and CSR (off the event loop), asks the
 `CertificateSigner` for a certificate, installs it as `default` (chain + key) and the root as
@@ -22,9 +23,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from agent.sds.fetch import REMOTE_PREFIX, is_remote_name
 from agent.sds.files import (
     FileSecretError,
     FileSource,
@@ -34,6 +37,7 @@ from agent.sds.files import (
     read_contents,
 )
 from agent.sds.keys import KeyType, new_key_and_csr, spiffe_id
+from agent.sds.remote import RemoteSecrets
 from agent.sds.resources import (
     ROOT_CERT,
     WORKLOAD_CERT,
@@ -196,7 +200,10 @@ class SecretManager(Lifecycle):
         stats: SdsStats | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        remote: RemoteSecrets | None = None,
     ) -> None:
+        """`remote`: where `kubernetes://` secrets (gateway certificates) come from; None:
+        they are unknown names."""
         self.config = config or SdsConfig()
         self.identity = self.config.identity  # validates the identity parts up front
         self.stats = stats or SdsStats()
@@ -211,6 +218,9 @@ class SecretManager(Lifecycle):
         self._issued = asyncio.Event()
         self.current: WorkloadCert | None = None
         self.last_error = ""
+        self._remote = remote
+        if remote is not None:
+            remote.bind(self._remote_update)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -223,6 +233,8 @@ class SecretManager(Lifecycle):
     async def close(self) -> None:
         await cancel(*self._tasks)
         self._tasks = []
+        if self._remote is not None:
+            await self._remote.close()
 
     # --- state -----------------------------------------------------------------------------
 
@@ -253,17 +265,30 @@ class SecretManager(Lifecycle):
         return self._entries.get(name)
 
     @staticmethod
-    def check_name(name: str) -> None:
-        """FileSecretError unless `name` is a secret this manager can serve."""
-        if name in (WORKLOAD_CERT, ROOT_CERT):
+    def check_name(name: str, *, remote: bool = False) -> None:
+        """FileSecretError unless `name` is a secret the agent serves by itself (or, with
+        `remote`, a `kubernetes://` one it fetches from the control plane)."""
+        if name in (WORKLOAD_CERT, ROOT_CERT) or (remote and is_remote_name(name)):
             return
         if is_file_resource(name):
             parse_file_resource(name)
             return
+        also = f", {REMOTE_PREFIX}<name>" if remote else ""
         raise FileSecretError(
             f"unknown secret {name!r} (served: {WORKLOAD_CERT}, {ROOT_CERT}, "
-            "file-cert:<cert>~<key>, file-root:<ca>)"
+            f"file-cert:<cert>~<key>, file-root:<ca>{also})"
         )
+
+    def check(self, name: str) -> None:
+        """FileSecretError unless `name` is a secret this manager can serve."""
+        self.check_name(name, remote=self._remote is not None)
+
+    def refusal(self, name: str) -> tuple[grpc.StatusCode, str] | None:
+        """(status, message) when the control plane refused the `kubernetes://` secret
+        `name` (this proxy may not read it): it is never served, and SDS says so."""
+        if self._remote is None or not is_remote_name(name):
+            return None
+        return self._remote.refusal(name)
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call `watcher(name)` whenever secret `name` changes; returns the unsubscribe."""
@@ -284,6 +309,9 @@ class SecretManager(Lifecycle):
     async def acquire(self, name: str) -> None:
         """A stream needs `name`: start serving (and watching) it if it is file-mounted.
         Invalid names raise FileSecretError; unreadable files are logged and retried."""
+        if self._remote is not None and is_remote_name(name):
+            self._remote.acquire(name)
+            return
         if not is_file_resource(name):
             return
         source = parse_file_resource(name)
@@ -295,6 +323,9 @@ class SecretManager(Lifecycle):
         await self._load_files([(name, watched)])
 
     def release(self, name: str) -> None:
+        if self._remote is not None and is_remote_name(name):
+            self._remote.release(name)
+            return
         watched = self._files.get(name)
         if watched is None:
             return
@@ -389,11 +420,21 @@ class SecretManager(Lifecycle):
         self._set(ROOT_CERT, validation_context(ROOT_CERT, cert.root_pem))
         self._issued.set()
 
+    def _remote_update(self, name: str, entry: SecretEntry | None) -> None:
+        if entry is not None:
+            self._set(name, entry)
+            return
+        self._entries.pop(name, None)
+        self._notify(name)  # the streams holding it look at its refusal
+
     def _set(self, name: str, entry: SecretEntry) -> None:
         old = self._entries.get(name)
         if old is not None and old.version == entry.version:
             return
         self._entries[name] = entry
+        self._notify(name)
+
+    def _notify(self, name: str) -> None:
         for w in list(self._watchers):
             try:
                 w(name)

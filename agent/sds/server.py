@@ -1,5 +1,7 @@
 """The SDS gRPC server on `<workdir>/SDS`: Envoy's `sds-grpc` cluster (agent/envoy/bootstrap.py)
-reads the workload certificate and the root from here.
+reads the workload certificate and the root from here, and a gateway its certificates
+(`kubernetes://…`, fetched from the control plane: remote.py). A secret the control plane
+refuses ends the stream (or the fetch) with the control plane's status, PERMISSION_DENIED.
 
 `envoy.service.secret.v3.SecretDiscoveryService`: StreamSecrets (SotW, rules in stream.py)
 and FetchSecrets (unary). DeltaSecrets is not served (gRPC answers UNIMPLEMENTED); Envoy uses
@@ -129,6 +131,15 @@ class SdsServer(Lifecycle):
                         held.discard(name)
                         self._secrets.release(name)
                     force = outcome.must_respond
+                refused = self._refusal(state.names)
+                if refused is not None:
+                    # Not ours to serve (a sidecar asking for a gateway certificate, a
+                    # gateway of another namespace): Envoy logs the status and retries. The
+                    # refusal itself was logged once, as a warning, when it came (remote.py).
+                    name, (code, message) = refused
+                    logger.info("SDS stream %d: %s refused: %s", sid, name, message)
+                    await context.abort(code, f"{name}: {message}")
+                    return
                 response = state.respond(self._secrets.entries(), force=force)
                 if response is not None:
                     logger.debug(
@@ -146,10 +157,19 @@ class SdsServer(Lifecycle):
             self.active -= 1
             logger.debug("SDS stream %d closed", sid)
 
+    def _refusal(
+        self, names: frozenset[str] | list[str]
+    ) -> tuple[str, tuple[grpc.StatusCode, str]] | None:
+        for name in sorted(names):
+            refusal = self._secrets.refusal(name)
+            if refusal is not None:
+                return name, refusal
+        return None
+
     async def _hold(self, sid: int, names: frozenset[str], held: set[str]) -> None:
         for name in sorted(names - held):
             try:
-                self._secrets.check_name(name)
+                self._secrets.check(name)
                 await self._secrets.acquire(name)
             except FileSecretError as e:
                 # Stays subscribed and is never sent; Envoy's own init timeout reports it.
@@ -180,7 +200,7 @@ class SdsServer(Lifecycle):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no resource_names requested")
         for name in names:
             try:
-                self._secrets.check_name(name)
+                self._secrets.check(name)
             except FileSecretError as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         held: list[str] = []
@@ -189,6 +209,10 @@ class SdsServer(Lifecycle):
                 await self._secrets.acquire(name)
                 held.append(name)
             missing = await self._wait_for(names, _time_remaining(context, self._fetch_timeout))
+            refused = self._refusal(names)
+            if refused is not None:
+                name, (code, message) = refused
+                await context.abort(code, f"{name}: {message}")
             if missing:
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE, f"secrets not available yet: {missing}"
@@ -212,6 +236,8 @@ class SdsServer(Lifecycle):
         deadline = loop.time() + timeout
         try:
             while missing := [n for n in names if n not in self._secrets.entries()]:
+                if self._refusal(missing) is not None:
+                    return missing
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return missing

@@ -132,7 +132,7 @@ class AgentStream(Lifecycle):
         req = DiscoveryRequest(
             type_url=resp.type_url, version_info=resp.version_info, response_nonce=resp.nonce
         )
-        if resp.type_url not in self._handlers:
+        if not self._handlers.consumes(resp.type_url):
             return _serialize(req)  # nothing to do with it; keep the stream in sync
         self._stats.handled += 1
         try:

@@ -7,8 +7,9 @@ written downstream before the next one is read from upstream, so a slow consumer
 own upstream stream through gRPC flow control instead of growing a buffer.
 
 Responses are routed by type URL, read from the raw bytes without decoding the resources:
-a type with a registered handler goes to the handler and is ACKed or NACKed by the agent;
-anything else is forwarded as the exact bytes the control plane sent.
+a type with a consuming handler goes to the handler and is ACKed or NACKed by the agent;
+anything else is forwarded as the exact bytes the control plane sent, and then, for an
+observed type, queued (the same bytes, no copy) for its observer.
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ class Relay:
         self.name = name
         # Subscriptions the downstream made for handler types, to ACK them on its behalf.
         self._handler_names: dict[str, list[str]] = {}
+        # The newest version ACKed per such type (by the agent or the downstream): a NACK
+        # restates it, as Envoy's do.
+        self._acked_versions: dict[str, str] = {}
 
     async def run(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         call = self._upstream.ads(delta=self._delta)
@@ -181,10 +185,20 @@ class Relay:
                     raise UpstreamEnded(grpc.StatusCode.INTERNAL, f"bad response: {e}") from e
                 type_url = fields.get(_TYPE_URL, "")
                 self._stats.on_response(type_url)
-                if type_url in self._handlers:
+                if self._handlers.consumes(type_url):
                     queue.put_nowait(await self._handle(type_url, raw))
                     continue
+                rewriter = self._handlers.rewriters.get(type_url)
+                if rewriter is not None:
+                    try:
+                        raw = await rewriter.rewrite(raw, delta=self._delta) or raw
+                    except HandlerError as e:
+                        logger.warning("relay %s: %s not forwarded: %s", self.name, type_url, e)
+                        queue.put_nowait(self._nack(type_url, raw, e))
+                        continue
                 await context.write(raw)
+                if self._handlers.observes(type_url):
+                    self._handlers.observe(type_url, raw, delta=self._delta)
         except grpc.aio.AioRpcError as e:
             raise UpstreamEnded(e.code(), e.details() or "") from e
         # The control plane closed the stream cleanly: the downstream must re-dial too.
@@ -193,31 +207,44 @@ class Relay:
     async def _handle(self, type_url: str, raw: bytes) -> bytes:
         """Run the handler; the ACK or NACK to send upstream."""
         self._stats.handled += 1
+        try:
+            if self._delta:
+                resources = [r.resource for r in DeltaDiscoveryResponse.FromString(raw).resources]
+            else:
+                resources = list(DiscoveryResponse.FromString(raw).resources)
+            await self._handlers.dispatch(type_url, resources)
+        except HandlerError as e:
+            logger.warning("relay %s: handler rejected %s: %s", self.name, type_url, e)
+            return self._nack(type_url, raw, e)
+        return self._answer(type_url, raw, None)
+
+    def _nack(self, type_url: str, raw: bytes, error: HandlerError) -> bytes:
+        self._stats.on_nack(type_url)
+        return self._answer(type_url, raw, str(error))
+
+    def _answer(self, type_url: str, raw: bytes, error: str | None) -> bytes:
+        """The agent's ACK (error None) or NACK of a response, on the downstream's behalf."""
         if self._delta:
             dresp = DeltaDiscoveryResponse.FromString(raw)
             dreq = DeltaDiscoveryRequest(type_url=type_url, response_nonce=dresp.nonce)
-            try:
-                await self._handlers.dispatch(type_url, [r.resource for r in dresp.resources])
-            except HandlerError as e:
-                self._stats.on_nack(type_url)
+            if error is not None:
                 dreq.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-                dreq.error_detail.message = str(e)
+                dreq.error_detail.message = error
             return _serialize(dreq)
         resp = DiscoveryResponse.FromString(raw)
+        # A SotW request restates the subscription: the downstream's names, as it sent them.
         req = DiscoveryRequest(
             type_url=type_url,
             version_info=resp.version_info,
             response_nonce=resp.nonce,
             resource_names=self._handler_names.get(type_url, []),
         )
-        try:
-            await self._handlers.dispatch(type_url, list(resp.resources))
-        except HandlerError as e:
-            self._stats.on_nack(type_url)
-            logger.warning("relay %s: handler rejected %s: %s", self.name, type_url, e)
-            req.version_info = ""
+        if error is not None:
+            req.version_info = self._acked_versions.get(type_url, "")
             req.error_detail.code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-            req.error_detail.message = str(e)
+            req.error_detail.message = error
+        else:
+            self._acked_versions[type_url] = resp.version_info
         return _serialize(req)
 
     def _note_request(self, raw: bytes) -> str:
@@ -227,6 +254,11 @@ class Relay:
             type_url = wire.scan_strings(raw, _TYPE_ONLY).get(_TYPE_URL, "")
         except ValueError:
             return ""
-        if not self._delta and type_url in self._handlers:
-            self._handler_names[type_url] = list(DiscoveryRequest.FromString(raw).resource_names)
+        if not self._delta and (
+            self._handlers.consumes(type_url) or type_url in self._handlers.rewriters
+        ):
+            req = DiscoveryRequest.FromString(raw)
+            self._handler_names[type_url] = list(req.resource_names)
+            if req.version_info and not req.HasField("error_detail"):
+                self._acked_versions[type_url] = req.version_info
         return type_url

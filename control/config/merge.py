@@ -40,7 +40,8 @@ def merge(
 
     Gateway API objects are translated here, with the whole config at hand:
     `namespace_labels` answers a namespace's labels (for allowedRoutes selectors; files have
-    none but the name label), `secrets` the known Secrets (None: not known, not checked).
+    none but the name label), `secrets` the known Secrets (None: the gateway certificates
+    among the objects).
 
     Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
     error points at the later one and names the first.
@@ -84,6 +85,10 @@ def merge(
             "selector",
         )
     )
+    telemetries = [t for obj in objects for t in obj.telemetries]
+    warnings.extend(
+        _namespace_wide([t for t in telemetries if t.selector is None], "Telemetry", "selector")
+    )
     virtual_services = [vs for obj in objects for vs in obj.virtual_services]
     destination_rules = [dr for obj in objects for dr in obj.destination_rules]
     # One VirtualService per host holds for sidecars; gateways merge theirs per host.
@@ -92,6 +97,11 @@ def merge(
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     # Translated after the checks above: those are about sidecar routing (one VirtualService
     # per host), while a gateway merges the routes of many HTTPRoutes per host.
+    tls_secrets = tuple(s for obj in objects for s in obj.secrets)
+    if secrets is None:
+        # The gateway certificates of this config (control/model/secret.py): certificateRefs
+        # to anything else do not resolve.
+        secrets = {(s.namespace, s.name) for s in tls_secrets}
     gateway_api = translate(
         [o for obj in objects for o in obj.gateway_api], services, namespace_labels, secrets
     )
@@ -109,7 +119,8 @@ def merge(
         gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
-        telemetries=tuple(t for obj in objects for t in obj.telemetries),
+        telemetries=tuple(telemetries),
+        secrets=tls_secrets,
         raw=tuple((obj.source, obj.raw) for obj in objects),
         warnings=tuple(dict.fromkeys(warnings)),
     )

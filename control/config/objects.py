@@ -8,6 +8,7 @@ from typing import Any
 
 from control.model.gateway import Gateway
 from control.model.gatewayapi import GatewayApiObject
+from control.model.secret import TlsSecret
 from control.model.telemetry import Telemetry
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
@@ -40,6 +41,7 @@ class ConfigObject:
     # Gateway API objects, translated once all are merged (control/gatewayapi/translate.py).
     gateway_api: tuple[GatewayApiObject, ...] = ()
     telemetries: tuple[Telemetry, ...] = ()
+    secrets: tuple[TlsSecret, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:

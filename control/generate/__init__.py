@@ -13,7 +13,8 @@ Where each decision is made:
   route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe);
 - routers (gateways): gateway_listeners (LDS per merged server port), gateway_routes (RDS
   `http.<port>` / `https.<port>.…` from bound VirtualServices), gateway_tls (server
-  certificates over SDS); clusters and endpoints as for sidecars (cluster names stay
+  certificates over SDS), secrets (the certificates themselves: SDS over ADS for the
+  router's agent); clusters and endpoints as for sidecars (cluster names stay
   `outbound|PORT|SUBSET|HOST`, so DestinationRules and auto mTLS apply at the gateway hop);
   no NDS (DNS proxying is a sidecar's);
 - proxyless gRPC: grpc_targets (which dial names lead to which cluster), grpc_listeners
@@ -42,12 +43,13 @@ from control.generate import (
     names,
     probes,
     route_tables,
+    secrets,
 )
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
-from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, SECRET, WORKLOAD_PROBE
 
 Generator = Callable[[GenContext, Proxy], ResourceSet]
 
@@ -79,6 +81,8 @@ ROUTER_GENERATORS: Final[dict[str, Generator]] = {
     LISTENER_TYPE: gateway_listeners.generate,
     ROUTE_TYPE: gateway_routes.generate,
     WORKLOAD_PROBE: probes.generate,
+    # For the router's agent: gateway certificates (who may ask: control/secretaccess.py).
+    SECRET: secrets.generate,
 }
 
 

@@ -1,4 +1,5 @@
-"""Envoy file access logs (`envoy.access_loggers.file`) from a proxy's effective telemetry
+"""Envoy file access logs (`envoy.access_loggers.file`; `/dev/stdout` and `/dev/stderr` through
+Envoy's stream loggers, which write to the inherited descriptors) from a proxy's effective telemetry
 (control/model/telemetry.py AccessLogSink), for HTTP connection managers and TCP proxies
 alike: Istio's default TEXT format and JSON labels, a custom format, and the status-code
 filters a Telemetry `filter.expression` compiles to. Pure functions of hashable inputs.
@@ -20,6 +21,7 @@ from envoy.config.accesslog.v3.accesslog_pb2 import (
 from envoy.config.core.v3.base_pb2 import DataSource, RuntimeUInt32
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
+from envoy.extensions.access_loggers.stream.v3.stream_pb2 import StderrAccessLog, StdoutAccessLog
 from google.protobuf.struct_pb2 import Struct
 
 from control.generate.warn import warn_once
@@ -28,6 +30,10 @@ from control.model.meshconfig import AccessLogEncoding
 from control.model.telemetry import AccessLogSink, CodeFilter
 
 FILE_LOGGER: Final = "envoy.access_loggers.file"
+STDOUT_LOGGER: Final = "envoy.access_loggers.stdout"
+STDERR_LOGGER: Final = "envoy.access_loggers.stderr"
+STDOUT: Final = "/dev/stdout"
+STDERR: Final = "/dev/stderr"
 
 # Istio's default TEXT format (pilot/pkg/model/telemetry_logging.go EnvoyTextLogFormat).
 ISTIO_TEXT_FORMAT: Final = (
@@ -78,10 +84,18 @@ def access_logs(sinks: tuple[AccessLogSink, ...]) -> list[AccessLog]:
 
 
 def _access_log(sink: AccessLogSink) -> AccessLog:
-    log = AccessLog(
-        name=FILE_LOGGER,
-        typed_config=pack(FileAccessLog(path=sink.path, log_format=log_format(sink))),
-    )
+    fmt = log_format(sink)
+    if sink.path == STDOUT:
+        # Envoy's stream logger writes to the fd it inherited. Opening /dev/stdout, as the
+        # file logger would, fails for Envoy running as UID 1337 (mode REDIRECT) when the
+        # agent's stdout belongs to another user (a root-owned log file or pipe).
+        log = AccessLog(name=STDOUT_LOGGER, typed_config=pack(StdoutAccessLog(log_format=fmt)))
+    elif sink.path == STDERR:
+        log = AccessLog(name=STDERR_LOGGER, typed_config=pack(StderrAccessLog(log_format=fmt)))
+    else:
+        log = AccessLog(
+            name=FILE_LOGGER, typed_config=pack(FileAccessLog(path=sink.path, log_format=fmt))
+        )
     if sink.filter is not None:
         log.filter.CopyFrom(code_filter(sink.filter))
     return log

@@ -18,6 +18,7 @@ arguments of its pure builder below, so the key covers every input by constructi
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Final
 
@@ -43,7 +44,13 @@ from control.generate.destination_policy import (
 )
 from control.generate.load_assignment import EndpointKey, endpoint_keys, locality_endpoints
 from control.generate.mesh_tls import auto_mtls_matches, sni, upstream_socket
-from control.generate.plans import InboundPort, OutboundCluster, inbound_ports, outbound_plan
+from control.generate.plans import (
+    InboundPort,
+    OutboundCluster,
+    OutboundPlan,
+    inbound_ports,
+    outbound_plan,
+)
 from control.generate.resource_names import (
     BLACKHOLE_CLUSTER,
     CLUSTER_TYPE,
@@ -81,15 +88,55 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # Auto mTLS needs the proxy to hold certificates (SDS); without them it stays plaintext.
     mtls = proxy.sds
+    key = ("cds-outbound", plan.key, mtls)
     outbound = ctx.memo(
-        ("cds-outbound", plan.key, mtls), lambda: _outbound(ctx, plan.all_clusters, mtls)
+        key,
+        lambda: _patched_outbound(ctx, plan, mtls, key) or _outbound(ctx, plan.all_clusters, mtls),
     )
     inbound = tuple(_inbound(ctx, port) for port in inbound_ports(ctx, proxy))
     # The tracers' collectors (generate/tracing.py), unless a service cluster is one already.
     names = ctx.memo(("cds-names", plan.key), lambda: frozenset(c.name for c in plan.all_clusters))
     inbound += collector_clusters(ctx, proxy, names)
     # Proxies of one scope with equal inbound clusters share the set (and its digest).
-    return ctx.memo(("cds-set", plan.key, mtls, inbound), lambda: ResourceSet(outbound + inbound))
+    set_key = ("cds-set", plan.key, mtls, inbound)
+
+    def resource_set() -> ResourceSet:
+        # Made of the same resources as the previous push's: that very set (and its digest).
+        old = ctx.previous_memo(set_key, depends=frozenset())
+        if isinstance(old, ResourceSet) and ctx.previous_memo(key, frozenset()) is outbound:
+            return old
+        return ResourceSet(outbound + inbound)
+
+    return ctx.memo(set_key, resource_set)
+
+
+def _patched_outbound(
+    ctx: GenContext, plan: OutboundPlan, mtls: bool, key: Hashable
+) -> tuple[Resource, ...] | None:
+    """The previous push's outbound clusters with those of the rebuilt plan clusters made
+    again, when the plan was patched from the previous push's (same key, so same clusters
+    in the same order): the tuple itself when none was rebuilt."""
+    old = ctx.previous_memo(key, depends=frozenset())
+    if plan.rebuilt is None or not isinstance(old, tuple):
+        return None
+    # The reused clusters are served again without asking the cache for them.
+    reused: list[tuple[str, Hashable]] = [(r.name, None) for r in old[:_FIXED]]
+    rebuilt = {id(c) for c in plan.rebuilt}
+    reused += [(c.name, (mtls, c.policy)) for c in plan.all_clusters if id(c) not in rebuilt]
+    ctx.cache.keep_slots(CLUSTER_TYPE, reused)
+    if not rebuilt:
+        return old  # type: ignore[no-any-return]
+    made = tuple(
+        ctx.memo(("cds", id(c), mtls), functools.partial(_resource, ctx, c, mtls))
+        if id(c) in rebuilt
+        else old[_FIXED + i]
+        for i, c in enumerate(plan.all_clusters)
+    )
+    return old[:_FIXED] + made  # type: ignore[no-any-return]
+
+
+# How many clusters every outbound tuple starts with (BlackHoleCluster, PassthroughCluster).
+_FIXED = 2
 
 
 def _outbound(

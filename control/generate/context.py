@@ -8,10 +8,11 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from control.generate.conflicts import Conflicts
-from control.model.index import MeshIndex
+from control.model.index import IndexChange, MeshIndex
 from control.xds.cache import Resource, ResourceCache
 
 T = TypeVar("T")
+_MISSING = object()
 
 
 class GenContext:
@@ -26,6 +27,12 @@ class GenContext:
     and `previous_memo()` offers what the previous push computed, so a generator can patch
     its previous answer instead of recomputing it (the outbound plan, the EDS set): an
     endpoint change then costs what changed, not the size of the mesh.
+
+    When rules changed too, `change` says which config slices did (MeshIndex.change_since):
+    `previous_memo(key, depends=...)` still offers the previous answer when none of the
+    slices it `depends` on changed, and `carried()` keeps values from push to push for as
+    long as every push asks for them and says they still hold (the route translation of
+    an unchanged VirtualService), so a one-route change costs that route.
     """
 
     def __init__(
@@ -37,13 +44,20 @@ class GenContext:
         # Met while generating this push (the pilot_conflict_* gauges read them).
         self.conflicts = Conflicts()
         self.changed: frozenset[str] | None = None
-        # Only the previous memo is kept, never the previous context: that would chain every
-        # push's memo to the one before it.
+        self.change: IndexChange | None = None
+        # Only the previous memos are kept, never the previous context: that would chain
+        # every push's memo to the one before it.
         self._previous: dict[Hashable, object] = {}
+        # What this push carries on (carried()), and what the previous push carried: a value
+        # not asked for in a push is gone after it.
+        self._carried: dict[Hashable, object] = {}
+        self._carried_before: dict[Hashable, object] = {}
         if previous is not None:
+            self.change = index.change_since(previous.index)
             self.changed = index.changed_since(previous.index)
-            if self.changed is not None:
+            if self.change is not None:
                 self._previous = previous._memo
+                self._carried_before = previous._carried
 
     def resource(
         self,
@@ -62,11 +76,45 @@ class GenContext:
         self._memo[key] = value
         return value
 
-    def previous_memo(self, key: Hashable) -> object | None:
+    def previous_memo(self, key: Hashable, depends: frozenset[str] | None = None) -> object | None:
         """What the previous push memoized under `key`, when this push is incremental over
-        it (`changed` is not None); else None. Keys made of id()s stay sound across the two
-        pushes only for objects both indexes share (see MeshIndex.next)."""
+        it: by default when only endpoints changed (`changed` is not None); with `depends`
+        (RULE_SLICES names), when none of those slices changed (endpoint changes are the
+        caller's to patch: `change.endpoints`). Else None. Keys made of id()s stay sound
+        across the two pushes only for objects both indexes share (see MeshIndex.next)."""
+        if depends is None:
+            return self._previous.get(key) if self.changed is not None else None
+        if self.change is None or self.change.touches(depends):
+            return None
         return self._previous.get(key)
+
+    def unchanged(self, slices: frozenset[str]) -> bool:
+        """Whether this push is incremental over the previous one and none of `slices`
+        (RULE_SLICES names) changed between them."""
+        return self.change is not None and not self.change.touches(slices)
+
+    def carried(self, key: Hashable, compute: Callable[[], T], holds: Callable[[T], bool]) -> T:
+        """`memo()` across pushes: the value the previous push carried under `key` when
+        `holds(value)` says the inputs it was made from are still this push's, else
+        `compute()`. Every push that wants the value must ask for it (what nobody asks for
+        is dropped after one push), so `holds` only has to judge what changed since the
+        previous push. The key must name every input that `holds` does not check."""
+
+        def renew(old: T | None) -> T:
+            return old if old is not None and holds(old) else compute()
+
+        return self.renewed(key, renew)
+
+    def renewed(self, key: Hashable, renew: Callable[[T | None], T]) -> T:
+        """The value carried under `key` for this push: `renew(previous)`, where previous is
+        what the previous push carried under it (None: nothing), once per push. For state
+        that is patched from push to push (a table whose entries are checked one by one)."""
+        found = self._carried.get(key, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
+        value = renew(self._carried_before.get(key))  # type: ignore[arg-type]
+        self._carried[key] = value
+        return value
 
 
 def next_context(previous: GenContext, index: MeshIndex) -> GenContext:

@@ -41,17 +41,19 @@ def _full(ctx: GenContext, plan: OutboundPlan) -> ResourceSet:
 def _patched(ctx: GenContext, plan: OutboundPlan, key: Hashable) -> ResourceSet | None:
     """The previous push's set with the assignments of the rebuilt clusters replaced, when
     the plan was patched from the previous push's plan of the same key (whose set this is)."""
-    old = ctx.previous_memo(key)
+    # The set is the plan's alone, whatever else changed.
+    old = ctx.previous_memo(key, depends=frozenset())
     if plan.rebuilt is None or not isinstance(old, ResourceSet):
         return None
+    # The reused assignments are served again without asking the cache for them.
+    ctx.memo(("eds-keep", id(old)), lambda: ctx.cache.keep(ENDPOINT_TYPE, old))
+    if not plan.rebuilt:
+        return old
     changes: dict[str, Resource | None] = {
         c.name: ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c)) if c.eds else None
         for c in plan.rebuilt
     }
-    new = old.replace(changes)
-    # The reused assignments are served again without asking the cache for them.
-    ctx.memo(("eds-keep", id(old)), lambda: ctx.cache.keep(ENDPOINT_TYPE, old))
-    return new
+    return old.replace(changes)
 
 
 def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:

@@ -19,7 +19,12 @@ from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
 from control.generate.access_logs import access_logs
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
-from control.generate.tracing import hcm_tracing, service_name
+from control.generate.tracing import (
+    hcm_tracing,
+    istio_tags,
+    request_id_extension,
+    service_name,
+)
 from control.generate.wire import pack
 from control.model.proxy import Proxy
 from control.model.telemetry import SideTelemetry, WorkloadMode
@@ -29,6 +34,7 @@ from control.model.telemetry import SideTelemetry, WorkloadMode
 class ListenerTelemetry:
     side: SideTelemetry
     service: str = ""  # how the proxy names itself in spans
+    tags: tuple[tuple[str, str], ...] = ()  # Istio's literal span tags for the proxy
 
     @property
     def empty(self) -> bool:
@@ -42,7 +48,11 @@ def listener_telemetry(ctx: GenContext, proxy: Proxy, mode: WorkloadMode) -> Lis
     side = ctx.index.telemetry(proxy).side(mode)
     if not side.access_logs and side.tracing is None:
         return NONE
-    return ListenerTelemetry(side, service_name(proxy) if side.tracing is not None else "")
+    if side.tracing is None:
+        return ListenerTelemetry(side)
+    # Istio's mesh id defaults to the trust domain.
+    tags = istio_tags(proxy, ctx.index.trust_domain)
+    return ListenerTelemetry(side, service_name(proxy), tags)
 
 
 def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener:
@@ -51,7 +61,9 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
         return listener
     logs = access_logs(telemetry.side.access_logs)
     tracing = telemetry.side.tracing
-    hcm_trace = hcm_tracing(tracing, telemetry.service) if tracing is not None else None
+    hcm_trace = (
+        hcm_tracing(tracing, telemetry.service, telemetry.tags) if tracing is not None else None
+    )
     chains: list[FilterChain] = list(listener.filter_chains)
     if listener.HasField("default_filter_chain"):
         chains.append(listener.default_filter_chain)
@@ -63,6 +75,8 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
                 hcm.access_log.extend(logs)
                 if hcm_trace is not None:
                     hcm.tracing.CopyFrom(hcm_trace)
+                if tracing is not None and not tracing.use_request_id:
+                    hcm.request_id_extension.typed_config.CopyFrom(request_id_extension(False))
                 f.typed_config.CopyFrom(pack(hcm))
             elif f.name == TCP_PROXY_FILTER and logs:
                 tcp = TcpProxy()

@@ -71,6 +71,11 @@ from control.generate.plans import (
 )
 from control.generate.resource_names import LISTENER_TYPE, inbound_cluster_name, listener_name
 from control.generate.route_translation import FAULT_FILTER
+from control.generate.telemetry_metrics import (
+    WorkloadTelemetry,
+    instrument_listener,
+    workload_telemetry,
+)
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
@@ -96,6 +101,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     policies = ctx.index.authorization_policies(proxy.namespace, proxy.labels)
     server = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
     client = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    telemetry = workload_telemetry(ctx, proxy)
     for inbound in inbound_ports(ctx, proxy):
         taken.add((inbound.bind, inbound.number))
         mode = peer.mode_for(inbound.number)
@@ -113,7 +119,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 )
                 continue
             mode = MtlsMode.DISABLE
-        resources.append(_inbound(ctx, inbound, mode, policies, server))
+        resources.append(_inbound(ctx, inbound, mode, policies, server, telemetry))
     for port in plan.ports:
         bind = egress_bind(sidecar, port.number, proxy.ip)
         if (bind, port.number) in taken:
@@ -126,12 +132,17 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 port.number,
             )
             continue
-        resources.append(_outbound(ctx, port, bind, plan.scope, client))
+        resources.append(_outbound(ctx, port, bind, plan.scope, client, telemetry))
     return ResourceSet(resources)
 
 
 def _outbound(
-    ctx: GenContext, port: OutboundPort, bind: str, scope: str, tel: ListenerTelemetry = NONE
+    ctx: GenContext,
+    port: OutboundPort,
+    bind: str,
+    scope: str,
+    tel: ListenerTelemetry = NONE,
+    telemetry: WorkloadTelemetry | None = None,
 ) -> Resource:
     name = listener_name(bind, port.number)
     _record_conflicts(ctx, port)
@@ -142,8 +153,10 @@ def _outbound(
             ctx,
             LISTENER_TYPE,
             name,
-            ("http", *http_key, tel),
-            lambda: with_telemetry(build_outbound_http(*http_key), tel),
+            ("http", *http_key, tel, telemetry),
+            lambda: instrument_listener(
+                with_telemetry(build_outbound_http(*http_key), tel), telemetry
+            ),
         )
     # The plan lives in the push memo, so id(port) cannot be reused during the push.
     chains = ctx.memo(("lds-chains", id(port), scope), lambda: tcp_chains(port, ctx.index, scope))
@@ -152,8 +165,8 @@ def _outbound(
         ctx,
         LISTENER_TYPE,
         name,
-        ("tcp", *tcp_key, tel),
-        lambda: with_telemetry(build_outbound_tcp(*tcp_key), tel),
+        ("tcp", *tcp_key, tel, telemetry),
+        lambda: instrument_listener(with_telemetry(build_outbound_tcp(*tcp_key), tel), telemetry),
     )
 
 
@@ -220,14 +233,15 @@ def _inbound(
     mode: MtlsMode,
     policies: tuple[AuthorizationPolicy, ...],
     tel: ListenerTelemetry = NONE,
+    telemetry: WorkloadTelemetry | None = None,
 ) -> Resource:
     key = (port.bind, port.number, port.protocol.is_http, mode, policies)
     return variant_resource(
         ctx,
         LISTENER_TYPE,
         port.listener,
-        (*key, tel),
-        lambda: with_telemetry(build_inbound(*key), tel),
+        (*key, tel, telemetry),
+        lambda: instrument_listener(with_telemetry(build_inbound(*key), tel), telemetry),
     )
 
 

@@ -59,6 +59,7 @@ from control.generate.listener_telemetry import listener_telemetry, with_telemet
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
+from control.generate.telemetry_metrics import instrument_listener, workload_telemetry
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.proxy import Proxy
@@ -129,12 +130,13 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     )
     key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
     tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
         LISTENER_TYPE,
         VIRTUAL_OUTBOUND,
-        (*key, tel),
-        lambda: with_telemetry(build_virtual_outbound(*key), tel),
-        variant=(*key, tel),
+        (*key, tel, telemetry),
+        lambda: instrument_listener(with_telemetry(build_virtual_outbound(*key), tel), telemetry),
+        variant=(*key, tel, telemetry),
     )
 
 
@@ -262,12 +264,13 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies, has_ipv6(proxy))
     tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
+    telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
         LISTENER_TYPE,
         VIRTUAL_INBOUND,
-        (*key, tel),
-        lambda: with_telemetry(build_virtual_inbound(*key), tel),
-        variant=(*key, tel),
+        (*key, tel, telemetry),
+        lambda: instrument_listener(with_telemetry(build_virtual_inbound(*key), tel), telemetry),
+        variant=(*key, tel, telemetry),
     )
 
 

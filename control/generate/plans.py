@@ -107,6 +107,11 @@ def _uses_eds(service: Service, endpoints: tuple[Endpoint, ...]) -> bool:
     return not endpoints and service.hostname.startswith("*")
 
 
+# What a plan is made of besides the visible services (its key) and endpoints (patched): the
+# DestinationRules of those services, picked by their namespaces.
+PLAN_SLICES = frozenset(("services", "destination_rules"))
+
+
 def outbound_plan(ctx: GenContext, proxy: Proxy) -> OutboundPlan:
     visible = ctx.index.visible_services(proxy)
     scope = ctx.index.traffic_scope(proxy.namespace)
@@ -124,15 +129,22 @@ def _patched_plan(
     ctx: GenContext, key: Hashable, visible: tuple[Service, ...]
 ) -> OutboundPlan | None:
     """The previous push's plan with the clusters of the changed services rebuilt, when this
-    push is incremental over it (only endpoints changed: the same services and rules give
-    the same clusters in the same order, only what they hold of endpoints and identities
-    differs). None when there is nothing to patch."""
-    old = ctx.previous_memo(key)
-    if ctx.changed is None or not isinstance(old, OutboundPlan) or old.visible is not visible:
+    push is incremental over it and neither services nor DestinationRules changed (the same
+    services and rules give the same clusters in the same order, only what they hold of
+    endpoints and identities differs; a VirtualService or Gateway change leaves the plan as
+    it was). None when there is nothing to patch."""
+    old = ctx.previous_memo(key, depends=PLAN_SLICES)
+    change = ctx.change
+    if (
+        change is None
+        or change.endpoints is None
+        or not isinstance(old, OutboundPlan)
+        or old.visible is not visible
+    ):
         return None
     clusters, subsets = list(old.clusters), list(old.subsets)
     replaced: dict[int, OutboundCluster] = {}
-    for host in ctx.changed:
+    for host in change.endpoints:
         in_clusters, in_subsets = old.positions.get(host, ((), ()))
         for group, positions in ((clusters, in_clusters), (subsets, in_subsets)):
             for i in positions:

@@ -34,7 +34,13 @@ from control.generate.route_translation import (
 from control.generate.warn import warn_once
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
-from control.model.traffic import ConsistentHash, Destination, HttpRoute, VirtualService
+from control.model.traffic import (
+    ConsistentHash,
+    Destination,
+    DestinationRule,
+    HttpRoute,
+    VirtualService,
+)
 from control.model.types import Service
 from control.xds.cache import Resource, ResourceSet
 
@@ -139,6 +145,51 @@ def vs_routes(
             continue  # every match is for another port or other clients
         out.append(_route_spec(index, route, matches, port, scope))
     return tuple(out)
+
+
+# What a VirtualService's translation reads besides the VirtualService itself (the ports of
+# destination services, the consistent hash of their DestinationRules).
+ROUTE_SLICES = frozenset(("services", "destination_rules"))
+_RouteInputs = tuple[tuple[str, Service | None, DestinationRule | None], ...]
+
+
+# One VirtualService's translation and what it was made from (renew_vs_routes).
+RoutesEntry = tuple[VirtualService, _RouteInputs, tuple[RouteSpec, ...]]
+
+
+def renew_vs_routes(
+    index: MeshIndex,
+    old: RoutesEntry | None,
+    vs: VirtualService,
+    port: int,
+    client_namespace: str,
+    scope: str,
+    rules_same: bool,
+) -> RoutesEntry:
+    """`vs_routes` carried over from the previous push (`old`, made for the same port,
+    client namespace and scope) while the VirtualService object and what its translation
+    reads stay the same; `rules_same`: neither services nor DestinationRules changed since
+    (GenContext.unchanged(ROUTE_SLICES)), so only the object needs checking. The entry
+    itself is returned while it holds, so what is built from its routes can be kept by
+    identity too."""
+    if old is not None and old[0] is vs:
+        if rules_same or old[1] == route_inputs(index, vs, scope):
+            return old
+    return (
+        vs,
+        route_inputs(index, vs, scope),
+        vs_routes(index, vs, port, client_namespace, scope),
+    )
+
+
+def route_inputs(index: MeshIndex, vs: VirtualService, scope: str) -> _RouteInputs:
+    """Every input of `vs_routes` beyond the VirtualService, port and client: for each
+    destination host, its service and the DestinationRule clients of `scope` see for it."""
+    hosts = {d.host for r in vs.http for d in r.destinations}
+    hosts.update(r.mirror.host for r in vs.http if r.mirror is not None)
+    return tuple(
+        (h, index.service_by_host.get(h), index.destination_rule(h, scope)) for h in sorted(hosts)
+    )
 
 
 def _route_spec(

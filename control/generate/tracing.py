@@ -25,8 +25,10 @@ from envoy.config.trace.v3.zipkin_pb2 import ZipkinConfig
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
 )
+from envoy.extensions.request_id.uuid.v3.uuid_pb2 import UuidRequestIdConfig
 from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag as EnvoyCustomTag
 from envoy.type.v3.percent_pb2 import Percent
+from google.protobuf.any_pb2 import Any as AnyProto
 from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
 from control.generate.context import GenContext
@@ -40,6 +42,7 @@ from control.xds.cache import Resource
 ZIPKIN_TRACER: Final = "envoy.tracers.zipkin"
 OTEL_TRACER: Final = "envoy.tracers.opentelemetry"
 CANONICAL_NAME_LABEL: Final = "service.istio.io/canonical-name"
+CANONICAL_REVISION_LABEL: Final = "service.istio.io/canonical-revision"
 
 Collector = ZipkinProvider | OpenTelemetryProvider
 
@@ -50,23 +53,57 @@ def collector_cluster(provider: Collector) -> str:
 
 def service_name(proxy: Proxy) -> str:
     """How the proxy names itself in spans: Istio's `<canonical service>.<namespace>`."""
+    return f"{_canonical(proxy)}.{proxy.namespace}"
+
+
+def _canonical(proxy: Proxy) -> str:
     labels = dict(proxy.labels)
-    name = labels.get(CANONICAL_NAME_LABEL) or labels.get("app") or proxy.pod_name
-    return f"{name}.{proxy.namespace}"
+    return labels.get(CANONICAL_NAME_LABEL) or labels.get("app") or proxy.pod_name
 
 
-def hcm_tracing(settings: TracingSettings, service: str) -> HttpConnectionManager.Tracing:
-    """The HCM's `tracing`: the tracer, Istio's sampling fields and the custom tags."""
+def istio_tags(proxy: Proxy, mesh_id: str) -> tuple[tuple[str, str], ...]:
+    """The literal tags Istio puts on every span of a proxy."""
+    labels = dict(proxy.labels)
+    revision = labels.get(CANONICAL_REVISION_LABEL) or labels.get("version") or "latest"
+    return (
+        ("istio.canonical_revision", revision),
+        ("istio.canonical_service", _canonical(proxy)),
+        ("istio.mesh_id", mesh_id),
+        ("istio.namespace", proxy.namespace),
+    )
+
+
+def hcm_tracing(
+    settings: TracingSettings, service: str, tags: tuple[tuple[str, str], ...] = ()
+) -> HttpConnectionManager.Tracing:
+    """The HCM's `tracing`: the tracer, Istio's sampling fields, Istio's literal `tags`
+    and the Telemetry's custom tags (which win on the same name)."""
     tracing = HttpConnectionManager.Tracing(
         random_sampling=Percent(value=settings.sampling),
         client_sampling=Percent(value=100.0),
         overall_sampling=Percent(value=100.0),
         provider=_tracer(settings.provider, service),
     )
+    custom = {t.tag for t in settings.custom_tags}
+    tracing.custom_tags.extend(
+        EnvoyCustomTag(tag=k, literal=EnvoyCustomTag.Literal(value=v))
+        for k, v in tags
+        if k not in custom
+    )
     tracing.custom_tags.extend(_custom_tag(t) for t in settings.custom_tags)
     if settings.provider.max_tag_length:
         tracing.max_path_tag_length.CopyFrom(UInt32Value(value=settings.provider.max_tag_length))
     return tracing
+
+
+def request_id_extension(use_for_sampling: bool) -> AnyProto:
+    """Envoy's UUID request id, saying whether the sampling decision rides in it."""
+    return pack(
+        UuidRequestIdConfig(
+            pack_trace_reason=BoolValue(value=True),
+            use_request_id_for_trace_sampling=BoolValue(value=use_for_sampling),
+        )
+    )
 
 
 def _tracer(provider: Collector, service: str) -> HttpTracer.Http:

@@ -1,11 +1,11 @@
 """Mesh config from the Kubernetes API: the same MeshConfig the file watcher builds.
 
-One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces, the
-Istio kinds we support (networking.istio.io and security.istio.io, version v1) and the
-Gateway API kinds (gateway.networking.k8s.io), whose status is written back
-(gatewaystatus.py). Services and
-Istio objects go through the same kind converters as YAML files; Pods become workloads (pod IP,
-labels, service account, named container ports); Services without a selector take their
+One list+watch (`Reflector`) per resource: Services, Pods, EndpointSlices, Namespaces, Secrets
+(gateway certificates), the Istio kinds we support (networking.istio.io and security.istio.io,
+version v1) and the Gateway API kinds (gateway.networking.k8s.io), whose status is written
+back (gatewaystatus.py). Services, Secrets and Istio objects go through the same kind
+converters as YAML files; Pods become workloads (pod IP, labels, service account, named
+container ports); Services without a selector take their
 endpoints from their EndpointSlices (endpointslices.py). `start()` returns once every resource has
 been listed (readiness waits for the initial sync); afterwards changes are merged after a short
 quiet period and `on_change` is called when the MeshConfig differs. An object that fails to
@@ -87,6 +87,8 @@ SERVICES = Resource("Service", "v1", "services")
 PODS = Resource("Pod", "v1", "pods")
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
+# Gateway certificates (kind converter control/config/kinds/secret.py; other Secrets skipped).
+SECRETS = Resource("Secret", "v1", "secrets")
 
 _ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
@@ -217,6 +219,7 @@ class KubeSource(Lifecycle):
             PODS,
             NAMESPACES,
             ENDPOINT_SLICES,
+            SECRETS,
             *istio_resources(),
             *gateway_api_resources(),
         ]

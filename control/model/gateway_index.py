@@ -193,10 +193,22 @@ def _admit(
     return BoundServer(candidate.gateway, candidate.server, candidate.position, tuple(hosts))
 
 
-class GatewayIndex:
-    """Per-router lookups over the snapshot's Gateways and the VirtualServices bound to them."""
+# What binding one VirtualService to one server decided: the VirtualService, its part for
+# the gateway (None: nothing binds) and the hosts it serves through the server.
+_Binding = tuple[VirtualService, VirtualService | None, tuple[str, ...]]
+# Bindings by (gateway ref, gateway namespace, server hosts), then by id() of the
+# VirtualService (the entry holds it, so the id names no other object).
+_Bindings = dict[tuple[str, str, tuple[str, ...]], dict[int, _Binding]]
 
-    def __init__(self, config: MeshConfig) -> None:
+
+class GatewayIndex:
+    """Per-router lookups over the snapshot's Gateways and the VirtualServices bound to them.
+
+    Made with `previous` (the index of the snapshot before), the binding decisions of every
+    VirtualService object the two snapshots share are taken over instead of made again, so
+    a snapshot with one VirtualService changed binds that one."""
+
+    def __init__(self, config: MeshConfig, previous: GatewayIndex | None = None) -> None:
         self.gateways = tuple(sorted(config.gateways, key=lambda g: g.key))
         self._virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
         self._selecting: dict[tuple[Labels, str], tuple[Gateway, ...]] = {}
@@ -204,8 +216,12 @@ class GatewayIndex:
             tuple[Labels, str, tuple[tuple[int, int], ...], str],
             tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]],
         ] = {}
-        self._bound: dict[tuple[str, str, tuple[str, ...]], tuple[VirtualService, ...]] = {}
-        self._for_gateway: dict[str, tuple[VirtualService, ...]] = {}
+        self._bound: dict[
+            tuple[str, str, tuple[str, ...]], tuple[tuple[VirtualService, tuple[str, ...]], ...]
+        ] = {}
+        self._bindings: _Bindings = {}
+        # Only the previous index's decisions, never its own previous: no chain of indexes.
+        self._bindings_before: _Bindings = previous._bindings if previous is not None else {}
 
     def selecting(self, labels: Labels, namespace: str = "") -> tuple[Gateway, ...]:
         """Gateways that a router's labels (and namespace) select, oldest first."""
@@ -234,28 +250,45 @@ class GatewayIndex:
             )
         return found
 
-    def _bound_to_gateway(self, ref: str) -> tuple[VirtualService, ...]:
-        found = self._for_gateway.get(ref)
-        if found is None:
-            found = self._for_gateway[ref] = tuple(
-                b for vs in self._virtual_services if (b := bound_to(vs, ref)) is not None
-            )
-        return found
-
-    def virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
+    def bindings(self, bound: BoundServer) -> tuple[tuple[VirtualService, tuple[str, ...]], ...]:
         """The VirtualServices (their parts for this gateway) bound to a server, in
-        (namespace, name) order."""
+        (namespace, name) order, each with the hosts it serves through the server."""
         gateway = bound.gateway
         key = (gateway.ref, str(bound.server.port), bound.hosts)
         found = self._bound.get(key)
         if found is None:
-            found = self._bound[key] = tuple(
-                vs
-                for vs in self._bound_to_gateway(gateway.ref)
-                if exported_to(vs.export_to, vs.namespace, gateway.namespace)
-                and server_hosts_for(bound.hosts, vs)
-            )
+            found = self._bound[key] = self._bind(gateway, bound.hosts)
         return found
+
+    def _bind(
+        self, gateway: Gateway, hosts: tuple[str, ...]
+    ) -> tuple[tuple[VirtualService, tuple[str, ...]], ...]:
+        ref, namespace = gateway.ref, gateway.namespace
+        decided = self._bindings.setdefault((ref, namespace, hosts), {})
+        before = self._bindings_before.get((ref, namespace, hosts), {})
+        out: list[tuple[VirtualService, tuple[str, ...]]] = []
+        for vs in self._virtual_services:
+            entry = decided.get(id(vs))
+            if entry is None:
+                entry = before.get(id(vs))
+                if entry is None or entry[0] is not vs:
+                    part = bound_to(vs, ref)
+                    served = (
+                        server_hosts_for(hosts, part)
+                        if part is not None
+                        and exported_to(part.export_to, part.namespace, namespace)
+                        else ()
+                    )
+                    entry = (vs, part, served)
+                decided[id(vs)] = entry
+            if entry[1] is not None and entry[2]:
+                out.append((entry[1], entry[2]))
+        return tuple(out)
+
+    def virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
+        """The VirtualServices (their parts for this gateway) bound to a server, in
+        (namespace, name) order."""
+        return tuple(vs for vs, _ in self.bindings(bound))
 
 
 def server_hosts_for(server_hosts: tuple[str, ...], vs: VirtualService) -> tuple[str, ...]:

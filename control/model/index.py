@@ -16,11 +16,17 @@ depends on workloads, and the only one a derived index patches), traffic_index
 visibility_index (Sidecar scope, visible services) and gateway_index (the servers a router
 serves, the VirtualServices bound to them). A derived index shares the rule-only parts, memos
 and all, with its parent.
+
+When rules did change, `next()` still shares every part whose own slice of the config is
+equal to the parent's (a VirtualService edit leaves the endpoints, visibility and security
+parts, and their memos, as they were), and `change_since()` says which slices differ and
+which services' endpoints may, so a generator can reuse what depends on neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
 from control.model.gateway_index import (
@@ -32,6 +38,7 @@ from control.model.gateway_index import (
 )
 from control.model.meshconfig import DEFAULT_MESH, MeshSettings
 from control.model.proxy import Proxy
+from control.model.secret import NO_GRANTS, GatewayGrants, ReferenceGrants, SecretIndex
 from control.model.security_index import SecurityIndex
 from control.model.telemetry import ProxyTelemetry
 from control.model.telemetry_index import TelemetryIndex
@@ -51,9 +58,50 @@ from control.model.types import (
 )
 from control.model.visibility_index import VisibilityIndex
 
+# The slices of the config that rules_of() names, in its order.
+RULE_SLICES = (
+    "services",
+    "sidecars",
+    "peer_authentications",
+    "authorization_policies",
+    "virtual_services",
+    "destination_rules",
+    "workload_groups",
+    "gateways",
+    "telemetries",
+    "secret_shapes",
+    "reference_grants",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexChange:
+    """What may differ between an index and the one it was derived from (MeshIndex.next):
+    the config slices (RULE_SLICES names) that are not equal, and the hostnames of the
+    services whose endpoints may differ (None: any service's)."""
+
+    slices: frozenset[str]
+    endpoints: frozenset[str] | None
+
+    def touches(self, slices: Iterable[str]) -> bool:
+        return not self.slices.isdisjoint(slices)
+
 
 class MeshIndex:
     """Read-only lookups over one config snapshot and the workloads registered at that time."""
+
+    # The parts (see _build_parts).
+    services: tuple[Service, ...]
+    service_by_host: dict[str, Service]
+    _security: SecurityIndex
+    _traffic: TrafficIndex
+    _visibility: VisibilityIndex
+    _gateways: GatewayIndex
+    _telemetry: TelemetryIndex
+    _endpoints: EndpointIndex
+    # Gateway certificates, and who may read them across namespaces (control/secretaccess.py).
+    secrets: SecretIndex
+    secret_grants: ReferenceGrants
 
     def __init__(
         self,
@@ -77,23 +125,75 @@ class MeshIndex:
         # reference, so a chain of derived indexes does not keep every ancestor alive.
         self._token = object()
         self._derived_from: object = None
-        self._changed: frozenset[str] = frozenset()
-        self.services: tuple[Service, ...] = tuple(
-            sorted(config.services, key=lambda s: s.hostname)
-        )
-        self.service_by_host: dict[str, Service] = {s.hostname: s for s in self.services}
-        self._security = SecurityIndex(config)
-        self._traffic = TrafficIndex(config, self.service_by_host)
-        self._visibility = VisibilityIndex(config.sidecars, self.services, outbound_traffic_policy)
-        self._gateways = GatewayIndex(config)
-        self._telemetry = TelemetryIndex(config.telemetries, mesh)
+        self._change = IndexChange(frozenset(), frozenset())
+        self._build_parts(tuple(config.workload_entries) + tuple(registered), None)
+
+    def _build_parts(self, workloads: tuple[Workload, ...], parent: MeshIndex | None) -> None:
+        """Build each part from its slice of the config, or share the parent's when the
+        slices it is built from are equal (`self._change` says which differ)."""
+        config, change = self.config, self._change
+
+        def same(*slices: str) -> bool:
+            return not change.touches(slices)
+
+        if parent is not None and same("services"):
+            self.services = parent.services
+            self.service_by_host = parent.service_by_host
+        else:
+            self.services = tuple(sorted(config.services, key=lambda s: s.hostname))
+            self.service_by_host = {s.hostname: s for s in self.services}
+        security = ("peer_authentications", "authorization_policies")
+        if parent is not None and same(*security):
+            self._security = parent._security
+        else:
+            self._security = SecurityIndex(config)
+        if parent is not None and same("virtual_services", "destination_rules", "services"):
+            self._traffic = parent._traffic
+        else:
+            self._traffic = TrafficIndex(config, self.service_by_host)
+        if parent is not None and same("sidecars", "services"):
+            self._visibility = parent._visibility
+        else:
+            self._visibility = VisibilityIndex(
+                config.sidecars, self.services, self.outbound_traffic_policy
+            )
+        if parent is not None and same("gateways", "virtual_services"):
+            self._gateways = parent._gateways
+        else:
+            self._gateways = GatewayIndex(config, parent._gateways if parent is not None else None)
+        if parent is not None and same("telemetries"):
+            self._telemetry = parent._telemetry
+        else:
+            self._telemetry = TelemetryIndex(config.telemetries, self.mesh)
+        # Always afresh: equal rules hold the same Secrets, but not their contents (a rotation).
+        self.secrets = SecretIndex(config.secrets)
+        if parent is not None and same("reference_grants"):
+            self.secret_grants = parent.secret_grants
+        else:
+            self.secret_grants = (
+                GatewayGrants(config.reference_grants) if config.reference_grants else NO_GRANTS
+            )
+        if parent is not None and same("services", *security):
+            old = parent._endpoints
+            removed, added = workload_difference(old.workloads, workloads)
+            if not removed and not added:
+                self._endpoints = old
+                return
+            # Patching costs per changed workload; past a fraction of the mesh a fresh
+            # index is as cheap and simpler to trust.
+            if len(removed) + len(added) <= max(64, len(workloads) // 8):
+                self._endpoints, changed = old.derive(workloads, removed, added)
+                self._change = IndexChange(change.slices, changed)
+                return
         self._endpoints = EndpointIndex(
             self.services,
             self.service_by_host,
-            tuple(config.workload_entries) + tuple(registered),
+            workloads,
             security=self._security,
-            trust_domain=trust_domain,
+            trust_domain=self.trust_domain,
         )
+        if parent is not None:
+            self._change = IndexChange(change.slices, None)
 
     # --- the next push ---------------------------------------------------------------------
 
@@ -107,44 +207,54 @@ class MeshIndex:
         outbound_traffic_policy: str = "ALLOW_ANY",
         mesh: MeshSettings = DEFAULT_MESH,
     ) -> MeshIndex:
-        """The index of a new snapshot: derived from this one when only workloads changed
-        (the rules and mesh settings are equal), else built afresh. Either way it answers
-        every lookup exactly as `MeshIndex(config, registered, ...)` would."""
+        """The index of a new snapshot, derived from this one when the mesh settings are
+        equal: every part whose config slices are equal is shared (with only workloads
+        changed, all but the endpoints, which are patched), else built afresh. Either way it
+        answers every lookup exactly as `MeshIndex(config, registered, ...)` would."""
         workloads = tuple(config.workload_entries) + tuple(registered)
         if (
-            trust_domain == self.trust_domain
-            and outbound_traffic_policy == self.outbound_traffic_policy
-            and mesh == self.mesh
-            and rules_of(config) == rules_of(self.config)
+            trust_domain != self.trust_domain
+            or outbound_traffic_policy != self.outbound_traffic_policy
+            or mesh != self.mesh
         ):
-            removed, added = workload_difference(self.workloads, workloads)
-            # Patching costs per changed workload; past a fraction of the mesh a fresh
-            # index is as cheap and simpler to trust.
-            if len(removed) + len(added) <= max(64, len(workloads) // 8):
-                new = object.__new__(MeshIndex)
-                # The rule-only parts are shared: both indexes have equal rules, so their
-                # memos hold the same answers for both.
-                new.__dict__.update(self.__dict__)
-                new.config = config
-                new.version = version
-                new._token = object()
-                new._derived_from = self._token
-                new._endpoints, new._changed = self._endpoints.derive(workloads, removed, added)
-                return new
-        return MeshIndex(
-            config,
-            registered,
-            trust_domain=trust_domain,
-            version=version,
-            outbound_traffic_policy=outbound_traffic_policy,
-            mesh=mesh,
+            return MeshIndex(
+                config,
+                registered,
+                trust_domain=trust_domain,
+                version=version,
+                outbound_traffic_policy=outbound_traffic_policy,
+                mesh=mesh,
+            )
+        differ = frozenset(
+            name
+            for name, a, b in zip(RULE_SLICES, rules_of(config), rules_of(self.config), strict=True)
+            if a is not b and a != b
         )
+        new = object.__new__(MeshIndex)
+        new.config = config
+        new.mesh = mesh
+        new.trust_domain = trust_domain
+        new.outbound_traffic_policy = outbound_traffic_policy
+        new.version = version
+        new._token = object()
+        new._derived_from = self._token
+        new._change = IndexChange(differ, frozenset())
+        new._build_parts(workloads, self)
+        return new
 
     def changed_since(self, other: MeshIndex) -> frozenset[str] | None:
-        """When this index was derived from `other` (next()): the hostnames of the services
-        whose endpoints may differ between the two (nothing else can). None when it was not:
-        then anything may differ."""
-        return self._changed if self._derived_from is other._token else None
+        """When this index was derived from `other` (next()) and their rules are equal: the
+        hostnames of the services whose endpoints may differ between the two (nothing else
+        can). None otherwise: then anything may differ."""
+        change = self.change_since(other)
+        if change is None or change.slices:
+            return None
+        return change.endpoints
+
+    def change_since(self, other: MeshIndex) -> IndexChange | None:
+        """What may differ from `other` when this index was derived from it (next()); None
+        when it was not (anything may differ)."""
+        return self._change if self._derived_from is other._token else None
 
     # --- endpoints (endpoint_index) --------------------------------------------------------
 
@@ -220,6 +330,12 @@ class MeshIndex:
     def gateway_virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         return self._gateways.virtual_services(bound)
 
+    def gateway_bindings(
+        self, bound: BoundServer
+    ) -> tuple[tuple[VirtualService, tuple[str, ...]], ...]:
+        """The VirtualServices bound to a server, each with the hosts it serves there."""
+        return self._gateways.bindings(bound)
+
     # --- telemetry (telemetry_index) -------------------------------------------------------
 
     def telemetry(self, proxy: Proxy) -> ProxyTelemetry:
@@ -244,6 +360,10 @@ def rules_of(config: MeshConfig) -> tuple[object, ...]:
         config.gateways,
         # Access logs, tracing and metrics settings (model/telemetry_index.py).
         config.telemetries,
+        # Which Secrets exist (listeners may depend on it); their contents change SDS only.
+        tuple(s.shape for s in config.secrets),
+        # Who may read another namespace's Secrets (generate/secrets.py).
+        config.reference_grants,
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from control.model.types import Labels, SourceRef, Workload, labels_of
+from protos.telemetry import ALS_NODE_METADATA
 
 # The certificate provider instance proxyless config names, as Istio's agent names it in the
 # gRPC bootstrap; its certificate names are `default` (chain and key) and `ROOTCA`.
@@ -49,6 +50,9 @@ class Proxy:
     cert_provider: bool = False
     # Node metadata ISTIO_VERSION, as the proxy claims it: only a metric label (pilot_xds).
     istio_version: str = ""
+    # The proxy's bootstrap has the cluster to its agent's access log service (node metadata
+    # PILOTFISH_ALS): only then may its listeners log there (protos/telemetry.py).
+    als: bool = False
     # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
     # 15020. The dashboard reads the agent's metrics there.
     status_port: int = 0
@@ -132,6 +136,7 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         sds=_str(metadata, "SDS").lower() in ("true", "1"),
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
         istio_version=intern(_str(metadata, "ISTIO_VERSION")[:64]),
+        als=_str(metadata, ALS_NODE_METADATA).lower() == "true",
         status_port=_port(metadata.get("STATUS_PORT")),
     )
 

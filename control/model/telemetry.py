@@ -159,6 +159,9 @@ class TracingSettings:
     provider: ZipkinProvider | OpenTelemetryProvider
     sampling: float  # percent
     custom_tags: tuple[CustomTag, ...] = ()
+    # Telemetry useRequestIdForTraceSampling: the x-request-id carries the decision between
+    # hops (Envoy's default); False: each hop samples on its own.
+    use_request_id: bool = True
 
 
 @dataclass(frozen=True, slots=True)

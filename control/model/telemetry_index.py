@@ -52,6 +52,7 @@ from control.model.types import Labels, workload_selector_matches
 logger = logging.getLogger(__name__)
 
 _SIDES = (WorkloadMode.CLIENT, WorkloadMode.SERVER)
+_REPORTED: set[tuple[str, str, bool]] = set()
 
 
 class TelemetryIndex:
@@ -66,7 +67,6 @@ class TelemetryIndex:
             else:
                 self._selecting.setdefault(t.namespace, []).append(t)
         self._memo: dict[tuple[str, Labels], ProxyTelemetry] = {}
-        self.unknown_providers: set[str] = set()
 
     def levels(self, namespace: str, labels: Labels) -> tuple[Telemetry, ...]:
         """The Telemetry objects that apply, lowest precedence first."""
@@ -157,6 +157,7 @@ class TelemetryIndex:
             return None
         sampling = mesh.default_config.tracing_sampling
         disabled = False
+        use_request_id = True
         tags: dict[str, CustomTag] = {}
         for e in entries:
             if e.providers:
@@ -165,6 +166,8 @@ class TelemetryIndex:
                 sampling = e.random_sampling_percentage
             if e.disable_span_reporting is not None:
                 disabled = e.disable_span_reporting
+            if e.use_request_id_for_trace_sampling is not None:
+                use_request_id = e.use_request_id_for_trace_sampling
             for tag in e.custom_tags:
                 tags[tag.tag] = tag
         if disabled or not providers:
@@ -174,7 +177,9 @@ class TelemetryIndex:
         if not isinstance(provider, ZipkinProvider | OpenTelemetryProvider):
             self._unknown(name, "a tracing provider (zipkin, opentelemetry)", provider is None)
             return None
-        return TracingSettings(name, provider, sampling, tuple(sorted(tags.values(), key=_tag)))
+        return TracingSettings(
+            name, provider, sampling, tuple(sorted(tags.values(), key=_tag)), use_request_id
+        )
 
     def _metrics(self, levels: tuple[Telemetry, ...]) -> MetricsSettings:
         providers = self.mesh.default_providers.metrics
@@ -190,9 +195,13 @@ class TelemetryIndex:
         return MetricsSettings(tuple(providers), tuple(overrides), interval)
 
     def _unknown(self, name: str, wanted: str, missing: bool) -> None:
-        if name in self.unknown_providers:
+        # An index is made per push: said once per process, not once per push.
+        key = (name, wanted, missing)
+        if key in _REPORTED:
             return
-        self.unknown_providers.add(name)
+        if len(_REPORTED) > 1000:
+            _REPORTED.clear()
+        _REPORTED.add(key)
         if missing:
             logger.warning("telemetry provider %r is not defined in the mesh config", name)
         else:

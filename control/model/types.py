@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from control.model.gateway import Gateway
     from control.model.gatewayapi import ObjectStatus, ReferenceGrant
+    from control.model.secret import TlsSecret
     from control.model.telemetry import Telemetry
     from control.model.traffic import DestinationRule, VirtualService
     from control.model.workloadgroup import WorkloadGroup
@@ -368,6 +369,8 @@ class MeshConfig:
     # in Kubernetes mode); derived from the fields above, so not part of equality.
     gateway_api_status: tuple[ObjectStatus, ...] = field(default=(), compare=False)
     telemetries: tuple[Telemetry, ...] = ()
+    # Gateway certificates (`v1 Secret`, control/model/secret.py).
+    secrets: tuple[TlsSecret, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

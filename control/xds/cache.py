@@ -364,6 +364,14 @@ class ResourceCache:
             if entry is not None:
                 entry.generation = generation
 
+    def keep_slots(self, type_url: str, slots: Iterable[tuple[str, Hashable]]) -> None:
+        """`keep` for resources stored under a variant: `slots` are (name, variant) pairs."""
+        entries, generation = self._entries, self.generation
+        for name, variant in slots:
+            entry = entries.get((type_url, name, variant))
+            if entry is not None:
+                entry.generation = generation
+
     def next_generation(self) -> int:
         self.generation += 1
         return self.generation

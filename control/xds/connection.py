@@ -29,10 +29,11 @@ NO_TYPES: frozenset[str] = frozenset()
 
 
 class StreamError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, kind: str = "bad_request") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.kind = kind  # the class counted in pilotfish_xds_stream_errors
 
 
 @dataclass(eq=False, slots=True)

@@ -1,11 +1,12 @@
 """What the ADS server is handed by the rest of the control plane, and the contract of each:
-the stream authorizer, the connect/disconnect hooks, and the source of generated resources.
+the stream authorizer, the connect/disconnect hooks, the subscription guards, and the source
+of generated resources.
 The server calls out only through these; nothing it is handed may call back into it except
 through `push_all`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -44,6 +45,13 @@ StreamHook = Callable[[Proxy, Identity | None], None]
 # `proxy` and `identity` are the stream's own (its first request's node, what the authorizer
 # returned), never anything the report claims. Same contract as StreamHook.
 HealthHook = Callable[[Proxy, Identity | None, str | None], None]
+# `guard(proxy, identity, names)`: a request of a guarded type (the server is handed one guard
+# per type URL: SDS, control/secretaccess.py) names these resources; raising StreamRefused
+# ends that stream, and only that one, with its status. `proxy` and `identity` are the
+# stream's own, as for StreamHook. Contract: called on the event loop for every request of
+# its type, before the request is applied (so nothing of a refused subscription is ever
+# sent); it must return at once (no I/O) and must not call back into the server.
+SubscriptionGuard = Callable[[Proxy, Identity | None, Sequence[str]], None]
 
 
 def health_error(req: Any) -> str | None:

@@ -19,7 +19,7 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -46,6 +46,7 @@ from control.xds.hooks import ResourceSource as ResourceSource
 from control.xds.hooks import StreamAuthorizer as StreamAuthorizer
 from control.xds.hooks import StreamHook as StreamHook
 from control.xds.hooks import StreamRefused as StreamRefused
+from control.xds.hooks import SubscriptionGuard as SubscriptionGuard
 
 # Re-exported: the server's options were defined here, and callers import them from here.
 from control.xds.options import XdsOptions as XdsOptions
@@ -78,8 +79,10 @@ class XdsServer:
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
         syncz_filter: SynczFilter | None = None,
+        guards: Mapping[str, SubscriptionGuard] | None = None,
     ) -> None:
         self._source = source
+        self._guards = dict(guards or {})
         self._syncz_filter = syncz_filter
         self._authorize = authorize
         self._metrics = metrics
@@ -270,7 +273,7 @@ class XdsServer:
             logger.info("stream %s closed", conn_id)
         if conn.error is not None:
             if not timed_out(conn):
-                self._metrics.stream_errors.labels("bad_request").inc()
+                self._metrics.stream_errors.labels(conn.error.kind).inc()
             await end_stream(context, conn.error)
 
     def _handle_request(self, conn: Connection, req: Any) -> None:
@@ -282,6 +285,14 @@ class XdsServer:
             if self._on_health is not None:
                 self._on_health(conn.proxy, conn.identity, health_error(req))
             return
+        guard = self._guards.get(req.type_url)
+        if guard is not None and (names := _guarded_names(conn, req)) is not None:
+            try:
+                guard(conn.proxy, conn.identity, names)
+            except StreamRefused as refused:
+                # This stream only: the proxy's other streams (its Envoy's ADS) go on.
+                logger.info("stream %s refused: %s", conn.id, refused.message)
+                raise StreamError(refused.code, refused.message, kind="refused") from None
         outcome: RequestOutcome = conn.state.receive(req)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
@@ -469,6 +480,18 @@ class XdsServer:
             if answer is not None:
                 frames.append((type_url, encode_response(answer, self._control_plane)))
         return frames
+
+
+def _guarded_names(conn: Connection, req: Any) -> list[str] | None:
+    """The names a guard must pass: a SotW request's whole list; a delta request's newly
+    subscribed names (the earlier ones passed already), or none for its first request of the
+    type (a wildcard subscription). None: nothing new to check."""
+    if not conn.delta:
+        return list(req.resource_names)
+    added = list(req.resource_names_subscribe)
+    if added or req.type_url not in conn.state.subscribed_types:
+        return added
+    return None
 
 
 _MAX_VERSION_LABELS = 32

@@ -10,6 +10,11 @@ to the same backend (a third Envoy answering every request itself). h2load drive
 alternating rounds; figures are medians over rounds: throughput ratio (target >= 0.95) and
 p99 latency ratio (target <= 1.1), ours / floor. The config is the only difference.
 
+First (before any process starts) the control plane's side: generating the router's config
+for 1,000 HTTPRoutes (gateway-bound VirtualServices), full against one route changed
+(tests/benchmarks/gateway_config.py; target incremental <= 1/20 of full); `--config-only`
+runs just that part.
+
 A second static Envoy (identical to the floor) is measured the same way and its ratio to the
 floor printed as the run's noise: on a busy shared machine that noise can exceed the targets'
 margins, and a figure is only as good as it.
@@ -32,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks import gateway_config
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
 from tests.support.mesh import mesh_agent
@@ -272,7 +278,15 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--routes", type=int, default=1000, help="config part: HTTPRoutes")
+    ap.add_argument("--destination-rules", type=int, default=100, help="config part")
+    ap.add_argument("--config-runs", type=int, default=7)
+    ap.add_argument("--config-only", action="store_true", help="only the config generation part")
     args = ap.parse_args()
+    config = gateway_config.run(args.routes, args.destination_rules, args.config_runs)
+    if args.config_only:
+        print(json.dumps(config))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="pf-gateway-"))
     issued = TestCA().server_cert([HOST])
     cert, key = issued.write(tmp, "bench")
@@ -317,7 +331,7 @@ async def main() -> None:
                         results.setdefault((scheme, side), []).append(
                             measured(url, ip, port, args.requests, log)
                         )
-            summary: dict[str, float] = {}
+            summary: dict[str, float] = dict(config)
             for scheme in ("http", "https"):
                 o_rps, o_p99 = _medians(results[(scheme, "ours")])
                 f_rps, f_p99 = _medians(results[(scheme, "floor")])

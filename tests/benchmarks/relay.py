@@ -62,7 +62,9 @@ def rss_of(pid: int) -> int:
 
 
 class Agent:
-    def __init__(self, cp: ControlPlane, workdir: Path, ip: str) -> None:
+    def __init__(
+        self, cp: ControlPlane, workdir: Path, ip: str, env: dict[str, str] | None = None
+    ) -> None:
         self.workdir = workdir
         # The plaintext port, as the direct clients it is compared with: what is measured is
         # the relay. That port signs no certificates, so the agent holds none (it logs the
@@ -87,6 +89,7 @@ class Agent:
                 "warning",
             ],
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
         )
 
     async def wait_socket(self) -> None:

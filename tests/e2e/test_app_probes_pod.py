@@ -84,7 +84,7 @@ async def test_rewritten_probes_under_strict_mtls_with_capture(
             pod.python("-m", "tests.support.podapp", "serve", "backend", "9080"),
             tmp_path / "web.log",
         )
-        pod.spawn(
+        api = pod.spawn(
             pod.python("-m", "tests.support.podapp", "grpc-health", "9090"), tmp_path / "api.log"
         )
         async with running_control_plane(cfg, host=net.gateway) as cp:
@@ -118,6 +118,10 @@ async def test_rewritten_probes_under_strict_mtls_with_capture(
                 assert await kubelet_get(f"{base}/web/readyz") == 503
                 assert await kubelet_get(f"{base}/web/livez") == 503
                 assert await kubelet_get(f"{base}/api/readyz") == 200
+                # And the gRPC server stops: its probe fails too.
+                api.kill()
+                await asyncio.to_thread(api.wait, 10)
+                assert await kubelet_get(f"{base}/api/readyz") == 503
             except BaseException:
                 print(f"--- agent\n{agent.log()[-4000:]}", file=sys.stderr)
                 raise

@@ -23,13 +23,13 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
+from tests.support.envoyadmin import draining, dynamic_listeners, status_of
 from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
@@ -65,41 +65,17 @@ def json_entries(text: str) -> list[dict[str, object]]:
 
 
 async def get(url: str, host: str = "backend") -> int:
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-            s.get(url, headers={"Host": host}) as r,
-        ):
-            await r.read()
-            return r.status
-    except (aiohttp.ClientError, TimeoutError):
-        return 0
+    return await status_of(url, host)
 
 
 async def listener_loggers(ip: str) -> int:
-    """How many file access loggers the pod's Envoy runs in its listeners now."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-            s.get(f"http://{ip}:15000/config_dump?resource=dynamic_listeners") as r,
-        ):
-            return (await r.text()).count("envoy.extensions.access_loggers.file.v3.FileAccessLog")
-    except (aiohttp.ClientError, TimeoutError):
+    """How many access loggers (file or stdout) the pod's Envoy runs in its listeners now."""
+    dump = await dynamic_listeners(ip)
+    if dump is None:
         return -1
-
-
-async def draining(ip: str) -> int:
-    """Listeners and filter chains the pod's Envoy is still draining after an update: their
-    connections keep the old config (access logs or not) until they close."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-            s.get(f"http://{ip}:15000/stats?filter=^listener_manager.total_.*draining$") as r,
-        ):
-            text = await r.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return -1
-    return sum(int(line.rpartition(" ")[2]) for line in text.splitlines() if line.strip())
+    return dump.count("access_loggers.file.v3.FileAccessLog") + dump.count(
+        "access_loggers.stream.v3.StdoutAccessLog"
+    )
 
 
 async def settled(ip: str, logging_on: bool) -> bool:
@@ -321,15 +297,8 @@ async def test_json_to_stdout_filter_and_disabled_workload(
 
 async def _filtered(ip: str, want: bool) -> bool:
     """The pod's Envoy logs through a status-code filter (or not), settled."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-            s.get(f"http://{ip}:15000/config_dump?resource=dynamic_listeners") as r,
-        ):
-            has = "status_code_filter" in await r.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-    return has == want and await draining(ip) == 0
+    dump = await dynamic_listeners(ip)
+    return dump is not None and ("status_code_filter" in dump) == want and await draining(ip) == 0
 
 
 def _entries_with(path: Path, marker: str, want: int, *also: str) -> list[dict[str, str]] | None:

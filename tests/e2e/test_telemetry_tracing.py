@@ -34,6 +34,7 @@ from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
+from tests.support.envoyadmin import counter, draining, dynamic_listeners, status_of
 from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
@@ -282,48 +283,21 @@ async def traced_mesh(
 
 
 async def get(url: str, host: str, session: aiohttp.ClientSession | None = None) -> int:
-    try:
-        if session is not None:
-            async with session.get(url, headers={"Host": host}) as r:
-                await r.read()
-                return r.status
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-            s.get(url, headers={"Host": host}) as r,
-        ):
-            await r.read()
-            return r.status
-    except (aiohttp.ClientError, TimeoutError):
-        return 0
+    return await status_of(url, host, session)
 
 
 async def _ok(call: Any) -> bool:
     return bool(await call == 200)
 
 
-async def envoy_state(ip: str) -> tuple[str, int]:
-    """The pod's Envoy: its listeners (config dump JSON) and how many listeners and filter
-    chains from before an update it still drains (their connections keep the old config)."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-        async with s.get(f"http://{ip}:15000/config_dump?resource=dynamic_listeners") as r:
-            dump = await r.text()
-        async with s.get(
-            f"http://{ip}:15000/stats?filter=^listener_manager.total_.*draining$"
-        ) as r:
-            stats = await r.text()
-    draining = sum(int(line.rpartition(" ")[2]) for line in stats.splitlines() if line.strip())
-    return dump, draining
-
-
 async def settled(ip: str, tracer: str, percent: float | None = None) -> bool:
     """Every HCM of the pod's Envoy runs `tracer` (at `percent`, when given), and nothing from
     before is draining."""
-    try:
-        dump, draining = await envoy_state(ip)
-    except (aiohttp.ClientError, TimeoutError):
+    dump = await dynamic_listeners(ip)
+    if dump is None or await draining(ip) != 0:
         return False
     tracings = list(_values(json.loads(dump), "tracing"))
-    if not tracings or draining:
+    if not tracings:
         return False
     for t in tracings:
         if t.get("provider", {}).get("name") != tracer:
@@ -345,14 +319,6 @@ def _values(node: Any, key: str) -> Any:
             yield from _values(item, key)
 
 
-async def counter(ip: str, name: str) -> int:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-        s.get(f"http://{ip}:15000/stats?filter={name}") as r,
-    ):
-        return sum(int(line.rpartition(" ")[2]) for line in (await r.text()).splitlines() if line)
-
-
 def check_trace(spans: list[Span], trace_id: str) -> None:
     """frontend SERVER (root) -> frontend CLIENT -> backend SERVER."""
     trace = [s for s in spans if s.trace_id == trace_id]
@@ -366,6 +332,10 @@ def check_trace(spans: list[Span], trace_id: str) -> None:
     assert server.kind == "SERVER" and server.service.startswith("backend")
     assert set(by_id) == {root.span_id, client.span_id, server.span_id}
     assert root.tags.get("team") == "checkout"
+    # Istio's own tags on every span.
+    assert root.tags.get("istio.canonical_service") == "frontend"
+    assert server.tags.get("istio.canonical_service") == "backend"
+    assert server.tags.get("istio.namespace") == "default"
 
 
 @pytest.mark.parametrize("provider", ["zipkin", "otel"])

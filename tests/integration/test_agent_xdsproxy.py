@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.config.cluster.v3.cluster_pb2 import Cluster
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest, DiscoveryRequest
 from google.protobuf.message import Message
@@ -198,8 +199,11 @@ def test_entry_point_handlers_are_loaded(tmp_path: Path) -> None:
     plugin = tmp_path / "pf_test_plugin.py"
     plugin.write_text(
         "SEEN = []\n"
+        "from google.protobuf.struct_pb2 import Struct\n"
         "def setup(registry):\n"
-        "    registry.register('type.googleapis.com/test.Thing', SEEN.append)\n"
+        "    registry.register(\n"
+        "        'type.googleapis.com/test.Thing', SEEN.append, message_class=Struct\n"
+        "    )\n"
     )
     dist = tmp_path / "pf_test_plugin-0.1.dist-info"
     dist.mkdir()
@@ -274,3 +278,49 @@ async def test_health_reports_ride_the_agent_stream_and_are_resent_after_a_resta
         finally:
             await stream.close()
             await upstream.close()
+
+
+async def test_observer_sees_relayed_responses_after_they_are_forwarded(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    """Observe mode (issue 24): the downstream stream gets the control plane's response
+    unchanged; the observer then sees it decoded; its exception is no NACK."""
+    seen: list[list[str]] = []
+
+    def audit(resources: Sequence[Message]) -> None:
+        seen.append([getattr(r, "name", "") for r in resources])
+        raise RuntimeError("auditor is unhappy")
+
+    handlers = HandlerRegistry()
+    handlers.register(CDS, audit, mode="observe")
+    async with Proxy(cp, tmp_path, handlers) as proxy:
+        async with grpc.aio.insecure_channel(f"unix:{tmp_path / 'XDS'}") as local:
+            sotw = AdsStream(local)
+            await sotw.send(sotw_request(CDS, "127.8.0.6"))
+            resp = await sotw.recv()
+            names = [Cluster.FromString(r.value).name for r in resp.resources]
+            assert any(n.startswith("outbound|9080||alpha") for n in names)
+            # ACK it as Envoy would: the observer's failure must not have NACKed anything.
+            await sotw.send(
+                DiscoveryRequest(
+                    type_url=CDS, version_info=resp.version_info, response_nonce=resp.nonce
+                )
+            )
+            await eventually(lambda: seen, what="observer saw CDS")
+            assert sorted(seen[0]) == sorted(names)
+
+            def acked() -> bool:
+                for entry in cp.views.syncz():
+                    row = entry["types"].get(CDS)
+                    if row and entry["proxy"].split("~")[1] == "127.8.0.6":
+                        return bool(row["status"] == "SYNCED")
+                return False
+
+            await eventually(acked, what="CDS SYNCED in syncz")
+            assert proxy.stats.nacks == 0
+            assert handlers.counts[CDS].observe_errors >= 1
+            assert handlers.counts[CDS].nacks == 0
+            # Not subscribed on the agent's own stream: observing is about relayed config.
+            assert CDS not in handlers.type_urls
+            await sotw.close()
+    await handlers.close()

@@ -51,6 +51,7 @@ OTEL_MESH = TRACED.replace(
                 """
                 tracing:
                 - randomSamplingPercentage: 50
+                  useRequestIdForTraceSampling: false
                   customTags:
                     team: {literal: {value: payments}}
                     user: {header: {name: x-user, defaultValue: anon}}

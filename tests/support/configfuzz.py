@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.support.gatewayapi import GATEWAY_API_YAML
 from tests.support.gateways import GATEWAY_MESH
 from tests.support.traffic import TRAFFIC_YAML
+from tests.unit.test_config_secret import GW_SECRET
 from tests.unit.test_config_service import REVIEWS
 from tests.unit.test_config_serviceentry import EXTERNAL_API
 from tests.unit.test_config_sidecar import RATINGS
@@ -67,6 +68,7 @@ CORPUS: dict[str, str] = {
     "workloadgroup": GROUP.lstrip("\n"),
     "security": SECURITY,
     "gateway": GATEWAY_MESH.lstrip("\n"),
+    "secret": GW_SECRET.removeprefix("---\n"),
     "gatewayapi": GATEWAY_API_YAML,
     "demo": (ROOT / "examples/local/mesh.yaml").read_text(),
     "sample-app": (ROOT / "examples/kubernetes/sample-app.yaml").read_text(),

@@ -66,6 +66,34 @@ async def running_control_plane(
         await bounded_teardown(cp.close(0.2), "control plane close")
 
 
+@asynccontextmanager
+async def running_kube_control_plane(
+    kubeconfig: Path, **options: Any
+) -> AsyncIterator[ControlPlane]:
+    """A control plane in Kubernetes mode (config from the API server `kubeconfig` names,
+    e.g. tests/support/kubeapi.py's) on ephemeral ports: plaintext and TLS xDS, debug HTTP.
+    `options`: more ControlPlaneOptions fields."""
+    cp = ControlPlane(
+        ControlPlaneOptions(
+            kubernetes=True,
+            kubeconfig=str(kubeconfig),
+            xds_address="127.0.0.1:0",
+            secure_xds_address="127.0.0.1:0",
+            http_address="127.0.0.1:0",
+            id="kube-cp",
+            debounce_quiet=0.05,
+            debounce_max=1.0,
+            xds=XdsOptions(control_plane_id="kube-cp"),
+            **options,
+        )
+    )
+    await cp.start()
+    try:
+        yield cp
+    finally:
+        await bounded_teardown(cp.close(0.2), "control plane close")
+
+
 async def bounded_teardown(aw: Any, what: str, timeout: float = 15.0) -> None:
     """Run a teardown step with a bound. A hang here has been seen rarely (in grpc.aio's
     shutdown after many streams); rather than stall the suite for pytest-timeout, print every

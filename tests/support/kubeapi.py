@@ -53,6 +53,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "pods": ("Pod", "v1"),
     "namespaces": ("Namespace", "v1"),
     "configmaps": ("ConfigMap", "v1"),
+    "secrets": ("Secret", "v1"),
     "endpointslices": ("EndpointSlice", "discovery.k8s.io/v1"),
     "serviceentries": ("ServiceEntry", "networking.istio.io/v1"),
     "workloadentries": ("WorkloadEntry", "networking.istio.io/v1"),

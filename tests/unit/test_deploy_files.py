@@ -127,6 +127,7 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
         ENDPOINT_SLICES,
         NAMESPACES,
         PODS,
+        SECRETS,
         SERVICES,
         gateway_api_resources,
         istio_resources,
@@ -139,7 +140,8 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
             for resource in rule["resources"]:
                 granted[(group, resource)] = set(rule["verbs"])
     gateway_api = gateway_api_resources()
-    for r in (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, *istio_resources(), *gateway_api):
+    watched = (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, SECRETS, *istio_resources())
+    for r in (*watched, *gateway_api):
         group = r.api_version.rpartition("/")[0]
         assert {"list", "watch"} <= granted.get((group, r.plural), set()), r
     writes = {k: v - {"get", "list", "watch"} for k, v in granted.items()}

@@ -37,6 +37,7 @@ from tests.support.gatewayapi import (
     service,
     status_of,
 )
+from tests.support.secrets import any_tls_secret
 
 BASE = (gateway_class(), service("v1"), service("v2"))
 
@@ -73,6 +74,9 @@ def test_gateway_becomes_a_model_gateway_selecting_its_routers() -> None:
             ]
         ),
         reference_grant("gw-certs", "certs", "infra", from_kind="Gateway", to_kind="Secret"),
+        # certificateRefs resolve only to Secrets that exist.
+        any_tls_secret("cert", "infra"),
+        any_tls_secret("cert", "certs"),
     )
     (gw,) = mesh.gateways
     assert (gw.namespace, gw.name) == ("infra", "gw")

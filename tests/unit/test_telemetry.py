@@ -12,6 +12,7 @@ from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.trace.v3.opentelemetry_pb2 import OpenTelemetryConfig
 from envoy.config.trace.v3.zipkin_pb2 import ZipkinConfig
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
+from envoy.extensions.access_loggers.stream.v3.stream_pb2 import StdoutAccessLog
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
 )
@@ -422,13 +423,15 @@ def test_json_and_filter_are_generated() -> None:
     (log,) = hcm.access_log
     comparison = log.filter.status_code_filter.comparison
     assert comparison.op == ComparisonFilter.GE and comparison.value.default_value == 400
-    file_log = FileAccessLog()
+    # /dev/stdout: Envoy's stdout logger (it writes to the inherited fd, whatever its owner).
+    stdout_log = StdoutAccessLog()
     ls = listeners(
         mesh_config(APP), "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\n", proxy()
     )
     assert filters(ls, HCM_FILTER)[0][1].Unpack(hcm)
-    hcm.access_log[0].typed_config.Unpack(file_log)
-    assert dict(file_log.log_format.json_format.items()) == dict(ISTIO_JSON_LABELS)
+    assert hcm.access_log[0].name == "envoy.access_loggers.stdout"
+    assert hcm.access_log[0].typed_config.Unpack(stdout_log)
+    assert dict(stdout_log.log_format.json_format.items()) == dict(ISTIO_JSON_LABELS)
 
 
 def test_tracing_zipkin_on_every_hcm_and_its_collector_cluster() -> None:
@@ -450,6 +453,9 @@ def test_tracing_zipkin_on_every_hcm_and_its_collector_cluster() -> None:
         assert zipkin.collector_endpoint == "/api/v2/spans"
         assert zipkin.collector_endpoint_version == ZipkinConfig.HTTP_JSON
         assert zipkin.trace_id_128bit
+        tags = {t.tag: t.literal.value for t in hcm.tracing.custom_tags if t.HasField("literal")}
+        assert tags["istio.canonical_service"] == "backend"
+        assert tags["istio.namespace"] == "default" and tags["istio.mesh_id"] == "cluster.local"
     idx = MeshIndex(config, [p.as_workload()], mesh=parse_mesh_config(TRACED, "m"))
     clusters = GENERATORS[CLUSTER_TYPE](GenContext(idx, ResourceCache()), p)
     assert "outbound|9411||127.0.0.9" in clusters
@@ -488,3 +494,32 @@ def test_a_mesh_config_change_is_a_full_push() -> None:
     assert same.changed_since(old) is not None  # derived: only workloads could differ
     new = old.next(config, mesh=MeshSettings(access_log_file="/dev/stdout"))
     assert new.changed_since(old) is None
+
+
+def test_use_request_id_for_trace_sampling_false_reaches_the_hcm() -> None:
+    from envoy.extensions.request_id.uuid.v3.uuid_pb2 import UuidRequestIdConfig
+
+    config = mesh_config(
+        APP, telemetry("own", "default", "tracing: [{useRequestIdForTraceSampling: false}]")
+    )
+    for _, any_config in filters(listeners(config, TRACED, proxy()), HCM_FILTER):
+        hcm = HttpConnectionManager()
+        assert any_config.Unpack(hcm)
+        uuid = UuidRequestIdConfig()
+        assert hcm.request_id_extension.typed_config.Unpack(uuid)
+        assert uuid.use_request_id_for_trace_sampling.value is False
+    # Not said: Envoy's default, no extension.
+    for _, any_config in filters(listeners(mesh_config(APP), TRACED, proxy()), HCM_FILTER):
+        hcm = HttpConnectionManager()
+        assert any_config.Unpack(hcm) and not hcm.HasField("request_id_extension")
+
+
+def test_two_namespace_wide_telemetries_are_reported_and_the_first_used() -> None:
+    config = mesh_config(
+        telemetry("b", "default", "tracing: [{randomSamplingPercentage: 2}]"),
+        telemetry("a", "default", "tracing: [{randomSamplingPercentage: 1}]"),
+    )
+    assert any("more than one Telemetry without selector" in w.message for w in config.warnings)
+    mesh = "extensionProviders:\n- name: z\n  zipkin: {service: 127.0.0.9, port: 9411}\n"
+    mesh += "defaultProviders: {tracing: [z]}\n"
+    assert tel(index(config, mesh), app="x").client.tracing.sampling == 1.0  # "a"

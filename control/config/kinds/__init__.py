@@ -17,6 +17,7 @@ from control.config.kinds import (
     destinationrule,
     gateway,
     peerauthentication,
+    secret,
     service,
     serviceentry,
     sidecar,
@@ -35,6 +36,7 @@ Converter = Callable[[Context, str], ConfigObject]
 # Per kind name: (API versions, converter), one entry per API group of that name.
 CONVERTERS: dict[str, tuple[tuple[tuple[str, ...], Converter], ...]] = {
     "Service": ((service.API_VERSIONS, service.convert),),
+    "Secret": ((secret.API_VERSIONS, secret.convert),),
     "WorkloadEntry": ((workloadentry.API_VERSIONS, workloadentry.convert),),
     "WorkloadGroup": ((workloadgroup.API_VERSIONS, workloadgroup.convert),),
     "ServiceEntry": ((serviceentry.API_VERSIONS, serviceentry.convert),),

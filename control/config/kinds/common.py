@@ -39,6 +39,15 @@ def spec_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
 
     Unknown top-level keys are reported; `status` is output-only and skipped silently.
     """
+    root = envelope_of(ctx, check_name)
+    spec = root.need_map("spec")
+    root.finish()
+    return spec
+
+
+def envelope_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
+    """Check `apiVersion`, `kind`, `metadata` (and skip `status`); the top level, for kinds
+    without a `spec` (a Secret) to read the rest of."""
     root = ctx.root()
     root.ignore("apiVersion", "kind", "status")
     metadata = root.need_map("metadata")
@@ -46,9 +55,7 @@ def spec_of(ctx: Context, check_name: Callable[[str], str | None]) -> Fields:
     if problem := check_name(ctx.obj.name):
         metadata.fail("name", problem)
     metadata.finish()
-    spec = root.need_map("spec")
-    root.finish()
-    return spec
+    return root
 
 
 def istio_protocol(f: Fields, key: str, name: str, unknown: str = "unknown") -> Protocol:

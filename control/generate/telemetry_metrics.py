@@ -1,0 +1,276 @@
+"""Istio's standard metrics for generated listeners: what each HTTP connection manager and TCP
+proxy of a sidecar (or router) adds so that its agent can count `istio_requests_total` and
+the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and the why).
+
+- A gRPC access logger (`http_grpc` on an HCM, `tcp_grpc` on a TCP proxy, flushed
+  periodically so long TCP connections move the byte counters) to the agent's `ALS_CLUSTER`,
+  with this proxy's workload as literal tags: what a workload is comes from the control
+  plane's registry (the WorkloadGroup a registered workload was made from) or the proxy's own
+  node, never from a peer.
+- Peer metadata: the client side sends its own in a request header and reads the server's
+  from the response; the server side reads the client's (mTLS chains only: a plaintext
+  caller's claim is stripped unread) and answers with its own (mTLS chains only). Both strip
+  the headers at the app boundary, so an app can neither read nor forge them.
+
+`instrument_listener` is the one entry point: listener builders (sidecar modes NONE and
+REDIRECT, gateways) hand it a finished listener and the proxy's `WorkloadTelemetry`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.accesslog.v3.accesslog_pb2 import AccessLog
+from envoy.config.common.mutation_rules.v3.mutation_rules_pb2 import HeaderMutation as Mutation
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption, TrafficDirection
+from envoy.config.core.v3.config_source_pb2 import ApiVersion
+from envoy.config.core.v3.grpc_service_pb2 import GrpcService
+from envoy.config.listener.v3.listener_components_pb2 import FilterChain
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
+    CommonGrpcAccessLogConfig,
+    HttpGrpcAccessLogConfig,
+    TcpGrpcAccessLogConfig,
+)
+from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import (
+    HeaderMutation,
+    Mutations,
+)
+from envoy.extensions.filters.http.header_to_metadata.v3.header_to_metadata_pb2 import (
+    Config as HeaderToMetadata,
+)
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
+    HttpConnectionManager,
+    HttpFilter,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.wrappers_pb2 import UInt32Value
+
+from control.generate.context import GenContext
+from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
+from control.generate.wire import pack
+from control.model.proxy import Proxy
+from control.model.types import Workload, spiffe_id
+from protos import telemetry as t
+
+HTTP_GRPC_LOGGER = "envoy.access_loggers.http_grpc"
+TCP_GRPC_LOGGER = "envoy.access_loggers.tcp_grpc"
+HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
+HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
+# Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until
+# this many bytes. Large batches: while a worker's stream to the agent is still connecting,
+# Envoy drops every batch after the first, so the first should hold a burst.
+LOG_FLUSH = Duration(seconds=1)
+LOG_BUFFER = UInt32Value(value=1024 * 1024)
+# How often a long TCP connection reports its bytes so far (Istio's TCP metrics report
+# every 5 s too).
+TCP_FLUSH = Duration(seconds=5)
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadTelemetry:
+    """Who a proxy is, for its metrics: the literal tags of its loggers."""
+
+    workload: str
+    namespace: str
+    app: str
+    version: str
+    principal: str
+    cluster_domain: str
+
+    def tags(self, reporter: str) -> list[CustomTag]:
+        values = {
+            t.TAG_REPORTER: reporter,
+            t.TAG_WORKLOAD: self.workload,
+            t.TAG_NAMESPACE: self.namespace,
+            t.TAG_APP: self.app,
+            t.TAG_VERSION: self.version,
+            t.TAG_PRINCIPAL: self.principal,
+            t.TAG_CLUSTER_DOMAIN: self.cluster_domain,
+        }
+        return [CustomTag(tag=k, literal=CustomTag.Literal(value=v)) for k, v in values.items()]
+
+    def peer_value(self) -> str:
+        return t.encode_peer(
+            {
+                t.TAG_WORKLOAD: self.workload,
+                t.TAG_NAMESPACE: self.namespace,
+                t.TAG_APP: self.app,
+                t.TAG_VERSION: self.version,
+            }
+        )
+
+
+def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | None:
+    """This proxy's metrics identity; None when it gets no metrics config (its bootstrap has
+    no ALS cluster, or it is proxyless gRPC)."""
+    if not proxy.als or proxy.is_grpc:
+        return None
+    registered = ctx.memo(("telemetry-registered",), lambda: _registered(ctx))
+    workload = registered.get((proxy.ip, proxy.namespace))
+    if workload is not None:
+        # A WorkloadGroup member is that group's workload (Istio names a VM's workload after
+        # its group); its labels are the group's, not what the proxy announced.
+        group = workload.source.kind == "WorkloadGroup"
+        name = workload.source.name if group else workload.name
+        labels = dict(workload.labels)
+        account = workload.service_account
+    else:
+        name, labels, account = proxy.pod_name, dict(proxy.labels), proxy.service_account
+    suffix = f"{proxy.namespace}.svc."
+    domain = proxy.dns_domain.removeprefix(suffix) if proxy.dns_domain.startswith(suffix) else ""
+    return WorkloadTelemetry(
+        workload=name or UNKNOWN,
+        namespace=proxy.namespace,
+        app=labels.get("app") or labels.get("app.kubernetes.io/name") or UNKNOWN,
+        version=labels.get("version") or labels.get("app.kubernetes.io/version") or UNKNOWN,
+        principal=spiffe_id(ctx.index.trust_domain, proxy.namespace, account),
+        cluster_domain=domain or "cluster.local",
+    )
+
+
+def _registered(ctx: GenContext) -> dict[tuple[str, str], Workload]:
+    return {(w.address, w.namespace): w for w in ctx.index.workloads}
+
+
+def instrument_listener(listener: Listener, telemetry: WorkloadTelemetry | None) -> Listener:
+    """Add metrics reporting to every HCM and TCP proxy of `listener` (in place; returned for
+    chaining). Inbound listeners report as `destination`, others as `source`."""
+    if telemetry is None:
+        return listener
+    inbound = listener.traffic_direction == TrafficDirection.INBOUND
+    reporter = t.REPORTER_DESTINATION if inbound else t.REPORTER_SOURCE
+    chains: list[FilterChain] = list(listener.filter_chains)
+    if listener.HasField("default_filter_chain"):
+        chains.append(listener.default_filter_chain)
+    for chain in chains:
+        mtls = chain.HasField("transport_socket")
+        for f in chain.filters:
+            if f.name == HCM_FILTER:
+                hcm = HttpConnectionManager()
+                f.typed_config.Unpack(hcm)
+                _instrument_hcm(hcm, telemetry, reporter, mtls=mtls)
+                f.typed_config.CopyFrom(pack(hcm))
+            elif f.name == TCP_PROXY_FILTER:
+                proxy = TcpProxy()
+                f.typed_config.Unpack(proxy)
+                _instrument_tcp(proxy, telemetry, reporter)
+                f.typed_config.CopyFrom(pack(proxy))
+    return listener
+
+
+def _instrument_hcm(
+    hcm: HttpConnectionManager, telemetry: WorkloadTelemetry, reporter: str, *, mtls: bool
+) -> None:
+    if reporter == t.REPORTER_SOURCE:
+        filters = _client_filters(telemetry)
+    else:
+        filters = _server_filters(telemetry, mtls=mtls)
+    # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
+    # the router see them, and responses are read after every other filter wrote them.
+    for i, f in enumerate(filters):
+        hcm.http_filters.insert(i, f)
+    config = HttpGrpcAccessLogConfig(
+        common_config=_common(telemetry, reporter),
+        additional_request_headers_to_log=["content-type"],
+        additional_response_headers_to_log=["grpc-status"],
+        additional_response_trailers_to_log=["grpc-status"],
+    )
+    hcm.access_log.append(AccessLog(name=HTTP_GRPC_LOGGER, typed_config=pack(config)))
+
+
+def _instrument_tcp(proxy: TcpProxy, telemetry: WorkloadTelemetry, reporter: str) -> None:
+    config = TcpGrpcAccessLogConfig(common_config=_common(telemetry, reporter))
+    proxy.access_log.append(AccessLog(name=TCP_GRPC_LOGGER, typed_config=pack(config)))
+    proxy.access_log_options.CopyFrom(
+        TcpProxy.TcpAccessLogOptions(
+            access_log_flush_interval=TCP_FLUSH, flush_access_log_on_connected=True
+        )
+    )
+
+
+def _common(telemetry: WorkloadTelemetry, reporter: str) -> CommonGrpcAccessLogConfig:
+    return CommonGrpcAccessLogConfig(
+        log_name=t.LOG_NAME,
+        grpc_service=GrpcService(envoy_grpc=GrpcService.EnvoyGrpc(cluster_name=t.ALS_CLUSTER)),
+        transport_api_version=ApiVersion.V3,
+        buffer_flush_interval=LOG_FLUSH,
+        buffer_size_bytes=LOG_BUFFER,
+        custom_tags=telemetry.tags(reporter),
+    )
+
+
+def _client_filters(telemetry: WorkloadTelemetry) -> list[HttpFilter]:
+    """Outbound: send our metadata; from the response take the server's metadata and the
+    upstream certificate's SPIFFE ID (which Envoy writes into a header, since an access log
+    entry has no upstream TLS properties), then strip both."""
+    read = HeaderToMetadata(
+        response_rules=[
+            _to_metadata(t.PEER_HEADER, t.METADATA_PEER),
+            _to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL),
+        ]
+    )
+    write = Mutations(
+        request_mutations=[
+            _remove(t.UPSTREAM_PEER_HEADER),
+            _set(t.PEER_HEADER, telemetry.peer_value()),
+        ],
+        # Removed first: when the upstream presented no certificate the value is empty, and
+        # a header the server forged must not survive that.
+        response_mutations=[
+            _remove(t.UPSTREAM_PEER_HEADER),
+            _set(t.UPSTREAM_PEER_HEADER, "%UPSTREAM_PEER_URI_SAN%"),
+        ],
+    )
+    # Order matters on the way back: responses pass filters last to first, so the mutation
+    # (second) writes the header before the metadata filter (first) reads it.
+    return [
+        HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)),
+        HttpFilter(name=HEADER_MUTATION_FILTER, typed_config=pack(HeaderMutation(mutations=write))),
+    ]
+
+
+def _server_filters(telemetry: WorkloadTelemetry, *, mtls: bool) -> list[HttpFilter]:
+    """Inbound: on an mTLS chain read the client's metadata and answer with ours; on a
+    plaintext chain only strip what a caller claims (it is never read)."""
+    filters: list[HttpFilter] = []
+    if mtls:
+        read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
+        filters.append(HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)))
+        response = [_remove(t.UPSTREAM_PEER_HEADER), _set(t.PEER_HEADER, telemetry.peer_value())]
+    else:
+        response = [_remove(t.UPSTREAM_PEER_HEADER), _remove(t.PEER_HEADER)]
+    write = Mutations(
+        request_mutations=[_remove(t.PEER_HEADER), _remove(t.UPSTREAM_PEER_HEADER)],
+        response_mutations=response,
+    )
+    filters.append(
+        HttpFilter(name=HEADER_MUTATION_FILTER, typed_config=pack(HeaderMutation(mutations=write)))
+    )
+    return filters
+
+
+def _to_metadata(header: str, key: str) -> HeaderToMetadata.Rule:
+    return HeaderToMetadata.Rule(
+        header=header,
+        on_header_present=HeaderToMetadata.KeyValuePair(
+            metadata_namespace=t.METADATA_NAMESPACE, key=key, type=HeaderToMetadata.STRING
+        ),
+        remove=True,
+    )
+
+
+def _set(header: str, value: str) -> Mutation:
+    return Mutation(
+        append=HeaderValueOption(
+            header=HeaderValue(key=header, value=value),
+            append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+    )
+
+
+def _remove(header: str) -> Mutation:
+    return Mutation(remove=header)

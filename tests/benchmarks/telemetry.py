@@ -1,0 +1,338 @@
+"""Benchmark: the cost of Istio's standard metrics (Envoy's access log stream to the agent,
+counted there) on traffic between two pods.
+
+Two pods (agent + Envoy each, mTLS between them), the backend app a plain Envoy answering 200
+itself (so the app is never the bottleneck). h2load drives the client's sidecar; the same run
+measures it twice, with `--standard-metrics off` (the floor) and on:
+
+(a) throughput with metrics / without (target >= 0.85) and p99 latency with / without (<= 1.3);
+(b) agent CPU per 10,000 requests with metrics on (client and backend agents);
+(c) agent RSS before and after `--paths-requests` requests across 5,000 distinct paths: the
+    label sets do not grow with paths, so neither does memory (target: series unchanged,
+    RSS growth <= 20 MB).
+
+Prints one line per figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.agentproc import AgentProcess
+from tests.support.controlplane import eventually, running_control_plane
+from tests.support.envoy import EnvoyProcess
+from tests.support.mesh import backend_yaml, mesh_agent
+from tests.support.net import free_port, pod_ip
+
+STRICT = """apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: default}
+spec: {mtls: {mode: STRICT}}
+"""
+
+
+def direct_app(ip: str, port: int, workdir: Path) -> EnvoyProcess:
+    """An HTTP/1.1 and h2 server that answers `ok` itself: an Envoy with a direct response."""
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager."
+        "v3.HttpConnectionManager",
+        "stat_prefix": "app",
+        "codec_type": "AUTO",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "app",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+                        }
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+    }
+    bootstrap = {
+        "admin": {"address": {"socket_address": {"address": ip, "port_value": free_port(ip)}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "app",
+                    "address": {"socket_address": {"address": ip, "port_value": port}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+    return EnvoyProcess(bootstrap, workdir, name="app")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its waited-for children (the agent, not Envoy)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def h2load(
+    url: str,
+    requests: int,
+    log: Path,
+    *,
+    authority: str,
+    clients: int,
+    streams: int,
+    uris: Path | None = None,
+) -> tuple[float, float, int]:
+    """(requests/s, p99 ms, 2xx) for one h2load run (h2c, prior knowledge)."""
+    log.unlink(missing_ok=True)  # h2load appends
+    args = [
+        "h2load",
+        "-n",
+        str(requests),
+        "-c",
+        str(clients),
+        "-m",
+        str(streams),
+        # h2load speaks h2c (prior knowledge): the authority routes, not a Host header.
+        "-H",
+        f":authority: {authority}",
+        f"--log-file={log}",
+    ]
+    args += ["-i", str(uris)] if uris is not None else [url]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=900).stdout
+    rate = next(
+        float(line.split(",")[1].split()[0])
+        for line in out.splitlines()
+        if line.startswith("finished in")
+    )
+    durations = []
+    ok = 0
+    for line in log.read_text().splitlines():
+        _, status, micros = line.split("\t")
+        durations.append(int(micros) / 1000)
+        ok += status.startswith("2")
+    p99 = statistics.quantiles(durations, n=100)[98]
+    return rate, p99, ok
+
+
+def scrape(ip: str) -> str:
+    with urllib.request.urlopen(f"http://{ip}:15020/stats/prometheus", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def envoy_stat(ip: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{ip}:15000/stats?filter=^{name}$", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.split(": ")[1]) for line in text.splitlines() if ": " in line)
+
+
+def sample(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Pair:
+    """A client pod and a backend pod (service `backend-<name>`), metrics on or off."""
+
+    def __init__(self, name: str, metrics: bool, tmp: Path) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.host = f"backend-{name}"
+        self.client_ip, self.backend_ip = pod_ip(), pod_ip()
+        self.app = direct_app(self.backend_ip, 8080, tmp / f"app-{name}")
+        self.url = f"http://{self.client_ip}:9080/bench"
+        self.agents: list[AgentProcess] = []
+        self.cpu = {"client": 0.0, "backend": 0.0}
+        self.rates: list[float] = []
+        self.p99s: list[float] = []
+
+    def start(self, cp: object, tmp: Path) -> None:
+        self.app.start()
+        flag = ("--standard-metrics", "on" if self.metrics else "off")
+        labels = f"app={self.host}"
+        self.backend = mesh_agent(
+            cp,  # type: ignore[arg-type]
+            tmp,
+            self.backend_ip,
+            f"{self.host}-0",
+            labels,
+            *flag,
+            group=self.host,
+        )
+        self.client = mesh_agent(
+            cp, tmp, self.client_ip, f"client-{self.name}", "app=client", *flag
+        )  # type: ignore[arg-type]
+        self.agents = [self.backend, self.client]
+        for a in self.agents:
+            a.start()
+
+    def stop(self) -> None:
+        for a in self.agents:
+            a.kill()
+        self.app.stop()
+
+    def pids(self) -> dict[str, int]:
+        assert self.client.proc is not None and self.backend.proc is not None
+        return {"client": self.client.proc.pid, "backend": self.backend.proc.pid}
+
+    def reachable(self) -> bool:
+        try:
+            req = urllib.request.Request(self.url, headers={"Host": self.host})
+            with urllib.request.urlopen(req, timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def load(
+        self, requests: int, log: Path, args: argparse.Namespace, uris: Path | None = None
+    ) -> tuple[float, float]:
+        rate, p99, ok = h2load(
+            self.url,
+            requests,
+            log,
+            authority=self.host,
+            clients=args.clients,
+            streams=args.streams,
+            uris=uris,
+        )
+        if ok != requests:
+            raise SystemExit(f"{self.name}: only {ok} of {requests} requests answered 2xx")
+        return rate, p99
+
+
+async def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--requests", type=int, default=20_000, help="per round and side")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--paths-requests", type=int, default=200_000)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--streams", type=int, default=10)
+    args = p.parse_args()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pf-telemetry-") as d:
+        tmp = Path(d)
+        cfg = tmp / "cfg"
+        cfg.mkdir()
+        (cfg / "mesh.yaml").write_text(
+            "---\n".join([backend_yaml("backend-off"), backend_yaml("backend-on"), STRICT])
+        )
+        off, on = Pair("off", False, tmp), Pair("on", True, tmp)
+        async with running_control_plane(cfg) as cp:
+            try:
+                for pair in (off, on):
+                    pair.start(cp, tmp)
+                for pair in (off, on):
+                    await eventually(
+                        lambda pair=pair: asyncio.to_thread(pair.reachable),  # type: ignore[misc]
+                        timeout=60,
+                        what=f"traffic {pair.name}",
+                    )
+                    # Warm-up: connections, the streams to the agents, first allocations.
+                    await asyncio.to_thread(pair.load, 2000, tmp / f"warm-{pair.name}.log", args)
+                # Alternating rounds, so the machine's other load falls on both sides alike;
+                # each side's best round is its figure.
+                for r in range(args.rounds):
+                    # Which side goes first alternates too (no position advantage).
+                    for pair in (off, on) if r % 2 == 0 else (on, off):
+                        before = {k: cpu_seconds(pid) for k, pid in pair.pids().items()}
+                        rate, p99 = await asyncio.to_thread(
+                            pair.load, args.requests, tmp / f"{pair.name}-{r}.log", args
+                        )
+                        # The last batches reach the agent within the flush interval.
+                        await asyncio.sleep(1.5)
+                        for k, pid in pair.pids().items():
+                            pair.cpu[k] += cpu_seconds(pid) - before[k]
+                        pair.rates.append(rate)
+                        pair.p99s.append(p99)
+                counted = sample(scrape(on.backend_ip), "istio_requests_total")
+                dropped = {
+                    k: envoy_stat(ip, "access_logs.grpc_access_log.logs_dropped")
+                    for k, ip in (("client", on.client_ip), ("backend", on.backend_ip))
+                }
+                uris = tmp / "uris.txt"
+                uris.write_text("".join(f"{on.url}/p/{i}\n" for i in range(5000)))
+                rss0 = {k: rss_mb(pid) for k, pid in on.pids().items()}
+                series0 = sample(scrape(on.backend_ip), "pilotfish_agent_metrics_series")
+                await asyncio.to_thread(on.load, args.paths_requests, tmp / "paths.log", args, uris)
+                await asyncio.sleep(1.5)
+                rss1 = {k: rss_mb(pid) for k, pid in on.pids().items()}
+                series1 = sample(scrape(on.backend_ip), "pilotfish_agent_metrics_series")
+            finally:
+                off.stop()
+                on.stop()
+    total = args.requests * args.rounds
+    ratio = max(on.rates) / max(off.rates)
+    p99_ratio = min(on.p99s) / min(off.p99s)
+    print(
+        f"telemetry throughput: {max(on.rates):.0f} req/s with metrics vs {max(off.rates):.0f}"
+        f" without = {ratio:.2f} (target >= 0.85; best of {args.rounds} alternating rounds)"
+    )
+    print(
+        f"telemetry p99: {min(on.p99s):.2f} ms with metrics vs {min(off.p99s):.2f} ms without"
+        f" = {p99_ratio:.2f} (target <= 1.3)"
+    )
+    for side in ("client", "backend"):
+        print(
+            f"telemetry agent CPU ({side}): {on.cpu[side] / total * 10_000:.3f} s per 10,000 "
+            f"requests with metrics ({off.cpu[side] / total * 10_000:.3f} s without)"
+        )
+    print(
+        f"telemetry requests counted by the backend agent: {counted:.0f} "
+        f"(>= {total + 2000}: rounds and warm-up); Envoy dropped {dropped['client']:.0f} "
+        f"client-side and {dropped['backend']:.0f} backend-side entries"
+    )
+    growth = max(rss1[k] - rss0[k] for k in rss0)
+    print(
+        f"telemetry agent RSS after {args.paths_requests:,} requests over 5,000 paths: "
+        + ", ".join(f"{k} {rss0[k]:.1f} -> {rss1[k]:.1f} MB" for k in rss0)
+        + f"; series {series0:.0f} -> {series1:.0f} (target: unchanged, growth <= 20 MB)"
+    )
+    ok = ratio >= 0.85 and p99_ratio <= 1.3 and series1 == series0 and growth <= 20
+    print(f"telemetry benchmark took {time.monotonic() - t0:.0f}s: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

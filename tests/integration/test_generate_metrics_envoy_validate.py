@@ -1,0 +1,195 @@
+"""The standard-metrics config on generated listeners: every HCM and TCP proxy of a proxy
+whose bootstrap has the access log cluster logs to it, with the proxy's own workload as tags
+(from its WorkloadGroup when registered) and the peer-metadata filters on the right side;
+none of it for a proxy without the cluster; and real Envoy accepts it in modes NONE and
+REDIRECT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
+    HttpGrpcAccessLogConfig,
+    TcpGrpcAccessLogConfig,
+)
+from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import HeaderMutation
+from envoy.extensions.filters.http.header_to_metadata.v3.header_to_metadata_pb2 import (
+    Config as HeaderToMetadata,
+)
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
+    HttpConnectionManager,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+
+from control.generate import GENERATORS
+from control.generate.context import GenContext
+from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
+from control.generate.resource_names import LISTENER_TYPE
+from control.generate.telemetry_metrics import (
+    HEADER_MUTATION_FILTER,
+    HEADER_TO_METADATA_FILTER,
+    HTTP_GRPC_LOGGER,
+    TCP_GRPC_LOGGER,
+)
+from control.model.index import MeshIndex
+from control.model.proxy import Proxy, proxy_from_node
+from control.model.types import MtlsMode, SourceRef, Workload, labels_of
+from control.xds.cache import ResourceCache
+from protos import telemetry as t
+from tests.integration.test_generate_envoy_validate import static_bootstrap, unpack, validate
+from tests.integration.test_generate_security_envoy_validate import sds_cluster, secured_mesh
+
+pytestmark = pytest.mark.envoy
+
+
+def _proxy(app: str, mode: str, *, als: bool = True) -> Proxy:
+    meta: dict[str, object] = {
+        "LABELS": {"app": app, "version": "v3"},
+        "INTERCEPTION_MODE": mode,
+        "SERVICE_ACCOUNT": app,
+        "SDS": "true",
+    }
+    if als:
+        meta[t.ALS_NODE_METADATA] = "true"
+    return proxy_from_node(f"sidecar~127.0.1.1~{app}-7.default~default.svc.cluster.local", meta)
+
+
+def _listeners(proxy: Proxy, workloads: list[Workload], mode: MtlsMode) -> list[Listener]:
+    index = MeshIndex(secured_mesh(mode, with_rbac=True), workloads)
+    sets = GENERATORS[LISTENER_TYPE](GenContext(index, ResourceCache()), proxy)
+    out = []
+    for name in sorted(sets):
+        listener = unpack(sets[name].any_bytes, Listener)
+        assert isinstance(listener, Listener)
+        out.append(listener)
+    return out
+
+
+def _chains(listener: Listener) -> list:  # type: ignore[type-arg]
+    chains = list(listener.filter_chains)
+    if listener.HasField("default_filter_chain"):
+        chains.append(listener.default_filter_chain)
+    return chains
+
+
+@pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
+def test_every_hcm_and_tcp_proxy_reports(mode: str) -> None:
+    proxy = _proxy("reviews", mode)
+    # Registered through a WorkloadGroup: the group names the workload and gives its labels.
+    registered = Workload(
+        name="reviews-7",
+        namespace="default",
+        address=proxy.ip,
+        labels=labels_of({"app": "reviews", "version": "v1"}),
+        service_account="reviews",
+        source=SourceRef("WorkloadGroup", "default", "reviews-group"),
+        has_sidecar=True,
+    )
+    hcms = tcps = 0
+    for listener in _listeners(proxy, [registered], MtlsMode.PERMISSIVE):
+        inbound = listener.traffic_direction == 1  # INBOUND
+        for chain in _chains(listener):
+            mtls = chain.HasField("transport_socket")
+            for f in chain.filters:
+                if f.name == HCM_FILTER:
+                    hcms += 1
+                    hcm = HttpConnectionManager()
+                    f.typed_config.Unpack(hcm)
+                    _check_hcm(hcm, inbound=inbound, mtls=mtls)
+                elif f.name == TCP_PROXY_FILTER:
+                    tcps += 1
+                    tcp = TcpProxy()
+                    f.typed_config.Unpack(tcp)
+                    [log] = tcp.access_log
+                    assert log.name == TCP_GRPC_LOGGER
+                    cfg = TcpGrpcAccessLogConfig()
+                    log.typed_config.Unpack(cfg)
+                    assert cfg.common_config.grpc_service.envoy_grpc.cluster_name == t.ALS_CLUSTER
+                    assert tcp.access_log_options.flush_access_log_on_connected
+                    assert tcp.access_log_options.access_log_flush_interval.seconds > 0
+    assert hcms and tcps
+
+
+def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool) -> None:
+    [log] = [a for a in hcm.access_log if a.name == HTTP_GRPC_LOGGER]
+    cfg = HttpGrpcAccessLogConfig()
+    log.typed_config.Unpack(cfg)
+    tags = {tag.tag: tag.literal.value for tag in cfg.common_config.custom_tags}
+    assert tags == {
+        t.TAG_REPORTER: t.REPORTER_DESTINATION if inbound else t.REPORTER_SOURCE,
+        t.TAG_WORKLOAD: "reviews-group",
+        t.TAG_NAMESPACE: "default",
+        t.TAG_APP: "reviews",
+        t.TAG_VERSION: "v1",  # the group's label, not the proxy's claim (v3)
+        t.TAG_PRINCIPAL: "spiffe://cluster.local/ns/default/sa/reviews",
+        t.TAG_CLUSTER_DOMAIN: "cluster.local",
+    }
+    names = [f.name for f in hcm.http_filters]
+    assert names[-1] == "envoy.filters.http.router"
+    mutation = HeaderMutation()
+    hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
+    requests = mutation.mutations.request_mutations
+    responses = mutation.mutations.response_mutations
+    own = "workload=reviews-group&workload_namespace=default&app=reviews&version=v1"
+    if not inbound:
+        # Client side: read the response's metadata, send ours.
+        assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
+        assert [
+            (m.append.header.key, m.append.header.value) for m in requests if m.append.header.key
+        ] == [(t.PEER_HEADER, own)]
+        read = HeaderToMetadata()
+        hcm.http_filters[0].typed_config.Unpack(read)
+        assert {r.header for r in read.response_rules} == {t.PEER_HEADER, t.UPSTREAM_PEER_HEADER}
+        assert all(r.remove for r in read.response_rules)
+        assert responses[0].remove == t.UPSTREAM_PEER_HEADER
+    elif mtls:
+        assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
+        read = HeaderToMetadata()
+        hcm.http_filters[0].typed_config.Unpack(read)
+        assert [(r.header, r.remove) for r in read.request_rules] == [(t.PEER_HEADER, True)]
+        assert (t.PEER_HEADER, own) in [
+            (m.append.header.key, m.append.header.value) for m in responses
+        ]
+    else:
+        # Plaintext: the caller's claim is stripped unread, and we say nothing about us.
+        assert names[0] == HEADER_MUTATION_FILTER
+        assert HEADER_TO_METADATA_FILTER not in names
+        assert t.PEER_HEADER in [m.remove for m in requests]
+        assert t.PEER_HEADER in [m.remove for m in responses]
+        assert not any(m.append.header.key for m in responses)
+
+
+@pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
+def test_no_metrics_config_without_the_access_log_cluster(mode: str) -> None:
+    proxy = _proxy("reviews", mode, als=False)
+    for listener in _listeners(proxy, [proxy.as_workload()], MtlsMode.PERMISSIVE):
+        text = listener.SerializeToString()
+        assert t.ALS_CLUSTER.encode() not in text
+        assert t.PEER_HEADER.encode() not in text
+
+
+@pytest.mark.parametrize(
+    ("app", "mode", "mtls"),
+    [
+        ("client", "NONE", MtlsMode.STRICT),
+        ("reviews", "NONE", MtlsMode.PERMISSIVE),
+        ("client", "REDIRECT", MtlsMode.PERMISSIVE),
+        ("reviews", "REDIRECT", MtlsMode.DISABLE),
+    ],
+)
+def test_envoy_accepts_metrics_config(tmp_path: Path, app: str, mode: str, mtls: MtlsMode) -> None:
+    proxy = _proxy(app, mode)
+    index = MeshIndex(secured_mesh(mtls, with_rbac=True), [proxy.as_workload()])
+    sets = {t_: gen(GenContext(index, ResourceCache()), proxy) for t_, gen in GENERATORS.items()}
+    bootstrap = static_bootstrap(proxy, sets)
+    bootstrap.static_resources.clusters.append(sds_cluster(tmp_path / "SDS"))
+    als = sds_cluster(tmp_path / "ALS")
+    als.name = als.load_assignment.cluster_name = t.ALS_CLUSTER
+    bootstrap.static_resources.clusters.append(als)
+    assert t.ALS_CLUSTER.encode() in b"".join(r.any_bytes for r in sets[LISTENER_TYPE].values())
+    result = validate(bootstrap, tmp_path / "envoy.json")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "deprecated" not in output.lower(), output
