@@ -6,8 +6,9 @@ file name in an error) arrives as text, never as markup, with zero console error
 Screenshots of each view go to test-artifacts/ui-page/.
 
 The status port here is a stand-in serving Istio's standard metrics with counters that rise
-with time (the agents' own metrics are another issue's); the scrape, the graph, the API and
-the page are the real ones. tests/e2e/test_ui_mesh.py drives the page against real Envoy.
+with time, so that the names in them can be hostile; the scrape, the graph, the API and the
+page are the real ones. tests/e2e/test_ui_mesh.py drives the page against real agents, Envoy
+and traffic.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (`<ip>:15020/stats/prometheus`) with counters that rise with time: client → backend at 20
 rps, a quarter of it 503s, and a caller with a hostile name at 2 rps; all reported by the
 server (`reporter="destination"`, mutual TLS). For the dashboard's tests of what it does with
-such series (the agents' own metrics are tested where they are made)."""
+series it could not get from real agents (hostile names, exact rates)."""
 
 from __future__ import annotations
 
