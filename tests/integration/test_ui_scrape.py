@@ -91,9 +91,15 @@ def test_targets_are_the_connected_sidecars_and_routers() -> None:
 
 
 def test_status_port_from_node_metadata() -> None:
+    from agent.config import build_parser, config_from_args
     from control.model.proxy import proxy_from_node
 
     node = "sidecar~10.0.0.1~web.shop~shop.svc.cluster.local"
-    assert proxy_from_node(node, {"STATUS_PORT": "15099"}).status_port == 15099
+    # The agent announces a status port other than Istio's; the control plane reads it.
+    args = build_parser().parse_args(["--ip", "10.0.0.1", "--status-port", "15099"])
+    meta = config_from_args(args, {}).node_metadata()
+    assert proxy_from_node(node, meta).status_port == 15099
+    default = config_from_args(build_parser().parse_args(["--ip", "10.0.0.1"]), {})
+    assert "STATUS_PORT" not in default.node_metadata()
     for bad in ({}, {"STATUS_PORT": "x"}, {"STATUS_PORT": "70000"}):
         assert proxy_from_node(node, bad).status_port == 0  # the default, 15020
