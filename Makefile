@@ -67,6 +67,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py
 	$(BIN)/python tests/benchmarks/telemetry.py $(TELEMETRY_BENCH_ARGS)
+	$(BIN)/python tests/benchmarks/ui.py
 
 # 10 minutes of churn at 200 proxies; RSS and fd slopes must stay flat. Not part of
 # `make test` or CI. Shorter: make soak SOAK_SECONDS=60 (that checks the machinery; a

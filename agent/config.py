@@ -155,6 +155,10 @@ class AgentConfig:
         elif self.standard_metrics:
             # Envoy's bootstrap has the access log cluster (agent/envoy/bootstrap.py).
             meta[ALS_NODE_METADATA] = "true"
+        if self.status_port and self.status_port != 15020:
+            # Where the control plane's dashboard reads this pod's metrics (Istio's 15020
+            # goes without saying).
+            meta["STATUS_PORT"] = str(self.status_port)
         meta.update(self.extra_metadata)
         if self.workload_group:
             meta["WORKLOAD_GROUP"] = self.workload_group

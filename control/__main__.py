@@ -58,6 +58,19 @@ def _namespace_list(value: str) -> frozenset[str]:
     return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 
+def _http_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    if not value:
+        return value  # the default: scrape the agents
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"{value!r}: give the base URL, without ?query or #")
+    return value
+
+
 def _optional_address(value: str) -> str:
     return value if value in ("", "off") else _address(value)
 
@@ -161,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-address",
         type=_address,
         default="127.0.0.1:15014",
-        help="HTTP address for /ready, /metrics, /debug/* (default %(default)s)",
+        help="HTTP address for /ready, /metrics, /debug/*, /ui/ (default %(default)s)",
     )
     p.add_argument(
         "--debug-allow",
@@ -173,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
         "loopback everything does), and every stream in syncz over TLS xDS (others see their "
         "own namespace's); default: the control plane's own namespace, POD_NAMESPACE with "
         "--kubernetes, else istio-system",
+    )
+    p.add_argument(
+        "--ui",
+        choices=("on", "off"),
+        default="on",
+        help="the mesh dashboard at /ui/ on --http-address, under the same access rule as "
+        "/debug/* (default %(default)s)",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        type=_http_url,
+        default="",
+        metavar="URL",
+        help="a Prometheus whose HTTP API the dashboard reads the Istio standard metrics from "
+        "(default: the control plane scrapes its connected agents' status ports itself)",
     )
     p.add_argument(
         "--state-dir",
@@ -328,6 +356,8 @@ async def _run(args: argparse.Namespace) -> int:
             else args.root_cert_excluded_namespaces
         ),
         debug_allow=args.debug_allow,
+        ui=args.ui == "on",
+        prometheus_url=args.prometheus_url,
         xds=XdsOptions(
             control_plane_id=args.id,
             max_concurrent_pushes=max(1, args.max_concurrent_pushes),

@@ -31,11 +31,13 @@ from control.config.source import ConfigSource
 from control.config.watcher import ConfigWatcher
 from control.debug import DebugServer
 from control.debugaccess import DebugAllow, debug_middleware, debug_policy, own_namespace
+from control.gatewayapi import status as gateway_status
 from control.kube.client import kube_config
 from control.kube.meshconfig import KubeMeshConfig
 from control.kube.rootcert import DEFAULT_EXCLUDED, RootCertPublisher
 from control.kube.source import KubeSource
 from control.metrics import Metrics
+from control.model.gatewayapi import GROUP as GATEWAY_API_GROUP
 from control.model.index import MeshIndex
 from control.model.meshconfig import MeshOverrides, MeshSettings
 from control.model.proxy import Proxy
@@ -44,6 +46,11 @@ from control.registry.autoregister import WorkloadRegistry
 from control.registry.keeper import WorkloadKeeper
 from control.secretaccess import SecretGuard
 from control.security import SecurityOptions, SecurityStack
+from control.ui.dashboard import Dashboard, MetricsSource
+from control.ui.promapi import PrometheusSource
+from control.ui.replicas import DEFAULT_SELECTOR, ReplicaRows, kube_replicas
+from control.ui.routes import UiRoutes
+from control.ui.scrape import AgentScraper, scrape_targets
 from control.webhook.cabundle import CaBundlePatcher
 from control.webhook.inject import InjectionValues
 from control.webhook.server import WebhookServer
@@ -118,6 +125,10 @@ class ControlPlaneOptions:
     # http_address, loopback is open; tests force it).
     debug_allow: DebugAllow | None = None
     debug_requires_auth: bool | None = None
+    # The dashboard at /ui/ (--ui); where its graph reads metrics: a Prometheus (its HTTP API)
+    # or, "", the connected agents' status ports, scraped by the control plane itself.
+    ui: bool = True
+    prometheus_url: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
     # Istio MeshConfig YAML ("" = none; Kubernetes mode also reads the ConfigMap `istio`).
     mesh_config: str = ""
@@ -218,6 +229,7 @@ class ControlPlane(Lifecycle):
             mesh=self.mesh,
         )
         self.views = StreamViews(self.xds, options.xds.control_plane_id)
+        self.ui = _dashboard(self) if options.ui else None
         self.debug = DebugServer(
             ready=lambda: self.ready,
             metrics=self.metrics.render,
@@ -228,6 +240,7 @@ class ControlPlane(Lifecycle):
             registered=self.registry.workload_entries,
             access=debug_middleware(access, lambda: self.security.call_auth),
             mesh=self.mesh.status,
+            routes=(self.ui.add_to,) if self.ui is not None else (),
         )
         self._grpc: grpc.aio.Server | None = None
         self.webhook: WebhookServer | None = None
@@ -259,6 +272,8 @@ class ControlPlane(Lifecycle):
         await server.start()
         self._grpc = server
         await self._start_webhook()
+        if self.ui is not None:
+            await self.ui.start()
         self.http_port = await self.debug.start(self.options.http_address)
         self.ready = True
         logger.info(
@@ -318,6 +333,8 @@ class ControlPlane(Lifecycle):
         streams) before what serves it goes (certificates, CA, config)."""
         self.ready = False
         await self.debug.close()
+        if self.ui is not None:
+            await self.ui.close()
         if self.ca_bundle_patcher is not None:
             await self.ca_bundle_patcher.close()
         if self.root_cert_publisher is not None:
@@ -398,6 +415,43 @@ class ControlPlane(Lifecycle):
     def push_now(self, reasons: Iterable[str] = ("manual",), waited: float = 0.0) -> int:
         """PushPipeline.push_now: rebuild and push at once, skipping the debounce."""
         return self.pipeline.push_now(reasons, waited)
+
+
+def _dashboard(cp: ControlPlane) -> UiRoutes:
+    """/ui/: metrics from --prometheus-url, or scraped from the connected agents."""
+    url = cp.options.prometheus_url
+    source: MetricsSource
+    if url:
+        source = PrometheusSource(url)
+    else:
+        source = AgentScraper(
+            lambda: scrape_targets(
+                (c.proxy.type, c.proxy.ip, c.proxy.status_port) for c in cp.xds.connections.values()
+            )
+        )
+    remote = None
+    if cp.options.kubernetes:
+        # Every replica's streams, as pilotfish-ctl proxy-status finds them: the
+        # control-plane pods of this namespace, asked on the plaintext xDS port they share.
+        find = kube_replicas(
+            lambda: cp.watcher.kube_client,
+            own_namespace(True, os.environ),
+            DEFAULT_SELECTOR,
+            lambda: cp.xds_port,
+        )
+        remote = ReplicaRows(find, cp.options.id)
+    dashboard = Dashboard(
+        source,
+        syncz=cp.views.syncz,
+        config=cp.watcher,
+        index=lambda: cp.current.index,
+        remote_rows=remote,
+        statuses=lambda config: [
+            {**gateway_status.as_json(s), "group": GATEWAY_API_GROUP}
+            for s in config.gateway_api_status
+        ],
+    )
+    return UiRoutes(dashboard)
 
 
 def _config_source(

@@ -112,6 +112,7 @@ class DebugServer:
         registered: Callable[[], list[dict[str, Any]]] = list,
         access: Middleware | None = None,
         mesh: Callable[[], Mapping[str, object]] = dict,
+        routes: Iterable[Callable[[web.UrlDispatcher], None]] = (),
     ) -> None:
         self._ready_now = ready
         self._render_metrics = metrics
@@ -126,6 +127,8 @@ class DebugServer:
         self._mesh = mesh
         # Who may read /debug/* (control/debugaccess.py); None: everyone.
         self._access = access
+        # More views on the same server and access rule (the dashboard's `/ui/`).
+        self._extra_routes = tuple(routes)
         self._runner: web.AppRunner | None = None
 
     async def start(self, address: str) -> int:
@@ -137,6 +140,8 @@ class DebugServer:
         app.router.add_get("/debug/config_dump", self._config_dump)
         app.router.add_get("/debug/connections", self._connections)
         app.router.add_get("/debug/pushz", self._pushz)
+        for add in self._extra_routes:
+            add(app.router)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, _, port = address.rpartition(":")

@@ -1,7 +1,8 @@
 """Who may read the debug views (`--debug-allow`), as Istio's `ENABLE_DEBUG_ON_HTTP=false`.
 
-The views show every proxy's node metadata, generated config and the mesh config, so off
-loopback they are for the mesh's operators only: `/debug/*` on a non-loopback
+The views show every proxy's node metadata, generated config and the mesh config (and the
+dashboard at `/ui/` shows the same and more), so off loopback they are for the mesh's
+operators only: `/debug/*` (and `/ui/*`) on a non-loopback
 `--http-address` needs `Authorization: Bearer <token>` of an identity in `--debug-allow`
 (default: the control plane's own namespace, `istio-system/*`). `/ready` and `/metrics`
 stay open (probes and scrapers carry no token). On a loopback address everything stays open

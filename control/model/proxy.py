@@ -53,6 +53,9 @@ class Proxy:
     # The proxy's bootstrap has the cluster to its agent's access log service (node metadata
     # PILOTFISH_ALS): only then may its listeners log there (protos/telemetry.py).
     als: bool = False
+    # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
+    # 15020. The dashboard reads the agent's metrics there.
+    status_port: int = 0
 
     @property
     def is_grpc(self) -> bool:
@@ -134,4 +137,15 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
         istio_version=intern(_str(metadata, "ISTIO_VERSION")[:64]),
         als=_str(metadata, ALS_NODE_METADATA).lower() == "true",
+        status_port=_port(metadata.get("STATUS_PORT")),
     )
+
+
+def _port(value: object) -> int:
+    """A port from metadata (a string, as Istio's ISTIO_META_* values are, or a number); 0
+    for anything that is not one."""
+    try:
+        port = int(str(value)) if value is not None else 0
+    except ValueError:
+        return 0
+    return port if 0 < port < 65536 else 0

@@ -20,37 +20,12 @@ from tests.support.adsclient import AdsStream
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
+from tests.support.mesh import UNBINDABLE_SIDECAR
+from tests.support.mesh import WEB_YAML as BASE
 from tests.support.net import pod_ip
 from tests.support.promtext import parse
 
 pytestmark = pytest.mark.envoy
-
-BASE = """\
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  selector: {{app: web}}
-  ports: [{{name: http, port: 9080, targetPort: 8080}}]
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: web-1, namespace: default}}
-spec: {{address: "{web_ip}", labels: {{app: web}}}}
-"""
-
-# An egress listener bound to an address this machine does not have: the YAML is valid, but
-# Envoy cannot bind the listener and rejects the LDS update (a NACK).
-UNBINDABLE_SIDECAR = """\
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: default, namespace: default}
-spec:
-  egress:
-  - port: {number: 9080, protocol: HTTP, name: http}
-    bind: 192.0.2.10
-    hosts: ["./*"]
-"""
 
 
 async def http_get(url: str, host: str | None = None) -> tuple[int, str]:

@@ -50,6 +50,10 @@ DEBUG_PATHS = (
     "/debug/connections",
     "/debug/pushz",
     "/debug/config_dump?proxyID=web.shop",
+    # The dashboard's data follows the same rule (DESIGN "Dashboard").
+    "/ui/api/graph",
+    "/ui/api/proxies",
+    "/ui/api/config",
 )
 
 
@@ -222,6 +226,17 @@ async def test_identity_not_allowed_is_403(mesh: Mesh, identity: Identity) -> No
         assert status == 403, (path, body)
         assert body == f"{identity} may not read debug views (not in --debug-allow)\n"
         assert "WWW-Authenticate" not in headers
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/static/app.js", "/ui/api/nothing"])
+async def test_dashboard_page_follows_the_debug_rule(mesh: Mesh, path: str) -> None:
+    status, body, headers = await get(mesh.base + path)
+    _assert_401(status, body, headers, "Authorization: Bearer <token>")
+    status, _, _ = await get(mesh.base + path, mesh.token(SHOP))
+    assert status == 403
+    status, body, headers = await get(mesh.base + path, mesh.token(ISTIOD))
+    assert status == (404 if "nothing" in path else 200), body
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
 
 
 async def test_ready_and_metrics_stay_open(mesh: Mesh) -> None:

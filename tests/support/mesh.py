@@ -13,6 +13,34 @@ from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import agent_token
 
+# Service `web` over one WorkloadEntry at `{web_ip}` (str.format).
+WEB_YAML = """\
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  selector: {{app: web}}
+  ports: [{{name: http, port: 9080, targetPort: 8080}}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: web-1, namespace: default}}
+spec: {{address: "{web_ip}", labels: {{app: web}}}}
+"""
+
+# A Sidecar whose egress listener is bound to an address this machine does not have: the
+# YAML is valid, but Envoy cannot bind the listener and rejects the LDS update (a NACK).
+UNBINDABLE_SIDECAR = """\
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: default}
+spec:
+  egress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    bind: 192.0.2.10
+    hosts: ["./*"]
+"""
+
 
 def workload_group_yaml(
     name: str,
