@@ -41,10 +41,20 @@ from control.generate.addresses import WILDCARD_BIND, socket_address
 from control.generate.context import GenContext, variant_resource
 from control.generate.filters import TLS_INSPECTOR_FILTER, hcm_filter, sidecar_hcm
 from control.generate.gateway_tls import HTTPS_ALPN, server_socket
+from control.generate.listener_telemetry import (
+    ListenerTelemetry,
+    listener_telemetry,
+    with_telemetry,
+)
 from control.generate.listeners_explicit import weighted_tcp_proxy
 from control.generate.plans import destination_cluster
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, listener_name
 from control.generate.route_translation import FAULT_FILTER
+from control.generate.telemetry_metrics import (
+    WorkloadTelemetry,
+    instrument_listener,
+    workload_telemetry,
+)
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
 from control.model.gateway import ServerTls
@@ -56,6 +66,7 @@ from control.model.gateway_index import (
 )
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
+from control.model.telemetry import WorkloadMode
 from control.model.traffic import Destination
 from control.model.types import Protocol
 from control.xds.cache import Resource, ResourceSet
@@ -104,31 +115,48 @@ def router_listeners(ctx: GenContext, proxy: Proxy) -> tuple[tuple[GatewayListen
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     listeners, bind = router_listeners(ctx, proxy)
+    # A router reports as Istio's gateways do: the client side of every request it forwards
+    # (reporter="source", source_workload = the router's workload).
+    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    metrics = workload_telemetry(ctx, proxy)
     return ctx.memo(
-        ("gateway-lds", proxy.labels, proxy.namespace, bind),
-        lambda: ResourceSet([_resource(ctx, listener, bind) for listener in listeners]),
+        ("gateway-lds", proxy.labels, proxy.namespace, bind, tel, metrics),
+        lambda: ResourceSet(
+            [_resource(ctx, listener, bind, tel, metrics) for listener in listeners]
+        ),
     )
 
 
-def _resource(ctx: GenContext, listener: GatewayListener, bind: str) -> Resource:
+def _resource(
+    ctx: GenContext,
+    listener: GatewayListener,
+    bind: str,
+    tel: ListenerTelemetry,
+    metrics: WorkloadTelemetry | None,
+) -> Resource:
+    name = listener_name(listener.bind, listener.port)
     if listener.kind is PortKind.HTTP:
-        key: tuple[object, ...] = (listener.bind, listener.port, http_route_name(listener, bind))
+        route = http_route_name(listener, bind)
         return variant_resource(
             ctx,
             LISTENER_TYPE,
-            listener_name(listener.bind, listener.port),
-            key,
-            lambda: build_http(listener.bind, listener.port, http_route_name(listener, bind)),
+            name,
+            (listener.bind, listener.port, route, tel, metrics),
+            lambda: instrument_listener(
+                with_telemetry(build_http(listener.bind, listener.port, route), tel), metrics
+            ),
         )
     chains = chain_specs(ctx.index, listener)
     inspect = listener.kind is PortKind.TLS
-    key = (listener.bind, listener.port, chains, inspect)
     return variant_resource(
         ctx,
         LISTENER_TYPE,
-        listener_name(listener.bind, listener.port),
-        key,
-        lambda: build_chains(listener.bind, listener.port, chains, inspect),
+        name,
+        (listener.bind, listener.port, chains, inspect, tel, metrics),
+        lambda: instrument_listener(
+            with_telemetry(build_chains(listener.bind, listener.port, chains, inspect), tel),
+            metrics,
+        ),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from control.model.proxy import Proxy, proxy_from_node
+from protos.telemetry import ALS_NODE_METADATA
 from tests.support.traffic import service
 
 ROUTER_IP = "127.0.1.9"
@@ -18,16 +19,17 @@ def router(
     ip: str = ROUTER_IP,
     namespace: str = "edge",
     mode: str = "NONE",
+    als: bool = False,
 ) -> Proxy:
-    return proxy_from_node(
-        f"router~{ip}~ingress.{namespace}~{namespace}.svc.cluster.local",
-        {
-            "LABELS": dict(labels or {"istio": "ingressgateway"}),
-            "SDS": "true",
-            "INTERCEPTION_MODE": mode,
-            "SERVICE_ACCOUNT": "ingress",
-        },
-    )
+    meta: dict[str, object] = {
+        "LABELS": dict(labels or {"istio": "ingressgateway"}),
+        "SDS": "true",
+        "INTERCEPTION_MODE": mode,
+        "SERVICE_ACCOUNT": "ingress",
+    }
+    if als:
+        meta[ALS_NODE_METADATA] = "true"
+    return proxy_from_node(f"router~{ip}~ingress.{namespace}~{namespace}.svc.cluster.local", meta)
 
 
 _GATEWAYS = """
