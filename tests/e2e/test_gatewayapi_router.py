@@ -22,15 +22,18 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from control.app import ControlPlane, ControlPlaneOptions
+from control.app import ControlPlane
 from control.model.gatewayapi import GROUP
-from control.xds.server import XdsOptions
 from tests.e2e.test_gateway_pods import TlsBackend, client_context, refused, tls_get
 from tests.integration.test_proxyless_grpc import METHOD
 from tests.integration.test_proxyless_grpc import backend as grpc_backend
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp, TcpEchoApp
-from tests.support.controlplane import bounded_teardown, eventually, running_control_plane
+from tests.support.controlplane import (
+    eventually,
+    running_control_plane,
+    running_kube_control_plane,
+)
 from tests.support.gatewayapi import (
     backend,
     dump,
@@ -365,60 +368,48 @@ async def test_kubernetes_mode_routes_and_writes_status(tmp_path: Path) -> None:
             guest = _cross_namespace_route()
             guest["spec"]["rules"] = [{"backendRefs": [backend("v1", namespace="infra")]}]
             api.put(guest)
-            cp = ControlPlane(
-                ControlPlaneOptions(
-                    kubernetes=True,
-                    kubeconfig=str(kubeconfig),
-                    xds_address="127.0.0.1:0",
-                    secure_xds_address="127.0.0.1:0",
-                    http_address="127.0.0.1:0",
-                    id="kube-cp",
-                    debounce_quiet=0.05,
-                    debounce_max=1.0,
-                    xds=XdsOptions(control_plane_id="kube-cp"),
-                )
-            )
-            await cp.start()
-            router = _router(cp, tmp_path, router_ip)
-            url = f"http://{router_ip}:{GATEWAY_PORT}/"
-            try:
+            async with running_kube_control_plane(kubeconfig) as cp:
+                router = _router(cp, tmp_path, router_ip)
+                url = f"http://{router_ip}:{GATEWAY_PORT}/"
+                try:
 
-                def reasons() -> dict[str, str]:
-                    obj = api.objects[f"httproutes.{GROUP}"][("apps", "guest")]
-                    parents = (obj.get("status") or {}).get("parents") or []
-                    if not parents:
-                        return {}
-                    return {c["type"]: c["reason"] for c in parents[0]["conditions"]}
-
-                await eventually(
-                    lambda: reasons().get("ResolvedRefs") == "RefNotPermitted",
-                    what="RefNotPermitted in the API server",
-                )
-                async with aiohttp.ClientSession() as session:
-
-                    async def guest_status() -> int:
-                        try:
-                            status, _, _ = await _get(session, url, "guest.example.com")
-                        except aiohttp.ClientError:
-                            return 0
-                        return status
+                    def reasons() -> dict[str, str]:
+                        obj = api.objects[f"httproutes.{GROUP}"][("apps", "guest")]
+                        parents = (obj.get("status") or {}).get("parents") or []
+                        if not parents:
+                            return {}
+                        return {c["type"]: c["reason"] for c in parents[0]["conditions"]}
 
                     await eventually(
-                        lambda: _is(guest_status(), 500), timeout=30, what="router up, 500"
+                        lambda: reasons().get("ResolvedRefs") == "RefNotPermitted",
+                        what="RefNotPermitted in the API server",
                     )
-                    api.put(reference_grant("apps-to-infra", "infra", "apps"))
-                    await eventually(
-                        lambda: reasons().get("ResolvedRefs") == "ResolvedRefs",
-                        what="ResolvedRefs in the API server",
-                    )
-                    await eventually(lambda: _is(guest_status(), 200), what="guest route served")
-                    _, body, _ = await _get(session, url, "guest.example.com")
-                    assert body["app"] == "v1"
-                gw = api.objects[f"gateways.{GROUP}"][("infra", "gw")]["status"]
-                assert gw["listeners"][0]["attachedRoutes"] == 1
-            finally:
-                assert router.terminate() == 0, router.log()[-3000:]
-                await bounded_teardown(cp.close(0.2), "control plane close")
+                    async with aiohttp.ClientSession() as session:
+
+                        async def guest_status() -> int:
+                            try:
+                                status, _, _ = await _get(session, url, "guest.example.com")
+                            except aiohttp.ClientError:
+                                return 0
+                            return status
+
+                        await eventually(
+                            lambda: _is(guest_status(), 500), timeout=30, what="router up, 500"
+                        )
+                        api.put(reference_grant("apps-to-infra", "infra", "apps"))
+                        await eventually(
+                            lambda: reasons().get("ResolvedRefs") == "ResolvedRefs",
+                            what="ResolvedRefs in the API server",
+                        )
+                        await eventually(
+                            lambda: _is(guest_status(), 200), what="guest route served"
+                        )
+                        _, body, _ = await _get(session, url, "guest.example.com")
+                        assert body["app"] == "v1"
+                    gw = api.objects[f"gateways.{GROUP}"][("infra", "gw")]["status"]
+                    assert gw["listeners"][0]["attachedRoutes"] == 1
+                finally:
+                    assert router.terminate() == 0, router.log()[-3000:]
     finally:
         await app.close()
 

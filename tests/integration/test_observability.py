@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import yaml
 
+from agent.telemetry.labels import HTTP_LABELS
 from control.app import ControlPlane
 from control.webhook.inject import apply_patch, injection_patch
 from control.webhook.template import load_template
@@ -47,27 +48,8 @@ ISTIO_STANDARD = {
     "istio_tcp_connections_closed_total",
     *(f"{h}_{s}" for h in ISTIO_HISTOGRAMS for s in ("bucket", "sum", "count")),
 }
-ISTIO_LABELS = {
-    "reporter",
-    "source_workload",
-    "source_workload_namespace",
-    "source_principal",
-    "source_app",
-    "source_version",
-    "destination_workload",
-    "destination_workload_namespace",
-    "destination_principal",
-    "destination_app",
-    "destination_version",
-    "destination_service",
-    "destination_service_name",
-    "destination_service_namespace",
-    "request_protocol",
-    "response_code",
-    "grpc_response_status",
-    "response_flags",
-    "connection_security_policy",
-}
+# The standard metrics' labels, as the agent exports them (Istio's names).
+ISTIO_LABELS = set(HTTP_LABELS)
 # Labels the scrape configs add, and the control plane's metrics' own.
 SCRAPE_LABELS = {"app", "namespace", "pod", "instance", "job", "le"}
 CONTROL_LABELS = {"type", "version", "event", "tag", "component", "node", "err"}
