@@ -30,10 +30,10 @@ logger = logging.getLogger("agent")
 
 
 async def _run(args: object) -> int:
-    from agent.app import Agent
+    # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
+    # ones, is imported while Envoy starts on the other core.
     from agent.envoy.process import EnvoyError
-
-    TIMELINE.mark("imports")
+    from agent.launch import Launch
 
     try:
         cfg = config_from_args(args)  # type: ignore[arg-type]
@@ -47,7 +47,19 @@ async def _run(args: object) -> int:
         os.setgroups([])
         os.setgid(cfg.proxy_gid)
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
-    agent = Agent(cfg, log_level=getattr(args, "log_level", "info"), timeline=TIMELINE)
+    log_level = getattr(args, "log_level", "info")
+    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE)
+    try:
+        await launch.start()
+    except (OSError, RuntimeError, EnvoyError) as e:
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        await launch.close()
+        return 1
+
+    from agent.app import Agent
+
+    TIMELINE.mark("imports")
+    agent = Agent(cfg, log_level=log_level, timeline=TIMELINE, launch=launch)
     signals.on_stop(agent.request_stop)
     try:
         await agent.start()

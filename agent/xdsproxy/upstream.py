@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from cryptography import x509
 
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
@@ -79,9 +78,11 @@ def _load_root(path: Path) -> bytes:
             f"--ca-root-cert: cannot read {path}: {e.strerror or e} (the control plane's "
             "root is <state-dir>/root-cert.pem)"
         ) from None
+    # Checked with the ssl module gRPC's TLS already needs, not cryptography: the channel
+    # starts before the agent's heavy imports (agent/launch.py).
     try:
-        x509.load_pem_x509_certificates(data)
-    except ValueError:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError):
         raise UpstreamTlsError(f"--ca-root-cert: {path} holds no PEM certificate") from None
     return data
 
