@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 # istiod's carries it): what TLS verifies when the agent is given several addresses.
 REPLICA_NAME = "istiod.istio-system.svc"
 
+# Most the upstream connection's read buffer stays at (the control plane's server uses the
+# same bound; control/xds/options.py).
+MAX_READ_BUFFER = 16 << 10
+
 
 def channel_target(addresses: Sequence[str]) -> str:
     """A gRPC target that fails over between addresses (IP literals use the ipv4:/ipv6:
@@ -121,6 +125,10 @@ class UpstreamChannel(Lifecycle):
             ("grpc.max_send_message_length", 64 << 20),
             # One connection for everything: never let gRPC open a second subchannel pool.
             ("grpc.use_local_subchannel_pool", 1),
+            # gRPC core grows a connection's read buffer to what its largest burst needed (a
+            # full CDS push is megabytes) and keeps it; clamped as the control plane's server
+            # clamps its own, a larger message is read in more reads of this size.
+            ("grpc.experimental.tcp_max_read_buffer_size", MAX_READ_BUFFER),
             ("grpc.lb_policy_name", "pick_first"),
         ]
         if self.target.startswith(("ipv4:", "ipv6:")):
