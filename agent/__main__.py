@@ -32,7 +32,6 @@ logger = logging.getLogger("agent")
 async def _run(args: object) -> int:
     # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
     # ones, is imported while Envoy starts on the other core.
-    from agent.envoy.process import EnvoyError
     from agent.launch import Launch
 
     try:
@@ -51,7 +50,7 @@ async def _run(args: object) -> int:
     launch = Launch(cfg, log_level=log_level, timeline=TIMELINE)
     try:
         await launch.start()
-    except (OSError, RuntimeError, EnvoyError) as e:
+    except (OSError, RuntimeError) as e:  # EnvoyError is a RuntimeError
         print(f"pilotfish-agent: {e}", file=sys.stderr)
         await launch.close()
         return 1
@@ -63,7 +62,7 @@ async def _run(args: object) -> int:
     signals.on_stop(agent.request_stop)
     try:
         await agent.start()
-    except (OSError, RuntimeError, EnvoyError) as e:
+    except (OSError, RuntimeError) as e:
         print(f"pilotfish-agent: {e}", file=sys.stderr)
         await agent.close()
         return 1

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import grpc
@@ -21,10 +21,8 @@ from agent.dns.handler import NameTableHandler
 from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
-from agent.envoy.process import EnvoySupervisor
 from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.appprobe import AppProbes, probe_destination
-from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
 from agent.launch import Launch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
@@ -36,8 +34,6 @@ from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
-from agent.telemetry.aggregator import MetricsAggregator
-from agent.telemetry.als import AccessLogServer
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
@@ -45,6 +41,11 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from pilotfish_common.lifecycle import Lifecycle
 from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+
+if TYPE_CHECKING:
+    from agent.envoy.process import EnvoySupervisor
+    from agent.health.checker import HealthChecker
+    from agent.telemetry.als import AccessLogServer
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,10 @@ class Agent(Lifecycle):
         # its health on that stream (agent/health/checker.py).
         self.health: HealthChecker | None = None
         if cfg.workload_group:
+            # Imported only for a WorkloadGroup member, as the standard metrics' modules
+            # below only with Envoy: an agent loads what its mode uses (issue 23).
+            from agent.health.checker import HealthChecker
+
             stream = self.agent_stream
             self.health = HealthChecker(
                 cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
@@ -187,6 +192,9 @@ class Agent(Lifecycle):
         # served with the agent's own metrics.
         self.als: AccessLogServer | None = None
         if self.launch.als_server is not None:
+            from agent.telemetry.aggregator import MetricsAggregator
+            from agent.telemetry.als import AccessLogServer
+
             aggregator = MetricsAggregator()
             self.metrics.registry.register(aggregator)
             owner = self.run_as[0] if self.run_as else None

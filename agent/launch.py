@@ -17,11 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
-from agent.envoy.bootstrap import from_agent_config, write_bootstrap
-from agent.envoy.drain import DrainPlan
-from agent.envoy.process import EnvoySupervisor
 from agent.startup import StartupTimeline
 from agent.unixsocket import (
     UnixGrpcServer,
@@ -32,6 +30,9 @@ from agent.unixsocket import (
 )
 from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
+
+if TYPE_CHECKING:
+    from agent.envoy.process import EnvoySupervisor
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,10 @@ class Launch(Lifecycle):
         self.admin_url = admin_url(cfg)
         self.envoy: EnvoySupervisor | None = None
         if not cfg.proxy_only:
+            # Only with Envoy (a proxy-only agent never loads them).
+            from agent.envoy.drain import DrainPlan
+            from agent.envoy.process import EnvoySupervisor
+
             self.envoy = EnvoySupervisor(
                 cfg.envoy_binary,
                 cfg.workdir / "envoy-rev.json",
@@ -123,6 +128,8 @@ class Launch(Lifecycle):
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, cfg.xds_socket, -1, self.run_as[1])
         if self.envoy is not None:
+            from agent.envoy.bootstrap import from_agent_config, write_bootstrap
+
             opts = from_agent_config(cfg)
             await asyncio.to_thread(write_bootstrap, cfg.workdir / "envoy-rev.json", opts)
             await self.envoy.start()
