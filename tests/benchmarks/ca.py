@@ -486,6 +486,11 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
     proxyless_p50 = statistics.median(proxyless_times)
     bare_p50, floor_p50 = statistics.median(bare), statistics.median(floor)
     both = floor_p50 + envoy_p50
+    # The machine is shared: also each run's ratio against the floors measured beside it.
+    paired = statistics.median(
+        a / (f + e) for a, f, e in zip(agent_times, floor, envoy_times, strict=True)
+    )
+    paired_proxyless = statistics.median(a / f for a, f in zip(proxyless_times, floor, strict=True))
     print(
         f"ca (floor) Envoy start -> admin /ready LIVE, static bootstrap, p50 of {runs}:"
         f" {envoy_p50 * 1000:.0f} ms  (runs: {_runs(envoy_times)})"
@@ -498,7 +503,8 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
     print(
         f"ca (b) agent start -> /healthz/ready 200 (cert + LDS/CDS), TLS port, p50 of {runs}:"
         f" {agent_p50 * 1000:.0f} ms  (runs: {_runs(agent_times)}), floor import + Envoy"
-        f" static {both * 1000:.0f} ms, ratio {agent_p50 / both:.2f}x  (target <= 1.0x)"
+        f" static {both * 1000:.0f} ms, ratio {agent_p50 / both:.2f}x  (target <= 1.0x;"
+        f" median of each run's ratio to its own floors {paired:.2f}x)"
     )
     print(
         "ca (b) agent start timeline, ms since the process was started, p50: " + _timeline(phases)
@@ -506,7 +512,8 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
     print(
         f"ca (c) agent --proxy-only start -> /healthz/ready 200 (cert + files), p50 of {runs}:"
         f" {proxyless_p50 * 1000:.0f} ms  (runs: {_runs(proxyless_times)}), import floor"
-        f" {floor_p50 * 1000:.0f} ms, ratio {proxyless_p50 / floor_p50:.2f}x  (target <= 1.1x)"
+        f" {floor_p50 * 1000:.0f} ms, ratio {proxyless_p50 / floor_p50:.2f}x  (target <= 1.1x;"
+        f" median of each run's ratio {paired_proxyless:.2f}x)"
     )
     print(
         "ca (c) agent --proxy-only start timeline, ms since the process was started, p50: "
@@ -519,6 +526,8 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
         "python_import_floor_p50": floor_p50,
         "agent_ratio": agent_p50 / both,
         "agent_proxy_only_ratio": proxyless_p50 / floor_p50,
+        "agent_paired_ratio": paired,
+        "agent_proxy_only_paired_ratio": paired_proxyless,
     }
 
 
