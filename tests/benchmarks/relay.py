@@ -255,22 +255,26 @@ async def cds_throughput(tmp: Path, services: int, rounds: int) -> tuple[float, 
     return statistics.median(times["direct"]), statistics.median(times["agent"]), size
 
 
-# Runs the agent (`python -m agent` and its arguments follow) and, `IDLE` seconds later,
-# prints the third-party modules it has loaded and exits (the measured agent idled `IDLE`
-# seconds after its socket appeared; this one lists a second later than that, from its start).
+# Runs the agent (`python -m agent` and its arguments follow the socket path and seconds to
+# idle) and prints the third-party modules it has loaded, then exits: as long after its XDS
+# socket appeared as the measured agent idled (a thread here waits for it).
 _LIST_LIBRARIES = """
-import json, os, runpy, sys, threading
+import json, os, runpy, sys, threading, time
 before = set(sys.modules)
 ours = ("agent", "control", "protos", "pilotfish_common", "tests", "__main__")
+socket, idle = sys.argv.pop(1), float(sys.argv.pop(1))
 
 def listed():
+    while not os.path.exists(socket):
+        time.sleep(0.05)
+    time.sleep(idle)
     print(json.dumps(sorted(
         m for m in set(sys.modules) - before
         if m.split(".")[0] not in ours and not m.startswith("_") and sys.modules[m] is not None
     )), flush=True)
     os._exit(0)
 
-threading.Timer(float(sys.argv.pop(1)), listed).start()
+threading.Thread(target=listed, daemon=True).start()
 sys.argv[0] = "agent"
 runpy.run_module("agent", run_name="__main__", alter_sys=True)
 """
@@ -310,7 +314,8 @@ async def idle_rss(tmp: Path) -> tuple[int, int]:
             sys.executable,
             "-c",
             _LIST_LIBRARIES,
-            str(IDLE + 1.0),
+            str(tmp / "agent-list" / "XDS"),
+            str(IDLE),
             *idle_agent_args(cp, tmp / "agent-list", "127.77.0.6"),
             cwd=ROOT,
             stdout=asyncio.subprocess.PIPE,

@@ -4,7 +4,6 @@ socket bound before its server starts holds a client's connection until it is se
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +12,7 @@ import grpc
 
 from agent.unixsocket import UnixGrpcServer
 from protos.ads import raw_ads_handler
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.fresh import ROOT, fresh_lines
 
 
 def test_launch_imports_no_heavy_library() -> None:
@@ -27,9 +25,7 @@ def test_launch_imports_no_heavy_library() -> None:
         "print(','.join(sorted({n.split('.')[0] for n in sys.modules} & set(heavy))))\n"
         "print(sorted(n for n in sys.modules if n.startswith('agent.')))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split("\n")
+    out = fresh_lines(code)
     assert out[0] == "", f"agent/launch.py imports {out[0]}"
     assert "'agent.app'" not in out[1] and "'agent.sds.secrets'" not in out[1], out[1]
 

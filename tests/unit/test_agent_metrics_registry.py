@@ -5,12 +5,11 @@ start no prometheus_client import (issue 23)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import prometheus_client
 
 from agent.metrics import Counter, Gauge, Histogram, MetricsRegistry
+from tests.support.fresh import fresh_lines
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 
@@ -77,8 +76,6 @@ def test_agent_start_imports_no_prometheus_client() -> None:
         "m.render()\n"
         "print('prometheus_client' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split("\n")
+    out = fresh_lines(code)
     assert out[0] == "", f"imported at start: {out[0]}"
     assert out[1] == "True"  # and a scrape does load it
