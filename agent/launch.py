@@ -116,7 +116,7 @@ class Launch(Lifecycle):
         return [s for s in (self.xds_server, self.sds_server, self.als_server) if s is not None]
 
     async def start(self) -> None:
-        """Sockets, Envoy, upstream channel, in that order (idempotent)."""
+        """Sockets, upstream channel, Envoy, in that order (idempotent)."""
         if self._started:
             return
         self._started = True
@@ -127,6 +127,10 @@ class Launch(Lifecycle):
         if self.run_as is not None:
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, cfg.xds_socket, -1, self.run_as[1])
+        # The channel first: a root certificate that cannot be used fails the start before
+        # Envoy exists (reading and checking it takes a millisecond).
+        await self.upstream.start()
+        self._channel_up = asyncio.create_task(self._mark_channel_up(), name="channel-up")
         if self.envoy is not None:
             from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 
@@ -134,8 +138,6 @@ class Launch(Lifecycle):
             await asyncio.to_thread(write_bootstrap, cfg.workdir / "envoy-rev.json", opts)
             await self.envoy.start()
             self.timeline.mark("envoy spawned")
-        await self.upstream.start()
-        self._channel_up = asyncio.create_task(self._mark_channel_up(), name="channel-up")
 
     async def _mark_channel_up(self) -> None:
         await self.upstream.channel.channel_ready()
