@@ -7,6 +7,7 @@ from agent.startup import StartupTimeline
 # First: the clock of the start timeline (logged when the agent is first ready).
 TIMELINE = StartupTimeline()
 
+import asyncio  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -48,6 +49,11 @@ async def _run(args: object) -> int:
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
     log_level = getattr(args, "log_level", "info")
     launch = Launch(cfg, log_level=log_level, timeline=TIMELINE)
+    # Envoy runs from the launch on: a stop asked for before the agent exists is kept, and the
+    # agent drains and stops Envoy once it is up (rather than dying and leaving Envoy to the
+    # parent-death signal).
+    stop_early = asyncio.Event()
+    signals.on_stop(stop_early.set)
     try:
         await launch.start()
     except (OSError, RuntimeError) as e:  # EnvoyError is a RuntimeError
@@ -60,6 +66,8 @@ async def _run(args: object) -> int:
     TIMELINE.mark("imports")
     agent = Agent(cfg, log_level=log_level, timeline=TIMELINE, launch=launch)
     signals.on_stop(agent.request_stop)
+    if stop_early.is_set():
+        agent.request_stop()
     try:
         await agent.start()
     except (OSError, RuntimeError) as e:
