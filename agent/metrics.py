@@ -12,6 +12,7 @@ does not have are named `pilotfish_agent_*`.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,11 +66,9 @@ class _Buckets:
         self.created = time.time()
 
     def observe(self, value: float) -> None:
+        # `le` buckets: a value equal to a bound counts in that bucket; the last is +Inf.
+        self.counts[min(bisect.bisect_left(self.bounds, value), len(self.bounds) - 1)] += 1
         self.sum += value
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                return
 
 
 class _Metric:
