@@ -39,9 +39,9 @@ from control.secretaccess import SecretGuard
 from control.security import SecurityStack
 from control.ui.sources import DashboardInputs, dashboard_routes
 from control.webhook.cabundle import CaBundlePatcher
-from control.webhook.inject import InjectionValues
 from control.webhook.injector import Injector, InjectorOptions
 from control.webhook.server import WebhookServer
+from control.webhook.values import InjectionValues
 from control.xds.cache import ResourceCache, ResourceSet
 from control.xds.options import XdsOptions, grpc_stream_options
 from control.xds.server import XdsServer

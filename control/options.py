@@ -62,7 +62,7 @@ class ControlPlaneOptions:
     injection_pilot_address: str = ""  # "" = the template's PILOT_ADDRESS
     injection_hold_application: bool = False  # defaultConfig.holdApplicationUntilProxyStarts
     injection_native_sidecars: bool = False  # Istio's ENABLE_NATIVE_SIDECARS
-    # Istio-style revision ("" = the default): injects only its pods (webhook/inject.py).
+    # Istio-style revision ("" = the default): injects only its pods (webhook/decision.py).
     revision: str = ""
     # Kubernetes mode: the MutatingWebhookConfiguration whose caBundle we keep equal to our
     # root ("" = not patched).

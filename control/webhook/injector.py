@@ -21,10 +21,10 @@ from control.kube.client import KubeClient
 from control.metrics import Metrics
 from control.model.meshconfig import MeshSettings
 from control.webhook.cabundle import CaBundlePatcher
-from control.webhook.inject import InjectionValues
 from control.webhook.review import NamespaceLabels
 from control.webhook.server import WebhookServer
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
+from control.webhook.values import InjectionValues
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from control.webhook.inject import InjectionValues
 from control.webhook.review import NamespaceLabels, ReviewError, review_response
 from control.webhook.template import SidecarTemplate
+from control.webhook.values import InjectionValues
 
 logger = logging.getLogger(__name__)
 
