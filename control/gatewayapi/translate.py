@@ -99,6 +99,10 @@ class Translator:
         # is served once there.
         self._served: set[tuple[object, ...]] = set()
         self._stream_names: set[tuple[str, str]] = set()
+        # What is served: HTTP routes per (Gateway namespace, name, port, host); TLS and TCP
+        # routes as their VirtualServices.
+        self._http: dict[tuple[str, str, int, str], list[Attached]] = {}
+        self._streams: list[VirtualService] = []
 
     def _ours(self, class_name: str) -> bool:
         gc = self.classes.get(class_name)
@@ -116,18 +120,16 @@ class Translator:
         for gw in self.gateways:
             if self._ours(gw.class_name):
                 states[(gw.namespace, gw.name)] = gateway_state(gw, self.grants, self.secrets)
-        http: dict[tuple[str, str, int, str], list[Attached]] = {}
-        streams: list[VirtualService] = []
         for route in self.routes:
-            self._route(route, states, http, streams)
+            self._route(route, states)
         virtual_services = []
-        for key, items in http.items():
+        for key, items in self._http.items():
             if items:
                 state = states[key[:2]]
                 virtual_services.append(
                     http_virtual_service(key, items, state.ref, state.gateway.source)
                 )
-        virtual_services.extend(streams)
+        virtual_services.extend(self._streams)
         gateways = [model_gateway(s, self.warnings) for s in states.values()]
         for state in states.values():
             self.statuses.append(gateway_status(state))
@@ -203,13 +205,7 @@ class Translator:
             )
         return ok("Accepted"), out
 
-    def _route(
-        self,
-        route: ApiRoute,
-        states: dict[tuple[str, str], GatewayState],
-        http: dict[tuple[str, str, int, str], list[Attached]],
-        streams: list[VirtualService],
-    ) -> None:
+    def _route(self, route: ApiRoute, states: dict[tuple[str, str], GatewayState]) -> None:
         problems: list[tuple[str, str]] = []
         destinations = self.backends.destinations(route, problems)
         resolved = (
@@ -229,10 +225,7 @@ class Translator:
             for ls, hosts in where:
                 assert state is not None  # `where` is empty without a Gateway
                 ls.attached.add((route.kind.value, route.namespace, route.name))
-                if route.kind in (RouteKind.TLS, RouteKind.TCP):
-                    self._serve_stream(route, state, ls, hosts, destinations, streams)
-                else:
-                    self._serve_http(route, state, ls, hosts, destinations, http)
+                self._serve(route, state, ls, hosts, destinations)
         if parents:
             self.statuses.append(
                 ObjectStatus(
@@ -244,54 +237,28 @@ class Translator:
                 )
             )
 
-    def _serve_stream(
+    def _serve(
         self,
         route: ApiRoute,
         state: GatewayState,
         ls: ListenerState,
         hosts: tuple[str, ...],
         destinations: list[tuple[Destination, ...]],
-        streams: list[VirtualService],
     ) -> None:
-        """A TLS or TCP route on one listener: one VirtualService per (route, port)."""
+        """One route on one listener: a TLS or TCP route is one VirtualService per (route,
+        port); an HTTP or gRPC route's matches join each host's list."""
         gw = state.gateway
         port = ls.listener.port
-        dests = tuple(d for rule in destinations for d in rule if not unresolved(d))
-        if not dests:
+        if route.kind in (RouteKind.TLS, RouteKind.TCP):
+            dests = tuple(d for rule in destinations for d in rule if not unresolved(d))
+            name = f"{route.kind.value.lower()}-{route.namespace}-{route.name}-{port}"
+            if not dests or (gw.namespace, name) in self._stream_names:
+                return  # nothing to send it to, or attached through two listeners of the port
+            self._stream_names.add((gw.namespace, name))
+            self._streams.append(_stream_virtual_service(route, state, name, port, hosts, dests))
             return
-        vs_hosts: tuple[str, ...] = hosts if route.kind is RouteKind.TLS else ("*",)
-        name = f"{route.kind.value.lower()}-{route.namespace}-{route.name}-{port}"
-        if (gw.namespace, name) in self._stream_names:
-            return  # attached through two listeners of the same port
-        self._stream_names.add((gw.namespace, name))
-        tls = (TlsRoute(sni_hosts=hosts, ports=(port,), destinations=dests),)
-        tcp = (TcpRoute(ports=(port,), destinations=dests),)
-        streams.append(
-            VirtualService(
-                namespace=gw.namespace,
-                name=name,
-                source=route.source,
-                hosts=vs_hosts,
-                tls=tls if route.kind is RouteKind.TLS else (),
-                tcp=tcp if route.kind is RouteKind.TCP else (),
-                gateways=(state.ref,),
-            )
-        )
-
-    def _serve_http(
-        self,
-        route: ApiRoute,
-        state: GatewayState,
-        ls: ListenerState,
-        hosts: tuple[str, ...],
-        destinations: list[tuple[Destination, ...]],
-        http: dict[tuple[str, str, int, str], list[Attached]],
-    ) -> None:
-        """An HTTP or gRPC route on one listener: its matches added to each host's list."""
-        gw = state.gateway
-        port = ls.listener.port
         for host in hosts:
-            items = http.setdefault((gw.namespace, gw.name, port, host), [])
+            items = self._http.setdefault((gw.namespace, gw.name, port, host), [])
             for r, (rule, dests) in enumerate(zip(route.rules, destinations, strict=True)):
                 target = rule_target(rule, dests)
                 mirror = self.backends.mirror(route, rule)
@@ -302,6 +269,27 @@ class Translator:
                         continue  # attached through two listeners of the same port
                     self._served.add(seen)
                     items.append(item)
+
+
+def _stream_virtual_service(
+    route: ApiRoute,
+    state: GatewayState,
+    name: str,
+    port: int,
+    hosts: tuple[str, ...],
+    dests: tuple[Destination, ...],
+) -> VirtualService:
+    tls = (TlsRoute(sni_hosts=hosts, ports=(port,), destinations=dests),)
+    tcp = (TcpRoute(ports=(port,), destinations=dests),)
+    return VirtualService(
+        namespace=state.gateway.namespace,
+        name=name,
+        source=route.source,
+        hosts=hosts if route.kind is RouteKind.TLS else ("*",),
+        tls=tls if route.kind is RouteKind.TLS else (),
+        tcp=tcp if route.kind is RouteKind.TCP else (),
+        gateways=(state.ref,),
+    )
 
 
 def translate(
