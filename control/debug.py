@@ -33,6 +33,7 @@ from google.protobuf import any_pb2, json_format
 
 from control.config.errors import ConfigError
 from control.gatewayapi import status as gateway_status
+from control.httpserve import serve
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceSet
@@ -142,14 +143,8 @@ class DebugServer:
         app.router.add_get("/debug/pushz", self._pushz)
         for add in self._extra_routes:
             add(app.router)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, _, port = address.rpartition(":")
-        site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_address=True)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else int(port)
+        self._runner, port = await serve(app, address)
+        return port
 
     async def close(self) -> None:
         if self._runner is not None:

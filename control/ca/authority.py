@@ -296,14 +296,25 @@ def self_signed_root(
         ]
     )
     start = now.replace(microsecond=0)
-    cert = (
+    return root_certificate(key, name, start, start + validity), key
+
+
+def root_certificate(
+    key: ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> x509.Certificate:
+    """A self-signed CA certificate (cert and CRL signing only) for `key`. Tests' CAs are
+    made with it too, so they issue from the same kind of root as ours."""
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + validity)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -322,7 +333,6 @@ def self_signed_root(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return cert, key
 
 
 def in_memory_authority(

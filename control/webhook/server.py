@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from control.httpserve import serve
 from control.webhook.review import NamespaceLabels, ReviewError, review_response
 from control.webhook.template import SidecarTemplate
 from control.webhook.values import InjectionValues
@@ -49,15 +50,10 @@ class WebhookServer:
     async def start(self, address: str, ssl_context: ssl.SSLContext) -> int:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(INJECT_PATH, self._inject)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        host, _, port = address.rpartition(":")
-        site = web.TCPSite(
-            self._runner, host.strip("[]"), int(port), ssl_context=ssl_context, reuse_address=True
+        self._runner, port = await serve(
+            app, address, ssl_context=ssl_context, shutdown_timeout=1.0
         )
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else int(port)
+        return port
 
     async def close(self) -> None:
         if self._runner is not None:
