@@ -24,18 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_gateway_pods import (
-    GATEWAY_NS,
-    Router,
-    _doc,
-    _ready,
-    client_context,
-    kube_service,
-    refused,
-    router_agent,
-    tls_get,
-    workload_entry,
-)
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.gatewayapi import (
@@ -47,7 +35,20 @@ from tests.support.gatewayapi import (
     route,
     service,
 )
-from tests.support.mesh import mesh_agent
+from tests.support.gateways import (
+    GATEWAY_NS,
+    Router,
+    client_context,
+    doc,
+    istio_gateway,
+    kube_service,
+    refused,
+    router_agent,
+    router_pod,
+    router_ready,
+    tls_get,
+    workload_entry,
+)
 from tests.support.net import pod_ip
 from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
@@ -58,25 +59,20 @@ HOSTS = ("one.example.com", "two.example.com", "m.example.com")
 
 
 def gateway_yaml() -> str:
-    return _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: Gateway
-        metadata: {{name: ingress, namespace: {GATEWAY_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          servers:
-          - port: {{number: 8443, name: https-one, protocol: HTTPS}}
-            hosts: [one.example.com]
-            tls: {{mode: SIMPLE, credentialName: one-cert}}
-          - port: {{number: 8443, name: https-two, protocol: HTTPS}}
-            hosts: [two.example.com]
-            tls: {{mode: SIMPLE, credentialName: two-cert}}
-          - port: {{number: 9443, name: https-mutual, protocol: HTTPS}}
-            hosts: [m.example.com]
-            tls: {{mode: MUTUAL, credentialName: m-cert}}
+    return istio_gateway(
+        "ingress",
         """
-    ) + _doc(
+        - port: {number: 8443, name: https-one, protocol: HTTPS}
+          hosts: [one.example.com]
+          tls: {mode: SIMPLE, credentialName: one-cert}
+        - port: {number: 8443, name: https-two, protocol: HTTPS}
+          hosts: [two.example.com]
+          tls: {mode: SIMPLE, credentialName: two-cert}
+        - port: {number: 9443, name: https-mutual, protocol: HTTPS}
+          hosts: [m.example.com]
+          tls: {mode: MUTUAL, credentialName: m-cert}
+        """,
+    ) + doc(
         f"""
         apiVersion: networking.istio.io/v1
         kind: VirtualService
@@ -125,7 +121,7 @@ async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, Router]]:
         async with running_control_plane(cfg) as cp:
             router = router_agent(cp, tmp_path)
             await eventually(
-                lambda: _ready(router.ip, router.agent), timeout=60, what="router ready"
+                lambda: router_ready(router.ip, router.agent), timeout=60, what="router ready"
             )
             yield site, router
     finally:
@@ -273,14 +269,12 @@ async def test_gateway_api_certificate_refs_in_another_namespace_need_a_referenc
     await app.start()
     try:
         async with running_control_plane(cfg) as cp:
-            router = mesh_agent(
+            router = router_pod(
                 cp,
                 tmp_path,
                 pod_ip(),
                 "gw-router",
                 "gateway.networking.k8s.io/gateway-name=gw",
-                "--proxy-type",
-                "router",
                 namespace="infra",
                 service_account="gw",
             )
