@@ -207,19 +207,29 @@ def _tls_inspector() -> ListenerFilter:
     return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
-def build_virtual_outbound(
-    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+def _capture_listener(
+    name: str, port: int, direction: TrafficDirection.ValueType, ipv6: bool
 ) -> Listener:
+    """The listener the capture rules send one direction's traffic to. The original
+    destination is restored by the listener filter and chains match on it; no hand-off to
+    other listeners (there are none in this mode)."""
     listener = Listener(
-        name=VIRTUAL_OUTBOUND,
-        address=socket_address(WILDCARD_BIND, OUTBOUND_CAPTURE_PORT),
-        traffic_direction=TrafficDirection.OUTBOUND,
-        # The original destination is restored by the listener filter and chains match on it;
-        # no hand-off to other listeners (there are none in this mode).
+        name=name,
+        address=socket_address(WILDCARD_BIND, port),
+        traffic_direction=direction,
         listener_filters=[_original_dst()],
     )
     if ipv6:
-        _dual_stack(listener, OUTBOUND_CAPTURE_PORT)
+        _dual_stack(listener, port)
+    return listener
+
+
+def build_virtual_outbound(
+    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+) -> Listener:
+    listener = _capture_listener(
+        VIRTUAL_OUTBOUND, OUTBOUND_CAPTURE_PORT, TrafficDirection.OUTBOUND, ipv6
+    )
     for kind, number, prefixes, server_names, cluster in chains:
         match = FilterChainMatch(destination_port=UInt32Value(value=number))
         match.prefix_ranges.extend(_cidr(p) for p in prefixes)
@@ -296,14 +306,9 @@ def build_virtual_inbound(
     policies: tuple[AuthorizationPolicy, ...] = (),
     ipv6: bool = False,
 ) -> Listener:
-    listener = Listener(
-        name=VIRTUAL_INBOUND,
-        address=socket_address(WILDCARD_BIND, INBOUND_CAPTURE_PORT),
-        traffic_direction=TrafficDirection.INBOUND,
-        listener_filters=[_original_dst()],
+    listener = _capture_listener(
+        VIRTUAL_INBOUND, INBOUND_CAPTURE_PORT, TrafficDirection.INBOUND, ipv6
     )
-    if ipv6:
-        _dual_stack(listener, INBOUND_CAPTURE_PORT)
     inspect = False
     for number, http, mode in ports:
         # Mode NONE's chains for this port, told apart from other ports by the destination.
