@@ -110,7 +110,7 @@ class ControlPlane(Lifecycle):
         )
         self.views = StreamViews(self.xds, options.xds.control_plane_id)
         self.injector = Injector(
-            InjectorOptions(
+            options=InjectorOptions(
                 address=options.webhook_address,
                 template=options.injection_template,
                 values=InjectionValues(

@@ -39,51 +39,41 @@ class InjectorOptions:
     config_name: str = ""
 
 
+@dataclass(eq=False, kw_only=True)
 class Injector(Lifecycle):
     """`start()` after the security stack has started (the TLS context and root exist);
     `port` is the webhook's bound port (0 when not served)."""
 
-    def __init__(
-        self,
-        options: InjectorOptions,
-        *,
-        mesh: MeshConfigSource,
-        namespace_labels: NamespaceLabels,
-        metrics: Metrics,
-        ssl_context: Callable[[str], Awaitable[ssl.SSLContext]],
-        root_pem: Callable[[], str | None],
-        kube: KubeClient | None,
-    ) -> None:
-        self.options = options
-        self._mesh = mesh
-        self._namespace_labels = namespace_labels
-        self._metrics = metrics
-        self._ssl_context = ssl_context
-        self._root_pem = root_pem
-        self._kube = kube
-        self.server: WebhookServer | None = None
-        self.ca_bundle_patcher: CaBundlePatcher | None = None
-        self.port = 0
+    options: InjectorOptions
+    mesh: MeshConfigSource
+    namespace_labels: NamespaceLabels
+    metrics: Metrics
+    ssl_context: Callable[[str], Awaitable[ssl.SSLContext]]
+    root_pem: Callable[[], str | None]
+    kube: KubeClient | None
+    server: WebhookServer | None = field(default=None, init=False)
+    ca_bundle_patcher: CaBundlePatcher | None = field(default=None, init=False)
+    port: int = field(default=0, init=False)
 
     async def start(self) -> None:
         o = self.options
         if o.address:
             template = await asyncio.to_thread(load_template, o.template or DEFAULT_TEMPLATE)
-            context = await self._ssl_context(o.address)
-            values = injection_values(o.values, self._mesh.current)
+            context = await self.ssl_context(o.address)
+            values = injection_values(o.values, self.mesh.current)
             server = self.server = WebhookServer(
-                template, self._namespace_labels, values, self._count
+                template, self.namespace_labels, values, self._count
             )
-            self._mesh.subscribe(lambda mesh: _follow(server, mesh))
+            self.mesh.subscribe(lambda mesh: _follow(server, mesh))
             try:
                 self.port = await server.start(o.address, context)
             except OSError as e:
                 raise OSError(f"cannot listen on --webhook-address {o.address}: {e}") from None
             host, _, _ = o.address.rpartition(":")
             logger.info("sidecar injection webhook on https://%s:%d/inject", host, self.port)
-        root = self._root_pem()
-        if o.config_name and self._kube is not None and root is not None:
-            self.ca_bundle_patcher = CaBundlePatcher(self._kube, root, o.config_name)
+        root = self.root_pem()
+        if o.config_name and self.kube is not None and root is not None:
+            self.ca_bundle_patcher = CaBundlePatcher(self.kube, root, o.config_name)
             await self.ca_bundle_patcher.start()
 
     async def close(self) -> None:
@@ -93,7 +83,7 @@ class Injector(Lifecycle):
             await self.server.close()
 
     def _count(self, result: str) -> None:
-        m = self._metrics
+        m = self.metrics
         counters = {
             "request": m.injection_requests,
             "success": m.injection_success,
