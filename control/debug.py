@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -100,40 +101,30 @@ class PushesView(Protocol):
 ResourcesFor = Callable[[Proxy, Iterable[str]], Mapping[str, ResourceSet]]
 
 
+@dataclass(eq=False, kw_only=True)
 class DebugServer:
-    def __init__(
-        self,
-        *,
-        ready: Callable[[], bool],
-        metrics: Callable[[], bytes],
-        streams: StreamsView,
-        config: ConfigView,
-        pushes: PushesView,
-        resources: ResourcesFor,
-        registered: Callable[[], list[dict[str, Any]]] = list,
-        access: Middleware | None = None,
-        mesh: Callable[[], Mapping[str, object]] = dict,
-        routes: Iterable[Callable[[web.UrlDispatcher], None]] = (),
-    ) -> None:
-        self._ready_now = ready
-        self._render_metrics = metrics
-        self._streams = streams
-        self._config = config
-        self._pushes = pushes
-        self._resources = resources
-        # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
-        # objects (WorkloadRegistry.workload_entries); read-only, cheap.
-        self._registered = registered
-        # The mesh config in effect and where it came from (MeshConfigSource.status).
-        self._mesh = mesh
-        # Who may read /debug/* (control/debugaccess.py); None: everyone.
-        self._access = access
-        # More views on the same server and access rule (the dashboard's `/ui/`).
-        self._extra_routes = tuple(routes)
-        self._runner: web.AppRunner | None = None
+    """The views it serves, each handed in read-only; `start(address)` binds and answers the
+    port, `close()` stops serving."""
+
+    ready: Callable[[], bool]
+    metrics: Callable[[], bytes]
+    streams: StreamsView
+    config: ConfigView
+    pushes: PushesView
+    resources: ResourcesFor
+    # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
+    # objects (WorkloadRegistry.workload_entries); read-only, cheap.
+    registered: Callable[[], list[dict[str, Any]]] = list
+    # Who may read /debug/* (control/debugaccess.py); None: everyone.
+    access: Middleware | None = None
+    # The mesh config in effect and where it came from (MeshConfigSource.status).
+    mesh: Callable[[], Mapping[str, object]] = dict
+    # More views on the same server and access rule (the dashboard's `/ui/`).
+    routes: Iterable[Callable[[web.UrlDispatcher], None]] = ()
+    _runner: web.AppRunner | None = field(default=None, init=False)
 
     async def start(self, address: str) -> int:
-        app = web.Application(middlewares=[self._access] if self._access else [])
+        app = web.Application(middlewares=[self.access] if self.access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)
@@ -141,7 +132,7 @@ class DebugServer:
         app.router.add_get("/debug/config_dump", self._config_dump)
         app.router.add_get("/debug/connections", self._connections)
         app.router.add_get("/debug/pushz", self._pushz)
-        for add in self._extra_routes:
+        for add in self.routes:
             add(app.router)
         self._runner, port = await serve(app, address)
         return port
@@ -152,35 +143,35 @@ class DebugServer:
             self._runner = None
 
     async def _ready(self, request: web.Request) -> web.Response:
-        if self._ready_now():
+        if self.ready():
             return web.Response(text="ready\n")
         return web.Response(text="not ready\n", status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self._render_metrics()
+        body = self.metrics()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _syncz(self, request: web.Request) -> web.Response:
-        return _json(self._streams.syncz())
+        return _json(self.streams.syncz())
 
     async def _connections(self, request: web.Request) -> web.Response:
-        return _json(self._streams.connections())
+        return _json(self.streams.connections())
 
     async def _pushz(self, request: web.Request) -> web.Response:
         """The last pushes, oldest first (at most control.pipeline.PUSH_LOG_SIZE)."""
         return _json(
             {
-                "pushes": self._pushes.pushes,
-                "recent": [r.as_json() for r in self._pushes.push_log],
+                "pushes": self.pushes.pushes,
+                "recent": [r.as_json() for r in self.pushes.push_log],
             }
         )
 
     async def _configz(self, request: web.Request) -> web.Response:
-        config = self._config.current
+        config = self.config.current
         objects = [
             {"source": {"file": ref.file, "line": ref.line}, **dict(obj)} for ref, obj in config.raw
         ]
-        errors = {path: str(err) for path, err in self._config.errors.items()}
+        errors = {path: str(err) for path, err in self.config.errors.items()}
         warnings = [str(w) for w in config.warnings]
         return _json(
             {
@@ -188,13 +179,13 @@ class DebugServer:
                 "errors": errors,
                 "warnings": warnings,
                 # Workloads auto-registered through WorkloadGroups, as WorkloadEntries.
-                "registered": self._registered(),
+                "registered": self.registered(),
                 # Gateway API status as computed (and, in Kubernetes mode, written back).
                 "gatewayStatus": [gateway_status.as_json(s) for s in config.gateway_api_status],
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
-                "source": self._config.status(),
-                "mesh_config": self._mesh(),
+                "source": self.config.status(),
+                "mesh_config": self.mesh(),
             }
         )
 
@@ -202,10 +193,10 @@ class DebugServer:
         proxy_id = request.query.get("proxyID", "")
         if not proxy_id:
             return _json({"error": "proxyID query parameter is required"}, status=400)
-        proxy = self._streams.proxy(proxy_id)
+        proxy = self.streams.proxy(proxy_id)
         if proxy is None:
             return _json({"error": f"no connected proxy {proxy_id!r}"}, status=404)
-        sets = self._resources(proxy, _DUMP_TYPES)
+        sets = self.resources(proxy, _DUMP_TYPES)
         out: dict[str, Any] = {"proxy": proxy.id, "resources": {}}
         for type_url, rs in sets.items():
             decoded = []
