@@ -175,17 +175,7 @@ class CertificateAuthority:
             .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
+                _key_usage(ca=False, key_encipherment=isinstance(public_key, rsa.RSAPublicKey)),
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
@@ -299,6 +289,21 @@ def self_signed_root(
     return root_certificate(key, name, start, start + validity), key
 
 
+def _key_usage(*, ca: bool, key_encipherment: bool = False) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a leaf signs (and an RSA leaf enciphers keys)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def root_certificate(
     key: ec.EllipticCurvePrivateKey,
     name: x509.Name,
@@ -316,20 +321,7 @@ def root_certificate(
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )

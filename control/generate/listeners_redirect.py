@@ -21,6 +21,7 @@ The listeners' builders are pure functions of hashable specs, cached like every 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from envoy.config.core.v3.address_pb2 import CidrRange
@@ -129,13 +130,28 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
         ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
     )
     key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
-    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    return _instrumented(
+        ctx, proxy, VIRTUAL_OUTBOUND, WorkloadMode.CLIENT, key, lambda: build_virtual_outbound(*key)
+    )
+
+
+def _instrumented(
+    ctx: GenContext,
+    proxy: Proxy,
+    name: str,
+    side: WorkloadMode,
+    key: tuple[object, ...],
+    build: Callable[[], Listener],
+) -> Resource:
+    """A virtual listener with the proxy's telemetry for its side (access logs, tracing,
+    standard metrics), cached under its inputs and that telemetry."""
+    tel = listener_telemetry(ctx, proxy, side)
     telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
         LISTENER_TYPE,
-        VIRTUAL_OUTBOUND,
+        name,
         (*key, tel, telemetry),
-        lambda: instrument_listener(with_telemetry(build_virtual_outbound(*key), tel), telemetry),
+        lambda: instrument_listener(with_telemetry(build(), tel), telemetry),
         variant=(*key, tel, telemetry),
     )
 
@@ -273,14 +289,8 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies, has_ipv6(proxy))
-    tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
-    telemetry = workload_telemetry(ctx, proxy)
-    return ctx.resource(
-        LISTENER_TYPE,
-        VIRTUAL_INBOUND,
-        (*key, tel, telemetry),
-        lambda: instrument_listener(with_telemetry(build_virtual_inbound(*key), tel), telemetry),
-        variant=(*key, tel, telemetry),
+    return _instrumented(
+        ctx, proxy, VIRTUAL_INBOUND, WorkloadMode.SERVER, key, lambda: build_virtual_inbound(*key)
     )
 
 
