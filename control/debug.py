@@ -34,7 +34,7 @@ from google.protobuf import any_pb2, json_format
 
 from control.config.errors import ConfigError
 from control.gatewayapi import status as gateway_status
-from control.httpserve import serve
+from control.httpserve import AppServer
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceSet
@@ -121,7 +121,7 @@ class DebugServer:
     mesh: Callable[[], Mapping[str, object]] = dict
     # More views on the same server and access rule (the dashboard's `/ui/`).
     routes: Iterable[Callable[[web.UrlDispatcher], None]] = ()
-    _runner: web.AppRunner | None = field(default=None, init=False)
+    _server: AppServer = field(default_factory=AppServer, init=False)
 
     async def start(self, address: str) -> int:
         app = web.Application(middlewares=[self.access] if self.access else [])
@@ -134,13 +134,10 @@ class DebugServer:
         app.router.add_get("/debug/pushz", self._pushz)
         for add in self.routes:
             add(app.router)
-        self._runner, port = await serve(app, address)
-        return port
+        return await self._server.start(app, address)
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.close()
 
     async def _ready(self, request: web.Request) -> web.Response:
         if self.ready():

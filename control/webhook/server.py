@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from control.httpserve import serve
+from control.httpserve import AppServer
 from control.webhook.review import NamespaceLabels, ReviewError, review_response
 from control.webhook.template import SidecarTemplate
 from control.webhook.values import InjectionValues
@@ -45,20 +45,15 @@ class WebhookServer:
         self.values = values
         self.reviews = 0
         self.injected = 0
-        self._runner: web.AppRunner | None = None
+        self._server = AppServer()
 
     async def start(self, address: str, ssl_context: ssl.SSLContext) -> int:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(INJECT_PATH, self._inject)
-        self._runner, port = await serve(
-            app, address, ssl_context=ssl_context, shutdown_timeout=1.0
-        )
-        return port
+        return await self._server.start(app, address, ssl_context=ssl_context, shutdown_timeout=1.0)
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.close()
 
     async def _inject(self, request: web.Request) -> web.Response:
         self._on_result("request")
