@@ -124,13 +124,7 @@ async def test_https_and_mutual_from_secrets_with_sni(tmp_path: Path) -> None:
         for name in ("one", "two"):
 
             async def served(name: str = name) -> int | None:
-                try:
-                    cert, status, body = await gw.tls_get(
-                        router.ip, 8443, f"{name}.example.com", ctx
-                    )
-                except (ssl.SSLError, OSError, TimeoutError):
-                    return None
-                return cert.serial_number if status == 200 and "alpha" in body else None
+                return await gw.served_serial(router.ip, 8443, f"{name}.example.com", ctx, "alpha")
 
             serial = await eventually(served, timeout=30, what=f"{name}.example.com over HTTPS")
             assert serial == site.certs[name].serial
@@ -141,11 +135,7 @@ async def test_https_and_mutual_from_secrets_with_sni(tmp_path: Path) -> None:
         with_cert = gw.client_context(site.ca.root_pem, client)
 
         async def mutual() -> int | None:
-            try:
-                cert, status, _ = await gw.tls_get(router.ip, 9443, "m.example.com", with_cert)
-            except (ssl.SSLError, OSError, TimeoutError):
-                return None
-            return cert.serial_number if status == 200 else None
+            return await gw.served_serial(router.ip, 9443, "m.example.com", with_cert, "")
 
         assert await eventually(mutual, timeout=30, what="MUTUAL with a client cert") == (
             site.certs["m"].serial
@@ -271,13 +261,7 @@ async def test_gateway_api_certificate_refs_in_another_namespace_need_a_referenc
             ctx = gw.client_context(ca.root_pem)
 
             async def serial(name: str) -> int | None:
-                try:
-                    cert, status, body = await gw.tls_get(
-                        router.ip, 8443, f"{name}.example.com", ctx
-                    )
-                except (ssl.SSLError, OSError, TimeoutError):
-                    return None
-                return cert.serial_number if status == 200 and "v1" in body else None
+                return await gw.served_serial(router.ip, 8443, f"{name}.example.com", ctx, "v1")
 
             try:
                 own = await eventually(lambda: serial("own"), timeout=60, what="own Secret")

@@ -298,6 +298,18 @@ async def tls_get(
     return x509.load_der_x509_certificate(der), status, body
 
 
+async def served_serial(
+    ip: str, port: int, sni: str, ctx: ssl.SSLContext, body_has: str
+) -> int | None:
+    """The serial of the certificate served for `sni`, once a request through it answers 200
+    with `body_has` in the body; None while it does not (yet)."""
+    try:
+        cert, status, body = await tls_get(ip, port, sni, ctx)
+    except (ssl.SSLError, OSError, TimeoutError):
+        return None
+    return cert.serial_number if status == 200 and body_has in body else None
+
+
 async def refused(ip: str, port: int, sni: str, ctx: ssl.SSLContext) -> bool:
     """No answer over TLS: the handshake fails, or (TLS 1.3, where the server's verdict on a
     client certificate comes after the client's handshake) the first read does."""
