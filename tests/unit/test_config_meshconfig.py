@@ -198,7 +198,8 @@ async def test_first_input_with_a_config_wins_and_flags_win_over_it() -> None:
 def test_default_config_reaches_injected_agents() -> None:
     """defaultConfig.proxyMetadata becomes the injected agent's environment, as in Istio;
     drainDuration its PILOTFISH_DRAIN_DURATION, the default of --drain-duration."""
-    from control.webhook.inject import InjectionValues, injection_patch
+    from control.webhook.inject import injection_patch
+    from control.webhook.values import InjectionValues
     from tests.unit.test_webhook_inject import ENABLED, TEMPLATE, app_pod, apply_patch, env_of
 
     mesh = parse_mesh_config(
