@@ -53,6 +53,7 @@ from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.wire import pack
@@ -61,8 +62,6 @@ from control.model.telemetry import NO_METRIC_OVERRIDES, SideMetrics, WorkloadMo
 from control.model.types import Workload, spiffe_id
 from protos import telemetry as t
 
-HTTP_GRPC_LOGGER = "envoy.access_loggers.http_grpc"
-TCP_GRPC_LOGGER = "envoy.access_loggers.tcp_grpc"
 HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 # Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from control.model.meshconfig import (
     AccessLogEncoding,
+    GrpcAccessLogProvider,
     OpenTelemetryProvider,
     ZipkinProvider,
 )
@@ -142,7 +143,8 @@ class Telemetry:
 
 @dataclass(frozen=True, slots=True)
 class AccessLogSink:
-    """One Envoy file access log: where, in which format, for which responses."""
+    """One Envoy access log: where, in which format, for which responses. A file (`path`),
+    or, with `grpc` set, a gRPC access log service (`path` and the formats unused)."""
 
     provider: str
     path: str
@@ -150,6 +152,7 @@ class AccessLogSink:
     text_format: str = ""  # "": Istio's default TEXT format
     json_labels: Labels | None = None  # None: Istio's default JSON labels
     filter: CodeFilter | None = None
+    grpc: GrpcAccessLogProvider | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from control.model.meshconfig import (
     AccessLogEncoding,
     FileAccessLogProvider,
+    GrpcAccessLogProvider,
     MeshSettings,
     OpenTelemetryProvider,
     PrometheusProvider,
@@ -148,7 +149,13 @@ class TelemetryIndex:
                 json_labels=provider.labels,
                 filter=code_filter,
             )
-        self._unknown(name, "an access log provider (envoyFileAccessLog)", provider is None)
+        if isinstance(provider, GrpcAccessLogProvider):
+            return AccessLogSink(provider=name, path="", filter=code_filter, grpc=provider)
+        self._unknown(
+            name,
+            "an access log provider (envoyFileAccessLog, envoyHttpAls, envoyTcpAls, envoyOtelAls)",
+            provider is None,
+        )
         return None
 
     def _tracing(self, levels: tuple[Telemetry, ...], side: WorkloadMode) -> TracingSettings | None:

@@ -19,12 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.telemetry import overrides
 from agent.telemetry.aggregator import MetricsAggregator
 from control.config.meshconfig import parse_mesh_config
+from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
-from control.generate.telemetry_metrics import (
-    HEADER_MUTATION_FILTER,
-    HTTP_GRPC_LOGGER,
-    TCP_GRPC_LOGGER,
-)
+from control.generate.telemetry_metrics import HEADER_MUTATION_FILTER
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.telemetry import WorkloadMode
