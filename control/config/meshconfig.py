@@ -32,7 +32,7 @@ from control.model.meshconfig import (
     ProxyDefaults,
     ZipkinProvider,
 )
-from control.model.types import labels_of
+from control.model.types import Labels, labels_of
 
 KIND = "MeshConfig"
 _POLICIES = ("ALLOW_ANY", "REGISTRY_ONLY")
@@ -213,17 +213,7 @@ def _providers(root: Fields) -> tuple[ExtensionProvider, ...]:
 def _provider(kind: str, f: Fields) -> Provider:
     provider: Provider
     if kind == "envoyFileAccessLog":
-        text, labels = "", None
-        fmt = f.get_map("logFormat")
-        if fmt is not None:
-            text = fmt.get_str("text")
-            labels_raw = fmt.raw("labels")
-            if labels_raw is not None:
-                labels = labels_of(_json_labels(fmt, labels_raw))
-            if text and labels is not None:
-                fmt.fail(None, "set text or labels, not both")
-            fmt.ignore("omitEmptyValues")
-            fmt.finish()
+        text, labels = _log_format(f, exclusive=True)
         provider = FileAccessLogProvider(
             path=f.get_str("path", default="/dev/stdout"), text=text, labels=labels
         )
@@ -283,13 +273,8 @@ def _grpc_log_provider(kind: str, f: Fields) -> GrpcAccessLogProvider:
             headers[key] = names(key)
     text, labels = "", None
     if kind == OTEL_ALS:
-        fmt = f.get_map("logFormat")
-        if fmt is not None:
-            text = fmt.get_str("text")
-            labels_raw = fmt.raw("labels")
-            if labels_raw is not None:
-                labels = labels_of(_json_labels(fmt, labels_raw))
-            fmt.finish()
+        # The OTel record has a body and attributes: both may be given.
+        text, labels = _log_format(f, exclusive=False)
         f.ignore("resourceDetectors")
     return GrpcAccessLogProvider(
         kind,
@@ -303,6 +288,22 @@ def _grpc_log_provider(kind: str, f: Fields) -> GrpcAccessLogProvider:
         text=text,
         labels=labels,
     )
+
+
+def _log_format(f: Fields, *, exclusive: bool) -> tuple[str, Labels | None]:
+    """`logFormat`: its `text` and its `labels` (key -> Envoy command operator)."""
+    text, labels = "", None
+    fmt = f.get_map("logFormat")
+    if fmt is not None:
+        text = fmt.get_str("text")
+        labels_raw = fmt.raw("labels")
+        if labels_raw is not None:
+            labels = labels_of(_json_labels(fmt, labels_raw))
+        if exclusive and text and labels is not None:
+            fmt.fail(None, "set text or labels, not both")
+        fmt.ignore("omitEmptyValues")
+        fmt.finish()
+    return text, labels
 
 
 def _json_labels(f: Fields, value: Any) -> dict[str, str]:

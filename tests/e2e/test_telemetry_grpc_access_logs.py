@@ -35,6 +35,7 @@ from tests.e2e.test_telemetry_access_logs import get, pods_dir, start_pods, writ
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoyadmin import draining, dynamic_listeners
+from tests.support.grpcserver import start_generic_server
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -66,7 +67,6 @@ class GrpcReceiver:
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server()
         als = grpc.method_handlers_generic_handler(
             "envoy.service.accesslog.v3.AccessLogService",
             {
@@ -87,10 +87,7 @@ class GrpcReceiver:
                 )
             },
         )
-        server.add_generic_rpc_handlers((als, otel))
-        self.port = server.add_insecure_port(f"{self.host}:0")
-        await server.start()
-        self._server = server
+        self._server, self.port = await start_generic_server(self.host, als, otel)
 
     async def close(self) -> None:
         if self._server is not None:

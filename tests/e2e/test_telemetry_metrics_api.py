@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 import pytest
 
+from tests.e2e.test_gateway_telemetry import metrics
 from tests.e2e.test_telemetry_access_logs import Pods, get, pods_dir, start_pods, write
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoyadmin import draining, dynamic_listeners
 from tests.support.net import pod_ip
-from tests.support.promtext import Exposition, parse
+from tests.support.promtext import Exposition
 
 pytestmark = pytest.mark.envoy
 __all__ = ["pods_dir"]  # the fixture, used by name
@@ -52,15 +52,6 @@ ALL_OFF = """\
     """
 DEST = {"reporter": "destination", "destination_app": "backend"}
 SOURCE = {"reporter": "source", "source_app": "client", "response_code": "200"}
-
-
-async def metrics(ip: str) -> Exposition:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
-        s.get(f"http://{ip}:15020/stats/prometheus") as r,
-    ):
-        assert r.status == 200
-        return parse(await r.text())
 
 
 async def metrics_logger(ip: str) -> str | None:
