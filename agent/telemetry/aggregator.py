@@ -40,6 +40,7 @@ from agent.telemetry.labels import (
     tcp_labels,
 )
 from agent.telemetry.overrides import SideOverrides, apply, of_entry
+from agent.telemetry.peers import PeerDirectory
 
 # Envoy's default histogram buckets, which Istio's standard histograms use (milliseconds for
 # the duration, bytes for the sizes).
@@ -125,8 +126,10 @@ class MetricsAggregator(Collector):
         *,
         max_series: int = DEFAULT_MAX_SERIES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        peers: PeerDirectory | None = None,
     ) -> None:
         self.max_series = max_series
+        self.peers = peers  # names TCP callers (peers.py)
         self.max_connections = max_connections
         self.http: dict[LabelValues, HttpSeries] = {}
         self.tcp: dict[LabelValues, TcpSeries] = {}
@@ -181,7 +184,7 @@ class MetricsAggregator(Collector):
                 # Who the caller is shows in a later entry; that one counts the connection
                 # (Envoy reports totals, so no byte is lost by waiting).
                 return
-            labels = tcp_labels(entry)
+            labels = tcp_labels(entry, self.peers)
             side = self.sides[labels[0]] = of_entry(common)
             if side.tcp_off:
                 return

@@ -128,12 +128,7 @@ def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | Non
     registered = ctx.memo(("telemetry-registered",), lambda: _registered(ctx))
     workload = registered.get((proxy.ip, proxy.namespace))
     if workload is not None:
-        # A WorkloadGroup member is that group's workload (Istio names a VM's workload after
-        # its group); its labels are the group's, not what the proxy announced.
-        group = workload.source.kind == "WorkloadGroup"
-        name = workload.source.name if group else workload.name
-        labels = dict(workload.labels)
-        account = workload.service_account
+        name, labels, account = registered_identity(workload)
     else:
         name, labels, account = proxy.pod_name, dict(proxy.labels), proxy.service_account
     suffix = f"{proxy.namespace}.svc."
@@ -142,14 +137,31 @@ def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | Non
     return WorkloadTelemetry(
         workload=name or UNKNOWN,
         namespace=proxy.namespace,
-        app=labels.get("app") or labels.get("app.kubernetes.io/name") or UNKNOWN,
-        version=labels.get("version") or labels.get("app.kubernetes.io/version") or UNKNOWN,
+        app=app_of(labels),
+        version=version_of(labels),
         principal=spiffe_id(ctx.index.trust_domain, proxy.namespace, account),
         cluster_domain=domain or "cluster.local",
         reported=metrics.prometheus,
         client=metrics.side(WorkloadMode.CLIENT) if metrics.prometheus else NO_METRIC_OVERRIDES,
         server=metrics.side(WorkloadMode.SERVER) if metrics.prometheus else NO_METRIC_OVERRIDES,
     )
+
+
+def registered_identity(workload: Workload) -> tuple[str, dict[str, str], str]:
+    """A registered workload's name, labels and service account in the standard metrics. A
+    WorkloadGroup member is that group's workload (Istio names a VM's workload after its
+    group); its labels are the group's, not what the proxy announced."""
+    group = workload.source.kind == "WorkloadGroup"
+    name = workload.source.name if group else workload.name
+    return name, dict(workload.labels), workload.service_account
+
+
+def app_of(labels: dict[str, str]) -> str:
+    return labels.get("app") or labels.get("app.kubernetes.io/name") or UNKNOWN
+
+
+def version_of(labels: dict[str, str]) -> str:
+    return labels.get("version") or labels.get("app.kubernetes.io/version") or UNKNOWN
 
 
 def _registered(ctx: GenContext) -> dict[tuple[str, str], Workload]:
