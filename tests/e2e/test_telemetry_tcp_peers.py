@@ -81,15 +81,16 @@ async def test_tcp_callers_named_from_the_registry(tmp_path: Path, workdirs: Pat
         )
         async with running_control_plane(cfg, host=net.gateway) as cp:
             try:
-                for pod, app, group in (
+                # The backend first: the callers join the registry while its agent is
+                # connected, so their rows reach it with a workload-only (EDS) push.
+                order = (
+                    (backend, "backend", "backend"),
                     (client, "client", "client"),
                     (stranger, "stranger", ""),  # a mesh certificate, registered nowhere
-                    (backend, "backend", "backend"),
-                ):
-                    agents.append(
-                        start_sidecar(pod, cp, net.gateway, workdirs, tmp_path, app, group)
-                    )
-                for pod, agent in zip((client, stranger, backend), agents, strict=True):
+                )
+                for pod, app, group in order:
+                    agent = start_sidecar(pod, cp, net.gateway, workdirs, tmp_path, app, group)
+                    agents.append(agent)
                     await eventually(
                         lambda pod=pod, agent=agent: _alive(agent) and ready(pod),
                         timeout=60,
