@@ -39,6 +39,7 @@ from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.als import AccessLogServer
+from agent.telemetry.peers import PeerDirectory
 from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
@@ -47,7 +48,7 @@ from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
-from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,10 @@ class Agent(Lifecycle):
         # served with the agent's own metrics.
         self.als: AccessLogServer | None = None
         if cfg.standard_metrics and not cfg.proxy_only:
-            aggregator = MetricsAggregator()
+            # The mesh's workloads by address, from the control plane: who a TCP caller is.
+            peers = PeerDirectory()
+            self.handlers.register(PEER_TABLE, peers)
+            aggregator = MetricsAggregator(peers=peers)
             self.metrics.registry.register(aggregator)
             owner = self.run_as[0] if self.run_as else None
             self.als = AccessLogServer(cfg.als_socket, aggregator, owner=owner)
