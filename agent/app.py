@@ -40,7 +40,7 @@ from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from pilotfish_common.lifecycle import Lifecycle
-from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
 if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
@@ -194,8 +194,12 @@ class Agent(Lifecycle):
         if self.launch.als_server is not None:
             from agent.telemetry.aggregator import MetricsAggregator
             from agent.telemetry.als import AccessLogServer
+            from agent.telemetry.peers import PeerDirectory
 
-            aggregator = MetricsAggregator()
+            # The mesh's workloads by address, from the control plane: who a TCP caller is.
+            peers = PeerDirectory()
+            self.handlers.register(PEER_TABLE, peers)
+            aggregator = MetricsAggregator(peers=peers)
             self.metrics.registry.register(aggregator)
             owner = self.run_as[0] if self.run_as else None
             self.als = AccessLogServer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -33,6 +34,7 @@ from google.protobuf import any_pb2, json_format
 
 from control.config.errors import ConfigError
 from control.gatewayapi import status as gateway_status
+from control.httpserve import AppServer
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceSet
@@ -99,40 +101,30 @@ class PushesView(Protocol):
 ResourcesFor = Callable[[Proxy, Iterable[str]], Mapping[str, ResourceSet]]
 
 
+@dataclass(eq=False, kw_only=True)
 class DebugServer:
-    def __init__(
-        self,
-        *,
-        ready: Callable[[], bool],
-        metrics: Callable[[], bytes],
-        streams: StreamsView,
-        config: ConfigView,
-        pushes: PushesView,
-        resources: ResourcesFor,
-        registered: Callable[[], list[dict[str, Any]]] = list,
-        access: Middleware | None = None,
-        mesh: Callable[[], Mapping[str, object]] = dict,
-        routes: Iterable[Callable[[web.UrlDispatcher], None]] = (),
-    ) -> None:
-        self._ready_now = ready
-        self._render_metrics = metrics
-        self._streams = streams
-        self._config = config
-        self._pushes = pushes
-        self._resources = resources
-        # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
-        # objects (WorkloadRegistry.workload_entries); read-only, cheap.
-        self._registered = registered
-        # The mesh config in effect and where it came from (MeshConfigSource.status).
-        self._mesh = mesh
-        # Who may read /debug/* (control/debugaccess.py); None: everyone.
-        self._access = access
-        # More views on the same server and access rule (the dashboard's `/ui/`).
-        self._extra_routes = tuple(routes)
-        self._runner: web.AppRunner | None = None
+    """The views it serves, each handed in read-only; `start(address)` binds and answers the
+    port, `close()` stops serving."""
+
+    ready: Callable[[], bool]
+    metrics: Callable[[], bytes]
+    streams: StreamsView
+    config: ConfigView
+    pushes: PushesView
+    resources: ResourcesFor
+    # The workloads auto-registered through WorkloadGroups, as JSON-ready WorkloadEntry
+    # objects (WorkloadRegistry.workload_entries); read-only, cheap.
+    registered: Callable[[], list[dict[str, Any]]] = list
+    # Who may read /debug/* (control/debugaccess.py); None: everyone.
+    access: Middleware | None = None
+    # The mesh config in effect and where it came from (MeshConfigSource.status).
+    mesh: Callable[[], Mapping[str, object]] = dict
+    # More views on the same server and access rule (the dashboard's `/ui/`).
+    routes: Iterable[Callable[[web.UrlDispatcher], None]] = ()
+    _server: AppServer = field(default_factory=AppServer, init=False)
 
     async def start(self, address: str) -> int:
-        app = web.Application(middlewares=[self._access] if self._access else [])
+        app = web.Application(middlewares=[self.access] if self.access else [])
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/debug/syncz", self._syncz)
@@ -140,52 +132,43 @@ class DebugServer:
         app.router.add_get("/debug/config_dump", self._config_dump)
         app.router.add_get("/debug/connections", self._connections)
         app.router.add_get("/debug/pushz", self._pushz)
-        for add in self._extra_routes:
+        for add in self.routes:
             add(app.router)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, _, port = address.rpartition(":")
-        site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_address=True)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else int(port)
+        return await self._server.start(app, address)
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.close()
 
     async def _ready(self, request: web.Request) -> web.Response:
-        if self._ready_now():
+        if self.ready():
             return web.Response(text="ready\n")
         return web.Response(text="not ready\n", status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self._render_metrics()
+        body = self.metrics()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _syncz(self, request: web.Request) -> web.Response:
-        return _json(self._streams.syncz())
+        return _json(self.streams.syncz())
 
     async def _connections(self, request: web.Request) -> web.Response:
-        return _json(self._streams.connections())
+        return _json(self.streams.connections())
 
     async def _pushz(self, request: web.Request) -> web.Response:
         """The last pushes, oldest first (at most control.pipeline.PUSH_LOG_SIZE)."""
         return _json(
             {
-                "pushes": self._pushes.pushes,
-                "recent": [r.as_json() for r in self._pushes.push_log],
+                "pushes": self.pushes.pushes,
+                "recent": [r.as_json() for r in self.pushes.push_log],
             }
         )
 
     async def _configz(self, request: web.Request) -> web.Response:
-        config = self._config.current
+        config = self.config.current
         objects = [
             {"source": {"file": ref.file, "line": ref.line}, **dict(obj)} for ref, obj in config.raw
         ]
-        errors = {path: str(err) for path, err in self._config.errors.items()}
+        errors = {path: str(err) for path, err in self.config.errors.items()}
         warnings = [str(w) for w in config.warnings]
         return _json(
             {
@@ -193,13 +176,13 @@ class DebugServer:
                 "errors": errors,
                 "warnings": warnings,
                 # Workloads auto-registered through WorkloadGroups, as WorkloadEntries.
-                "registered": self._registered(),
+                "registered": self.registered(),
                 # Gateway API status as computed (and, in Kubernetes mode, written back).
                 "gatewayStatus": [gateway_status.as_json(s) for s in config.gateway_api_status],
                 # The source's own summary: files in use, reload and failure counts (file
                 # mode), or the state of each Kubernetes watch.
-                "source": self._config.status(),
-                "mesh_config": self._mesh(),
+                "source": self.config.status(),
+                "mesh_config": self.mesh(),
             }
         )
 
@@ -207,10 +190,10 @@ class DebugServer:
         proxy_id = request.query.get("proxyID", "")
         if not proxy_id:
             return _json({"error": "proxyID query parameter is required"}, status=400)
-        proxy = self._streams.proxy(proxy_id)
+        proxy = self.streams.proxy(proxy_id)
         if proxy is None:
             return _json({"error": f"no connected proxy {proxy_id!r}"}, status=404)
-        sets = self._resources(proxy, _DUMP_TYPES)
+        sets = self.resources(proxy, _DUMP_TYPES)
         out: dict[str, Any] = {"proxy": proxy.id, "resources": {}}
         for type_url, rs in sets.items():
             decoded = []

@@ -36,12 +36,14 @@ from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
 from pilotfish_common.lifecycle import Lifecycle
-from protos.typeurls import ENDPOINT, SECRET
+from protos.typeurls import ENDPOINT, PEER_TABLE, SECRET
 
 logger = logging.getLogger(__name__)
 
-_EDS_ONLY = frozenset((ENDPOINT,))
-_EDS_AND_SDS = frozenset((ENDPOINT, SECRET))
+# A workload-only change: EDS, and the agents' peer table, which is built from workloads too
+# (control/generate/peers.py; only agent streams subscribe to it).
+_EDS_ONLY = frozenset((ENDPOINT, PEER_TABLE))
+_EDS_AND_SDS = frozenset((ENDPOINT, PEER_TABLE, SECRET))
 PUSH_LOG_SIZE = 1024
 
 

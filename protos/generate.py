@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 PROTOS_DIR = Path(__file__).resolve().parent
-SOURCES = ("ca.proto", "nds.proto", "probe.proto")
+SOURCES = ("ca.proto", "nds.proto", "peers.proto", "probe.proto")
 # Exactly the files we commit (protoc also writes an empty nds_pb2_grpc.py, which we drop).
 OUTPUTS = (
     "ca_pb2.py",
@@ -22,6 +22,8 @@ OUTPUTS = (
     "ca_pb2_grpc.py",
     "nds_pb2.py",
     "nds_pb2.pyi",
+    "peers_pb2.py",
+    "peers_pb2.pyi",
     "probe_pb2.py",
     "probe_pb2.pyi",
 )

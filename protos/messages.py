@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 logger = logging.getLogger(__name__)
 
 _PREFIX = "type.googleapis.com/"
-_OWN_MODULES = ("protos.nds_pb2", "protos.probe_pb2", "protos.ca_pb2")
+_OWN_MODULES = ("protos.nds_pb2", "protos.probe_pb2", "protos.peers_pb2", "protos.ca_pb2")
 
 _lock = threading.Lock()
 _cache: dict[str, type[Message] | None] = {}

@@ -16,10 +16,15 @@ agree on these names; neither imports the other, so they live here:
   see it and cannot set it. On the client side, `UPSTREAM_PEER_HEADER` (set by Envoy from the
   upstream's certificate, stripped at once) carries the upstream's SPIFFE ID into
   `METADATA_UPSTREAM_PRINCIPAL`: without it the response's peer metadata is not trusted.
+- The Telemetry API's metric overrides for the side a logger reports (metrics not exported,
+  labels removed per metric) travel as one more literal tag, `TAG_OVERRIDES`, value
+  `encode_overrides(...)`; absent when nothing is overridden. A logger's config is what
+  changes when a Telemetry does, so connected proxies get the change with their listeners.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -45,6 +50,18 @@ TAG_APP: Final = "app"
 TAG_VERSION: Final = "version"
 TAG_PRINCIPAL: Final = "principal"
 TAG_CLUSTER_DOMAIN: Final = "cluster_domain"
+TAG_OVERRIDES: Final = "metric_overrides"
+
+# Istio's names of the standard metrics (Telemetry `match.metric`), HTTP then TCP.
+HTTP_METRICS: Final = ("REQUEST_COUNT", "REQUEST_DURATION", "REQUEST_SIZE", "RESPONSE_SIZE")
+TCP_METRICS: Final = (
+    "TCP_SENT_BYTES",
+    "TCP_RECEIVED_BYTES",
+    "TCP_OPENED_CONNECTIONS",
+    "TCP_CLOSED_CONNECTIONS",
+)
+STANDARD_METRICS: Final = HTTP_METRICS + TCP_METRICS
+MAX_OVERRIDES_VALUE: Final = 4096
 
 # What a peer says about itself (the workload's own tags, without reporter and principal:
 # principals come from certificates only).
@@ -72,3 +89,41 @@ def decode_peer(value: str) -> dict[str, str]:
     except ValueError:
         return {}
     return {k: v for k, v in pairs if k in PEER_FIELDS and v}
+
+
+def encode_overrides(disabled: frozenset[str], removed: Mapping[str, frozenset[str]]) -> str:
+    """`TAG_OVERRIDES`' value: the metrics not exported and, per metric, the labels removed
+    ("" when there is nothing to say, and the tag is left out)."""
+    body: dict[str, object] = {}
+    if disabled:
+        body["disabled"] = sorted(disabled)
+    kept = {m: sorted(tags) for m, tags in sorted(removed.items()) if tags and m not in disabled}
+    if kept:
+        body["removed"] = kept
+    return json.dumps(body, separators=(",", ":"), sort_keys=True) if body else ""
+
+
+def decode_overrides(value: str) -> tuple[frozenset[str], dict[str, frozenset[str]]] | None:
+    """(disabled metrics, removed labels per metric) from a `TAG_OVERRIDES` value; names that
+    are not standard metrics are dropped. None for anything malformed or oversized."""
+    if len(value) > MAX_OVERRIDES_VALUE:
+        return None
+    try:
+        body = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    disabled = body.get("disabled", [])
+    removed = body.get("removed", {})
+    if not isinstance(disabled, list) or not isinstance(removed, dict):
+        return None
+    if not all(isinstance(m, str) for m in disabled):
+        return None
+    out: dict[str, frozenset[str]] = {}
+    for metric, tags in removed.items():
+        if not isinstance(tags, list) or not all(isinstance(x, str) for x in tags):
+            return None
+        if metric in STANDARD_METRICS:
+            out[metric] = frozenset(tags)
+    return frozenset(m for m in disabled if m in STANDARD_METRICS), out

@@ -16,6 +16,8 @@ NAME_TABLE: Final = _PREFIX + "istio.networking.nds.v1.NameTable"
 PROXY_CONFIG: Final = _PREFIX + "istio.mesh.v1alpha1.ProxyConfig"
 # The readiness probe of a WorkloadGroup member, for its agent (protos/probe.proto).
 WORKLOAD_PROBE: Final = _PREFIX + "pilotfish.health.v1.WorkloadProbe"
+# The mesh's workloads, for the agent's TCP standard metrics (protos/peers.proto).
+PEER_TABLE: Final = _PREFIX + "pilotfish.telemetry.v1.PeerTable"
 # Istio's health report: a DiscoveryRequest of this type from the agent (no error_detail:
 # healthy; error_detail: unhealthy, with the reason). Never subscribed to nor answered.
 HEALTH: Final = "istio.io/health"
@@ -37,5 +39,6 @@ SHORT_NAMES: Final[Mapping[str, str]] = {
     PROXY_CONFIG: "PCDS",
     DEBUG_SYNCZ: "SYNCZ",
     WORKLOAD_PROBE: "PROBE",
+    PEER_TABLE: "PEERS",
     HEALTH: "HEALTH",
 }

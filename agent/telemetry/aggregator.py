@@ -36,6 +36,8 @@ from agent.telemetry.labels import (
     http_labels,
     tcp_labels,
 )
+from agent.telemetry.overrides import SideOverrides, apply, of_entry
+from agent.telemetry.peers import PeerDirectory
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -124,13 +126,17 @@ class MetricsAggregator:
         *,
         max_series: int = DEFAULT_MAX_SERIES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        peers: PeerDirectory | None = None,
     ) -> None:
         self.max_series = max_series
+        self.peers = peers  # names TCP callers (peers.py)
         self.max_connections = max_connections
         self.http: dict[LabelValues, HttpSeries] = {}
         self.tcp: dict[LabelValues, TcpSeries] = {}
         # Insertion order is age: the first is the oldest, evicted first.
         self._connections: dict[str, _Connection] = {}
+        # Per reporter, the Telemetry overrides its latest entry carried (overrides.py).
+        self.sides: dict[str, SideOverrides] = {}
         self.entries = 0
         self.overflow = 0
         self.evicted = 0
@@ -152,7 +158,11 @@ class MetricsAggregator:
 
     def record_http(self, entry: HTTPAccessLogEntry) -> None:
         self.entries += 1
-        key = self._admit(http_labels(entry), self.http)
+        labels = http_labels(entry)
+        side = self.sides[labels[0]] = of_entry(entry.common_properties)
+        if side.http_off:
+            return
+        key = self._admit(side.fold_http(labels), self.http)
         series = self.http.get(key)
         if series is None:
             series = self.http[key] = HttpSeries()
@@ -174,7 +184,11 @@ class MetricsAggregator:
                 # Who the caller is shows in a later entry; that one counts the connection
                 # (Envoy reports totals, so no byte is lost by waiting).
                 return
-            key = self._admit(tcp_labels(entry), self.tcp)
+            labels = tcp_labels(entry, self.peers)
+            side = self.sides[labels[0]] = of_entry(common)
+            if side.tcp_off:
+                return
+            key = self._admit(side.fold_tcp(labels), self.tcp)
             conn = _Connection(key)
             if stream:
                 if len(self._connections) >= self.max_connections:
@@ -201,6 +215,9 @@ class MetricsAggregator:
     # --- prometheus_client collector ----------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
+        yield from apply(self._families(), self.sides)
+
+    def _families(self) -> Iterator[Metric]:
         # Imported at a scrape, not at the agent's start (see agent/metrics.py).
         from prometheus_client.core import (
             CounterMetricFamily,

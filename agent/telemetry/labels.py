@@ -7,6 +7,8 @@ What a label may say, and where it comes from (protos/telemetry.py has the wire 
   metadata by the receiving Envoy. Trusted only from an authenticated mesh peer: on the server
   side when the caller presented a certificate (mTLS), on the client side when the upstream
   did. Otherwise `unknown`, as Istio reports a plaintext caller.
+- A TCP caller (no header): the control plane's table of workloads by address
+  (peers.py), only for the workload whose principal the caller's certificate names.
 - Principals: the certificates (the caller's on the server side; the upstream's, which Envoy
   copies into metadata, on the client side), never a header.
 """
@@ -27,6 +29,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import (
     TLSProperties,
 )
 
+from agent.telemetry.peers import PeerDirectory
 from protos import telemetry as t
 
 UNKNOWN: Final = "unknown"
@@ -135,15 +138,18 @@ def caller_unknown_yet(common: AccessLogCommon) -> bool:
     )
 
 
-def tcp_labels(entry: TCPAccessLogEntry) -> LabelValues:
+def tcp_labels(entry: TCPAccessLogEntry, peers: PeerDirectory | None = None) -> LabelValues:
+    """`peers`: the control plane's table, to name an mTLS caller that sent no metadata."""
     common = entry.common_properties
-    values = _peer_labels(common, "")
+    values = _peer_labels(common, "", peers)
     values["request_protocol"] = "tcp"
     values["response_flags"] = response_flags(common.response_flags)
     return _TCP_ORDER(values)  # type: ignore[no-any-return]
 
 
-def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
+def _peer_labels(
+    common: AccessLogCommon, authority: str, peers: PeerDirectory | None = None
+) -> dict[str, str]:
     tags = common.custom_tags
     own = {
         "workload": tags.get(t.TAG_WORKLOAD) or UNKNOWN,
@@ -159,6 +165,9 @@ def _peer_labels(common: AccessLogCommon, authority: str) -> dict[str, str]:
         caller = _spiffe(common.tls_properties.peer_certificate_properties)
         mtls = caller != UNKNOWN
         peer = _peer(claimed if mtls else "")
+        if peers is not None and mtls and not claimed:
+            remote = common.downstream_remote_address.socket_address.address
+            peer = peers.caller(remote, caller) or peer
         source, destination = peer, own
         source_principal = caller
         destination_principal = (

@@ -175,17 +175,7 @@ class CertificateAuthority:
             .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
+                _key_usage(ca=False, key_encipherment=isinstance(public_key, rsa.RSAPublicKey)),
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
@@ -296,33 +286,45 @@ def self_signed_root(
         ]
     )
     start = now.replace(microsecond=0)
-    cert = (
+    return root_certificate(key, name, start, start + validity), key
+
+
+def _key_usage(*, ca: bool, key_encipherment: bool = False) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a leaf signs (and an RSA leaf enciphers keys)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def root_certificate(
+    key: ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> x509.Certificate:
+    """A self-signed CA certificate (cert and CRL signing only) for `key`. Tests' CAs are
+    made with it too, so they issue from the same kind of root as ours."""
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + validity)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return cert, key
 
 
 def in_memory_authority(

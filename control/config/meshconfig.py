@@ -17,6 +17,9 @@ from control.config.manifest import RawObject, format_path
 from control.config.yamlsource import Path, parse_yaml
 from control.model.meshconfig import (
     BUILTIN_PROVIDERS,
+    HTTP_ALS,
+    OTEL_ALS,
+    TCP_ALS,
     AccessLogEncoding,
     DefaultProviders,
     ExtensionProvider,
@@ -29,7 +32,7 @@ from control.model.meshconfig import (
     ProxyDefaults,
     ZipkinProvider,
 )
-from control.model.types import labels_of
+from control.model.types import Labels, labels_of
 
 KIND = "MeshConfig"
 _POLICIES = ("ALLOW_ANY", "REGISTRY_ONLY")
@@ -163,9 +166,9 @@ def _default_providers(f: Fields | None) -> DefaultProviders:
 
 _PROVIDER_KINDS = (
     "envoyFileAccessLog",
-    "envoyHttpAls",
-    "envoyTcpAls",
-    "envoyOtelAls",
+    HTTP_ALS,
+    TCP_ALS,
+    OTEL_ALS,
     "zipkin",
     "opentelemetry",
     "prometheus",
@@ -210,30 +213,12 @@ def _providers(root: Fields) -> tuple[ExtensionProvider, ...]:
 def _provider(kind: str, f: Fields) -> Provider:
     provider: Provider
     if kind == "envoyFileAccessLog":
-        text, labels = "", None
-        fmt = f.get_map("logFormat")
-        if fmt is not None:
-            text = fmt.get_str("text")
-            labels_raw = fmt.raw("labels")
-            if labels_raw is not None:
-                labels = labels_of(_json_labels(fmt, labels_raw))
-            if text and labels is not None:
-                fmt.fail(None, "set text or labels, not both")
-            fmt.ignore("omitEmptyValues")
-            fmt.finish()
+        text, labels = _log_format(f, exclusive=True)
         provider = FileAccessLogProvider(
             path=f.get_str("path", default="/dev/stdout"), text=text, labels=labels
         )
-    elif kind in ("envoyHttpAls", "envoyTcpAls", "envoyOtelAls"):
-        f.ctx.warn(
-            f"{format_path(f.path)}: gRPC access log services are parsed but not generated; "
-            "only envoyFileAccessLog providers log"
-        )
-        f.ignore("additionalRequestHeadersToLog", "additionalResponseHeadersToLog")
-        f.ignore("additionalResponseTrailersToLog", "filterStateObjectsToLog", "logFormat")
-        provider = GrpcAccessLogProvider(
-            kind, f.get_str("service", required=True), f.need_port("port"), f.get_str("logName")
-        )
+    elif kind in (HTTP_ALS, TCP_ALS, OTEL_ALS):
+        provider = _grpc_log_provider(kind, f)
     elif kind == "zipkin":
         provider = ZipkinProvider(
             service=f.get_str("service", required=True),
@@ -272,6 +257,53 @@ def _provider(kind: str, f: Fields) -> Provider:
         provider = PrometheusProvider()
     f.finish()
     return provider
+
+
+def _grpc_log_provider(kind: str, f: Fields) -> GrpcAccessLogProvider:
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(v for _, v in f.get_strs(key))
+
+    headers: dict[str, tuple[str, ...]] = {}
+    if kind == HTTP_ALS:
+        for key in (
+            "additionalRequestHeadersToLog",
+            "additionalResponseHeadersToLog",
+            "additionalResponseTrailersToLog",
+        ):
+            headers[key] = names(key)
+    text, labels = "", None
+    if kind == OTEL_ALS:
+        # The OTel record has a body and attributes: both may be given.
+        text, labels = _log_format(f, exclusive=False)
+        f.ignore("resourceDetectors")
+    return GrpcAccessLogProvider(
+        kind,
+        f.get_str("service", required=True),
+        f.need_port("port"),
+        f.get_str("logName"),
+        request_headers=headers.get("additionalRequestHeadersToLog", ()),
+        response_headers=headers.get("additionalResponseHeadersToLog", ()),
+        response_trailers=headers.get("additionalResponseTrailersToLog", ()),
+        filter_state_objects=names("filterStateObjectsToLog"),
+        text=text,
+        labels=labels,
+    )
+
+
+def _log_format(f: Fields, *, exclusive: bool) -> tuple[str, Labels | None]:
+    """`logFormat`: its `text` and its `labels` (key -> Envoy command operator)."""
+    text, labels = "", None
+    fmt = f.get_map("logFormat")
+    if fmt is not None:
+        text = fmt.get_str("text")
+        labels_raw = fmt.raw("labels")
+        if labels_raw is not None:
+            labels = labels_of(_json_labels(fmt, labels_raw))
+        if exclusive and text and labels is not None:
+            fmt.fail(None, "set text or labels, not both")
+        fmt.ignore("omitEmptyValues")
+        fmt.finish()
+    return text, labels
 
 
 def _json_labels(f: Fields, value: Any) -> dict[str, str]:

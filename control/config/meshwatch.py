@@ -55,18 +55,15 @@ def load_mesh_file(path: str) -> MeshSettings:
     return parse_mesh_config(decode(data, path), path)
 
 
-class MeshConfigFile(Lifecycle):
-    """`--mesh-config FILE`, watched. start() raises ConfigError for a missing or bad file."""
+class MeshInputBase(Lifecycle):
+    """What every MeshInput keeps: its last good version, its current error, and the task
+    that keeps them current (cancelled by close())."""
 
-    def __init__(self, path: str, *, poll_interval: float = 0.25, debounce: float = 0.05) -> None:
-        self.name = path
-        self.path = path
-        self.poll_interval = poll_interval
-        self.debounce = debounce
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.on_change: Callable[[], None] = lambda: None
         self._current: MeshSettings | None = None
         self._error: ConfigError | None = None
-        self._stamp: Stamp | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -77,15 +74,26 @@ class MeshConfigFile(Lifecycle):
     def error(self) -> ConfigError | None:
         return self._error
 
-    async def start(self) -> None:
-        self._stamp = await asyncio.to_thread(file_stamp, self.path, time.time())
-        self._current = await asyncio.to_thread(load_mesh_file, self.path)
-        self._task = asyncio.create_task(self._run(), name="mesh-config-watcher")
-
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             await cancel(task)
+
+
+class MeshConfigFile(MeshInputBase):
+    """`--mesh-config FILE`, watched. start() raises ConfigError for a missing or bad file."""
+
+    def __init__(self, path: str, *, poll_interval: float = 0.25, debounce: float = 0.05) -> None:
+        super().__init__(path)
+        self.path = path
+        self.poll_interval = poll_interval
+        self.debounce = debounce
+        self._stamp: Stamp | None = None
+
+    async def start(self) -> None:
+        self._stamp = await asyncio.to_thread(file_stamp, self.path, time.time())
+        self._current = await asyncio.to_thread(load_mesh_file, self.path)
+        self._task = asyncio.create_task(self._run(), name="mesh-config-watcher")
 
     async def _run(self) -> None:
         while True:

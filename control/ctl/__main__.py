@@ -203,8 +203,8 @@ def _kube_inject(args: argparse.Namespace) -> int:
     CronJob, ...) in the input; other objects pass through. Pods that opt out
     (sidecar.istio.io/inject: "false") or already have the sidecar are left alone."""
     from control.ctl.kubeinject import KubeInjectError, inject_documents
-    from control.webhook.inject import InjectionValues
     from control.webhook.template import DEFAULT_TEMPLATE, TemplateError, load_template
+    from control.webhook.values import InjectionValues
 
     try:
         template = load_template(args.injection_template or DEFAULT_TEMPLATE)

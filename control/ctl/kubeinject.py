@@ -15,14 +15,11 @@ from typing import Any
 
 import yaml
 
-from control.webhook.inject import (
-    NAMESPACE_LABEL,
-    REVISION_LABEL,
-    InjectionValues,
-    apply_patch,
-    injection_patch,
-)
+from control.webhook.decision import NAMESPACE_LABEL, REVISION_LABEL
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import SidecarTemplate
+from control.webhook.values import InjectionValues
 
 # kind -> where its pod template is
 _TEMPLATES: dict[str, tuple[str, ...]] = {

@@ -10,7 +10,8 @@ Where each decision is made:
 - per xDS type for sidecars: clusters (CDS), endpoints (EDS), listeners_explicit (LDS in
   interception mode NONE: bound listeners, and the inbound chains a PeerAuthentication mode
   implies), listeners_redirect (LDS in mode REDIRECT: virtualOutbound/virtualInbound),
-  route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe);
+  route_tables (RDS), names (NDS), probes (the agent's WorkloadGroup probe), peers (the
+  workloads by address, for the agent's TCP standard metrics);
 - routers (gateways): gateway_listeners (LDS per merged server port), gateway_routes (RDS
   `http.<port>` / `https.<port>.…` from bound VirtualServices), gateway_tls (server
   certificates over SDS), secrets (the certificates themselves: SDS over ADS for the
@@ -41,6 +42,7 @@ from control.generate import (
     grpc_listeners,
     listeners_redirect,
     names,
+    peers,
     probes,
     route_tables,
     secrets,
@@ -49,7 +51,7 @@ from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import ResourceSet
-from protos.typeurls import NAME_TABLE, SECRET, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, PEER_TABLE, SECRET, WORKLOAD_PROBE
 
 Generator = Callable[[GenContext, Proxy], ResourceSet]
 
@@ -62,6 +64,8 @@ GENERATORS: Final[dict[str, Generator]] = {
     NAME_TABLE: names.generate,
     # For the agent: the readiness probe of its WorkloadGroup.
     WORKLOAD_PROBE: probes.generate,
+    # For the agent's standard metrics: who runs where (TCP callers).
+    PEER_TABLE: peers.generate,
 }
 
 GRPC_GENERATORS: Final[dict[str, Generator]] = {
@@ -83,6 +87,7 @@ ROUTER_GENERATORS: Final[dict[str, Generator]] = {
     WORKLOAD_PROBE: probes.generate,
     # For the router's agent: gateway certificates (who may ask: control/secretaccess.py).
     SECRET: secrets.generate,
+    PEER_TABLE: peers.generate,
 }
 
 

@@ -1,8 +1,15 @@
-"""Envoy file access logs (`envoy.access_loggers.file`; `/dev/stdout` and `/dev/stderr` through
-Envoy's stream loggers, which write to the inherited descriptors) from a proxy's effective telemetry
-(control/model/telemetry.py AccessLogSink), for HTTP connection managers and TCP proxies
-alike: Istio's default TEXT format and JSON labels, a custom format, and the status-code
-filters a Telemetry `filter.expression` compiles to. Pure functions of hashable inputs.
+"""Envoy access logs from a proxy's effective telemetry (control/model/telemetry.py
+AccessLogSink), for HTTP connection managers and TCP proxies, with the status-code filters a
+Telemetry `filter.expression` compiles to. Pure functions of hashable inputs.
+
+- Files (`envoy.access_loggers.file`; `/dev/stdout` and `/dev/stderr` through Envoy's stream
+  loggers, which write to the inherited descriptors): Istio's default TEXT format and JSON
+  labels, or a custom format.
+- gRPC services, to the provider's `outbound|PORT||HOST` cluster (tracing.py adds it when the
+  proxy has none): `envoyHttpAls` (Envoy's `http_grpc` logger, on HCMs only), `envoyTcpAls`
+  (`tcp_grpc`, TCP proxies only) and `envoyOtelAls` (`open_telemetry`, OTLP LogsService, on
+  both; the record's body is the provider's `logFormat.text`, else Istio's TEXT format, and
+  its attributes the `logFormat.labels`). Log names default to Istio's.
 """
 
 from __future__ import annotations
@@ -20,20 +27,47 @@ from envoy.config.accesslog.v3.accesslog_pb2 import (
     StatusCodeFilter,
 )
 from envoy.config.core.v3.base_pb2 import DataSource, RuntimeUInt32
+from envoy.config.core.v3.config_source_pb2 import ApiVersion
+from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogType
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
+from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
+    CommonGrpcAccessLogConfig,
+    HttpGrpcAccessLogConfig,
+    TcpGrpcAccessLogConfig,
+)
+from envoy.extensions.access_loggers.open_telemetry.v3.logs_service_pb2 import (
+    OpenTelemetryAccessLogConfig,
+)
 from envoy.extensions.access_loggers.stream.v3.stream_pb2 import StderrAccessLog, StdoutAccessLog
 from google.protobuf.struct_pb2 import Struct
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from control.generate.resource_names import outbound_cluster_name
 from control.generate.warn import warn_once
 from control.generate.wire import pack
-from control.model.meshconfig import AccessLogEncoding
+from control.model.meshconfig import (
+    HTTP_ALS,
+    OTEL_ALS,
+    TCP_ALS,
+    AccessLogEncoding,
+    GrpcAccessLogProvider,
+)
 from control.model.telemetry import AccessLogSink, CodeFilter
 
 FILE_LOGGER: Final = "envoy.access_loggers.file"
 STDOUT_LOGGER: Final = "envoy.access_loggers.stdout"
 STDERR_LOGGER: Final = "envoy.access_loggers.stderr"
+HTTP_GRPC_LOGGER: Final = "envoy.access_loggers.http_grpc"
+TCP_GRPC_LOGGER: Final = "envoy.access_loggers.tcp_grpc"
+OTEL_LOGGER: Final = "envoy.access_loggers.open_telemetry"
+# Istio's log names where a provider gives none.
+_LOG_NAMES: Final = {
+    HTTP_ALS: "http_envoy_accesslog",
+    TCP_ALS: "tcp_envoy_accesslog",
+    OTEL_ALS: "otel_envoy_accesslog",
+}
 STDOUT: Final = "/dev/stdout"
 STDERR: Final = "/dev/stderr"
 
@@ -80,12 +114,33 @@ ISTIO_JSON_LABELS: Final[tuple[tuple[str, str], ...]] = (
 _RUNTIME_KEY: Final = "access_log.status_code_filter"
 
 
-def access_logs(sinks: tuple[AccessLogSink, ...]) -> list[AccessLog]:
-    """The `access_log` entries for an HCM or a TCP proxy."""
-    return [_access_log(s) for s in sinks]
+def access_logs(sinks: tuple[AccessLogSink, ...], *, http: bool = True) -> list[AccessLog]:
+    """The `access_log` entries for an HCM (`http`) or a TCP proxy."""
+    return [_access_log(s) for s in sinks if _serves(s, http)]
+
+
+def _serves(sink: AccessLogSink, http: bool) -> bool:
+    if sink.grpc is None or sink.grpc.kind == OTEL_ALS:
+        return True
+    return (sink.grpc.kind == HTTP_ALS) == http
 
 
 def _access_log(sink: AccessLogSink) -> AccessLog:
+    if sink.grpc is not None:
+        log = _grpc_log(sink.grpc)
+    else:
+        log = _file_log(sink)
+    # One line per request or connection, as Istio's logs: the standard-metrics logger on
+    # the same TCP proxy asks Envoy for entries on upstream connect and periodically
+    # (generate/telemetry_metrics.py), and those would otherwise reach this log too.
+    final = AccessLogFilter(log_type_filter=LogTypeFilter(types=_INTERIM, exclude=True))
+    if sink.filter is not None:
+        final = AccessLogFilter(and_filter=AndFilter(filters=[final, code_filter(sink.filter)]))
+    log.filter.CopyFrom(final)
+    return log
+
+
+def _file_log(sink: AccessLogSink) -> AccessLog:
     fmt = log_format(sink)
     if sink.path == STDOUT:
         # Envoy's stream logger writes to the fd it inherited. Opening /dev/stdout, as the
@@ -98,14 +153,77 @@ def _access_log(sink: AccessLogSink) -> AccessLog:
         log = AccessLog(
             name=FILE_LOGGER, typed_config=pack(FileAccessLog(path=sink.path, log_format=fmt))
         )
-    # One line per request or connection, as Istio's logs: the standard-metrics logger on
-    # the same TCP proxy asks Envoy for entries on upstream connect and periodically
-    # (generate/telemetry_metrics.py), and those would otherwise reach this log too.
-    final = AccessLogFilter(log_type_filter=LogTypeFilter(types=_INTERIM, exclude=True))
-    if sink.filter is not None:
-        final = AccessLogFilter(and_filter=AndFilter(filters=[final, code_filter(sink.filter)]))
-    log.filter.CopyFrom(final)
     return log
+
+
+def _grpc_log(provider: GrpcAccessLogProvider) -> AccessLog:
+    name = provider.log_name or _LOG_NAMES[provider.kind]
+    service = GrpcService(
+        envoy_grpc=GrpcService.EnvoyGrpc(
+            # tracing.collector_cluster's name: the cluster CDS adds for collectors.
+            cluster_name=outbound_cluster_name(provider.port, provider.service),
+            authority=provider.service,
+        )
+    )
+    if provider.kind == OTEL_ALS:
+        return AccessLog(name=OTEL_LOGGER, typed_config=pack(_otel_config(provider, name, service)))
+    common = CommonGrpcAccessLogConfig(
+        log_name=name,
+        grpc_service=service,
+        transport_api_version=ApiVersion.V3,
+        filter_state_objects_to_log=list(provider.filter_state_objects),
+    )
+    if provider.kind == HTTP_ALS:
+        http = HttpGrpcAccessLogConfig(
+            common_config=common,
+            additional_request_headers_to_log=list(provider.request_headers),
+            additional_response_headers_to_log=list(provider.response_headers),
+            additional_response_trailers_to_log=list(provider.response_trailers),
+        )
+        return AccessLog(name=HTTP_GRPC_LOGGER, typed_config=pack(http))
+    tcp = TcpGrpcAccessLogConfig(common_config=common)
+    return AccessLog(name=TCP_GRPC_LOGGER, typed_config=pack(tcp))
+
+
+# OpenTelemetryAccessLogConfig fields newer than the bundled Python protos (Envoy deprecated
+# `common_config` for them and warns on it): written by number, kept by the message as unknown
+# fields and serialized with it.
+_OTEL_GRPC_SERVICE: Final = 9
+_OTEL_LOG_NAME: Final = 10
+_OTEL_FILTER_STATE_OBJECTS: Final = 13
+
+
+def _otel_config(
+    provider: GrpcAccessLogProvider, name: str, service: GrpcService
+) -> OpenTelemetryAccessLogConfig:
+    known = OpenTelemetryAccessLogConfig(
+        body=AnyValue(string_value=provider.text or ISTIO_TEXT_FORMAT.removesuffix("\n"))
+    )
+    if provider.labels:
+        known.attributes.values.extend(
+            KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in provider.labels
+        )
+    extra = _length_delimited(_OTEL_GRPC_SERVICE, service.SerializeToString(deterministic=True))
+    extra += _length_delimited(_OTEL_LOG_NAME, name.encode())
+    for state in provider.filter_state_objects:
+        extra += _length_delimited(_OTEL_FILTER_STATE_OBJECTS, state.encode())
+    return OpenTelemetryAccessLogConfig.FromString(
+        known.SerializeToString(deterministic=True) + extra
+    )
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
 
 
 # Entries Envoy writes before a request or connection ends.

@@ -18,7 +18,7 @@ arguments of its pure builder below, so the key covers every input by constructi
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Final
 
@@ -199,27 +199,19 @@ def _resource(ctx: GenContext, cluster: OutboundCluster, mtls: bool) -> Resource
     # A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8);
     # so do clusters under other DestinationRules (a rule in the client's namespace).
     variant = (mtls, cluster.policy)
+    key: Hashable
+    build: Callable[[], Cluster]
     if cluster.eds:
         eds_key = (http2, tls, policy, http)
-        return ctx.resource(
-            CLUSTER_TYPE,
-            cluster.name,
-            eds_key,
-            lambda: build_eds(cluster.name, *eds_key),
-            variant=variant,
-        )
-    endpoints = endpoint_keys(cluster.endpoints)
-    if not endpoints and not cluster.subset:
-        # No endpoints: resolve the host itself, as Istio does for a DNS ServiceEntry.
-        endpoints = ((cluster.service.hostname, cluster.port.port, 0, "", False),)
-    dns_key = (http2, endpoints, tls, policy, http)
-    return ctx.resource(
-        CLUSTER_TYPE,
-        cluster.name,
-        dns_key,
-        lambda: build_dns(cluster.name, *dns_key),
-        variant=variant,
-    )
+        key, build = eds_key, lambda: build_eds(cluster.name, *eds_key)
+    else:
+        endpoints = endpoint_keys(cluster.endpoints)
+        if not endpoints and not cluster.subset:
+            # No endpoints: resolve the host itself, as Istio does for a DNS ServiceEntry.
+            endpoints = ((cluster.service.hostname, cluster.port.port, 0, "", False),)
+        dns_key = (http2, endpoints, tls, policy, http)
+        key, build = dns_key, lambda: build_dns(cluster.name, *dns_key)
+    return ctx.resource(CLUSTER_TYPE, cluster.name, key, build, variant=variant)
 
 
 def _inbound(ctx: GenContext, port: InboundPort) -> Resource:

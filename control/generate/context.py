@@ -40,6 +40,8 @@ class GenContext:
     ) -> None:
         self.index = index
         self.cache = cache
+        # ResourceCache.get itself: (type URL, name, key, build, variant) -> Resource.
+        self.resource = cache.get
         self._memo: dict[Hashable, object] = {}
         # Met while generating this push (the pilot_conflict_* gauges read them).
         self.conflicts = Conflicts()
@@ -58,16 +60,6 @@ class GenContext:
             if self.change is not None:
                 self._previous = previous._memo
                 self._carried_before = previous._carried
-
-    def resource(
-        self,
-        type_url: str,
-        name: str,
-        key: Hashable,
-        build: Callable[[], Message],
-        variant: Hashable = None,
-    ) -> Resource:
-        return self.cache.get(type_url, name, key, build, variant)
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         if key in self._memo:

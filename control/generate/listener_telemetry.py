@@ -60,6 +60,7 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
     if telemetry.empty:
         return listener
     logs = access_logs(telemetry.side.access_logs)
+    tcp_logs = access_logs(telemetry.side.access_logs, http=False)
     tracing = telemetry.side.tracing
     hcm_trace = (
         hcm_tracing(tracing, telemetry.service, telemetry.tags) if tracing is not None else None
@@ -78,9 +79,9 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
                 if tracing is not None and not tracing.use_request_id:
                     hcm.request_id_extension.typed_config.CopyFrom(request_id_extension(False))
                 f.typed_config.CopyFrom(pack(hcm))
-            elif f.name == TCP_PROXY_FILTER and logs:
+            elif f.name == TCP_PROXY_FILTER and tcp_logs:
                 tcp = TcpProxy()
                 f.typed_config.Unpack(tcp)
-                tcp.access_log.extend(logs)
+                tcp.access_log.extend(tcp_logs)
                 f.typed_config.CopyFrom(pack(tcp))
     return listener

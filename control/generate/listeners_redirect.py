@@ -21,6 +21,7 @@ The listeners' builders are pure functions of hashable specs, cached like every 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from envoy.config.core.v3.address_pb2 import CidrRange
@@ -129,13 +130,28 @@ def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
         ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
     )
     key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
-    tel = listener_telemetry(ctx, proxy, WorkloadMode.CLIENT)
+    return _instrumented(
+        ctx, proxy, VIRTUAL_OUTBOUND, WorkloadMode.CLIENT, key, lambda: build_virtual_outbound(*key)
+    )
+
+
+def _instrumented(
+    ctx: GenContext,
+    proxy: Proxy,
+    name: str,
+    side: WorkloadMode,
+    key: tuple[object, ...],
+    build: Callable[[], Listener],
+) -> Resource:
+    """A virtual listener with the proxy's telemetry for its side (access logs, tracing,
+    standard metrics), cached under its inputs and that telemetry."""
+    tel = listener_telemetry(ctx, proxy, side)
     telemetry = workload_telemetry(ctx, proxy)
     return ctx.resource(
         LISTENER_TYPE,
-        VIRTUAL_OUTBOUND,
+        name,
         (*key, tel, telemetry),
-        lambda: instrument_listener(with_telemetry(build_virtual_outbound(*key), tel), telemetry),
+        lambda: instrument_listener(with_telemetry(build(), tel), telemetry),
         variant=(*key, tel, telemetry),
     )
 
@@ -207,19 +223,29 @@ def _tls_inspector() -> ListenerFilter:
     return ListenerFilter(name=TLS_INSPECTOR_FILTER, typed_config=pack(TlsInspector()))
 
 
-def build_virtual_outbound(
-    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+def _capture_listener(
+    name: str, port: int, direction: TrafficDirection.ValueType, ipv6: bool
 ) -> Listener:
+    """The listener the capture rules send one direction's traffic to. The original
+    destination is restored by the listener filter and chains match on it; no hand-off to
+    other listeners (there are none in this mode)."""
     listener = Listener(
-        name=VIRTUAL_OUTBOUND,
-        address=socket_address(WILDCARD_BIND, OUTBOUND_CAPTURE_PORT),
-        traffic_direction=TrafficDirection.OUTBOUND,
-        # The original destination is restored by the listener filter and chains match on it;
-        # no hand-off to other listeners (there are none in this mode).
+        name=name,
+        address=socket_address(WILDCARD_BIND, port),
+        traffic_direction=direction,
         listener_filters=[_original_dst()],
     )
     if ipv6:
-        _dual_stack(listener, OUTBOUND_CAPTURE_PORT)
+        _dual_stack(listener, port)
+    return listener
+
+
+def build_virtual_outbound(
+    chains: tuple[OutboundChain, ...], policy: str, ipv6: bool = False
+) -> Listener:
+    listener = _capture_listener(
+        VIRTUAL_OUTBOUND, OUTBOUND_CAPTURE_PORT, TrafficDirection.OUTBOUND, ipv6
+    )
     for kind, number, prefixes, server_names, cluster in chains:
         match = FilterChainMatch(destination_port=UInt32Value(value=number))
         match.prefix_ranges.extend(_cidr(p) for p in prefixes)
@@ -263,14 +289,8 @@ def _inbound(ctx: GenContext, proxy: Proxy) -> Resource:
             specs.append((port.number, port.protocol.is_http, mode))
     default = _usable_mode(proxy, peer.mode, 0)
     key = (tuple(specs), default, policies, has_ipv6(proxy))
-    tel = listener_telemetry(ctx, proxy, WorkloadMode.SERVER)
-    telemetry = workload_telemetry(ctx, proxy)
-    return ctx.resource(
-        LISTENER_TYPE,
-        VIRTUAL_INBOUND,
-        (*key, tel, telemetry),
-        lambda: instrument_listener(with_telemetry(build_virtual_inbound(*key), tel), telemetry),
-        variant=(*key, tel, telemetry),
+    return _instrumented(
+        ctx, proxy, VIRTUAL_INBOUND, WorkloadMode.SERVER, key, lambda: build_virtual_inbound(*key)
     )
 
 
@@ -296,14 +316,9 @@ def build_virtual_inbound(
     policies: tuple[AuthorizationPolicy, ...] = (),
     ipv6: bool = False,
 ) -> Listener:
-    listener = Listener(
-        name=VIRTUAL_INBOUND,
-        address=socket_address(WILDCARD_BIND, INBOUND_CAPTURE_PORT),
-        traffic_direction=TrafficDirection.INBOUND,
-        listener_filters=[_original_dst()],
+    listener = _capture_listener(
+        VIRTUAL_INBOUND, INBOUND_CAPTURE_PORT, TrafficDirection.INBOUND, ipv6
     )
-    if ipv6:
-        _dual_stack(listener, INBOUND_CAPTURE_PORT)
     inspect = False
     for number, http, mode in ports:
         # Mode NONE's chains for this port, told apart from other ports by the destination.

@@ -7,6 +7,11 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
   with this proxy's workload as literal tags: what a workload is comes from the control
   plane's registry (the WorkloadGroup a registered workload was made from) or the proxy's own
   node, never from a peer.
+- The Telemetry API's metrics settings: without a prometheus provider the proxy gets no
+  loggers, and a side whose overrides disable every metric of a family (HTTP or TCP) none for
+  that family; the rest of the overrides travel as one more literal tag (`TAG_OVERRIDES`,
+  applied by the agent: agent/telemetry/overrides.py). Peer metadata is exchanged either way:
+  the proxy's peers still count their side of the traffic.
 - Peer metadata: the client side sends its own in a request header and reads the server's
   from the response; the server side reads the client's (mTLS chains only: a plaintext
   caller's claim is stripped unread) and answers with its own (mTLS chains only). Both strip
@@ -48,15 +53,15 @@ from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.wire import pack
 from control.model.proxy import Proxy
+from control.model.telemetry import NO_METRIC_OVERRIDES, SideMetrics, WorkloadMode
 from control.model.types import Workload, spiffe_id
 from protos import telemetry as t
 
-HTTP_GRPC_LOGGER = "envoy.access_loggers.http_grpc"
-TCP_GRPC_LOGGER = "envoy.access_loggers.tcp_grpc"
 HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 # Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until
@@ -80,6 +85,13 @@ class WorkloadTelemetry:
     version: str
     principal: str
     cluster_domain: str
+    # Telemetry metrics: whether a prometheus provider is in force, and each side's overrides.
+    reported: bool = True
+    client: SideMetrics = NO_METRIC_OVERRIDES
+    server: SideMetrics = NO_METRIC_OVERRIDES
+
+    def side(self, reporter: str) -> SideMetrics:
+        return self.server if reporter == t.REPORTER_DESTINATION else self.client
 
     def tags(self, reporter: str) -> list[CustomTag]:
         values = {
@@ -91,6 +103,10 @@ class WorkloadTelemetry:
             t.TAG_PRINCIPAL: self.principal,
             t.TAG_CLUSTER_DOMAIN: self.cluster_domain,
         }
+        side = self.side(reporter)
+        overrides = t.encode_overrides(side.disabled, dict(side.removed))
+        if overrides:
+            values[t.TAG_OVERRIDES] = overrides
         return [CustomTag(tag=k, literal=CustomTag.Literal(value=v)) for k, v in values.items()]
 
     def peer_value(self) -> str:
@@ -112,24 +128,40 @@ def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | Non
     registered = ctx.memo(("telemetry-registered",), lambda: _registered(ctx))
     workload = registered.get((proxy.ip, proxy.namespace))
     if workload is not None:
-        # A WorkloadGroup member is that group's workload (Istio names a VM's workload after
-        # its group); its labels are the group's, not what the proxy announced.
-        group = workload.source.kind == "WorkloadGroup"
-        name = workload.source.name if group else workload.name
-        labels = dict(workload.labels)
-        account = workload.service_account
+        name, labels, account = registered_identity(workload)
     else:
         name, labels, account = proxy.pod_name, dict(proxy.labels), proxy.service_account
     suffix = f"{proxy.namespace}.svc."
     domain = proxy.dns_domain.removeprefix(suffix) if proxy.dns_domain.startswith(suffix) else ""
+    metrics = ctx.index.telemetry(proxy).metrics
     return WorkloadTelemetry(
         workload=name or UNKNOWN,
         namespace=proxy.namespace,
-        app=labels.get("app") or labels.get("app.kubernetes.io/name") or UNKNOWN,
-        version=labels.get("version") or labels.get("app.kubernetes.io/version") or UNKNOWN,
+        app=app_of(labels),
+        version=version_of(labels),
         principal=spiffe_id(ctx.index.trust_domain, proxy.namespace, account),
         cluster_domain=domain or "cluster.local",
+        reported=metrics.prometheus,
+        client=metrics.side(WorkloadMode.CLIENT) if metrics.prometheus else NO_METRIC_OVERRIDES,
+        server=metrics.side(WorkloadMode.SERVER) if metrics.prometheus else NO_METRIC_OVERRIDES,
     )
+
+
+def registered_identity(workload: Workload) -> tuple[str, dict[str, str], str]:
+    """A registered workload's name, labels and service account in the standard metrics. A
+    WorkloadGroup member is that group's workload (Istio names a VM's workload after its
+    group); its labels are the group's, not what the proxy announced."""
+    group = workload.source.kind == "WorkloadGroup"
+    name = workload.source.name if group else workload.name
+    return name, dict(workload.labels), workload.service_account
+
+
+def app_of(labels: dict[str, str]) -> str:
+    return labels.get("app") or labels.get("app.kubernetes.io/name") or UNKNOWN
+
+
+def version_of(labels: dict[str, str]) -> str:
+    return labels.get("version") or labels.get("app.kubernetes.io/version") or UNKNOWN
 
 
 def _registered(ctx: GenContext) -> dict[tuple[str, str], Workload]:
@@ -173,6 +205,8 @@ def _instrument_hcm(
     # the router see them, and responses are read after every other filter wrote them.
     for i, f in enumerate(filters):
         hcm.http_filters.insert(i, f)
+    if not telemetry.reported or telemetry.side(reporter).http_off:
+        return
     config = HttpGrpcAccessLogConfig(
         common_config=_common(telemetry, reporter),
         additional_request_headers_to_log=["content-type"],
@@ -183,6 +217,8 @@ def _instrument_hcm(
 
 
 def _instrument_tcp(proxy: TcpProxy, telemetry: WorkloadTelemetry, reporter: str) -> None:
+    if not telemetry.reported or telemetry.side(reporter).tcp_off:
+        return
     config = TcpGrpcAccessLogConfig(common_config=_common(telemetry, reporter))
     proxy.access_log.append(AccessLog(name=TCP_GRPC_LOGGER, typed_config=pack(config)))
     proxy.access_log_options.CopyFrom(

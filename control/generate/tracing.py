@@ -7,9 +7,10 @@ OpenTelemetry tracer W3C `traceparent`; a server-side span joins the trace its c
 headers carry and keeps the caller's sampling decision, so an app that forwards the headers
 gets one trace across hops.
 
-A collector is reached through `outbound|PORT||HOST`, as in Istio: when HOST is a service the
-proxy already has that cluster for, it is used as is; otherwise this module adds one (a DNS
-cluster, which takes an IP literal too; HTTP/2 for the OpenTelemetry gRPC exporter).
+A collector (a gRPC access log service's too) is reached through `outbound|PORT||HOST`, as
+in Istio: when HOST is a service the proxy already has that cluster for, it is used as is;
+otherwise this module adds one (a DNS cluster, which takes an IP literal too; HTTP/2 for the
+gRPC ones).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 from control.generate.context import GenContext
 from control.generate.resource_names import CLUSTER_TYPE, outbound_cluster_name
 from control.generate.wire import pack
-from control.model.meshconfig import OpenTelemetryProvider, ZipkinProvider
+from control.model.meshconfig import GrpcAccessLogProvider, OpenTelemetryProvider, ZipkinProvider
 from control.model.proxy import Proxy
 from control.model.telemetry import CustomTag, CustomTagKind, TracingSettings
 from control.xds.cache import Resource
@@ -47,7 +48,7 @@ CANONICAL_REVISION_LABEL: Final = "service.istio.io/canonical-revision"
 Collector = ZipkinProvider | OpenTelemetryProvider
 
 
-def collector_cluster(provider: Collector) -> str:
+def collector_cluster(provider: Collector | GrpcAccessLogProvider) -> str:
     return outbound_cluster_name(provider.port, provider.service)
 
 
@@ -149,17 +150,21 @@ def _custom_tag(tag: CustomTag) -> EnvoyCustomTag:
 def collector_clusters(
     ctx: GenContext, proxy: Proxy, existing: frozenset[str]
 ) -> tuple[Resource, ...]:
-    """The clusters the proxy's tracers report to that it does not have already."""
+    """The clusters the proxy's tracers and gRPC access loggers (access_logs.py) report to
+    that it does not have already. gRPC collectors get HTTP/2."""
     telemetry = ctx.index.telemetry(proxy)
-    out: dict[str, Resource] = {}
+    wanted: list[tuple[Collector | GrpcAccessLogProvider, bool]] = []
     for side in (telemetry.client, telemetry.server):
-        if side.tracing is None:
-            continue
-        provider = side.tracing.provider
+        if side.tracing is not None:
+            tracer = side.tracing.provider
+            wanted.append((tracer, isinstance(tracer, OpenTelemetryProvider)))
+        wanted.extend((s.grpc, True) for s in side.access_logs if s.grpc is not None)
+    out: dict[str, Resource] = {}
+    for provider, http2 in wanted:
         name = collector_cluster(provider)
         if name in existing or name in out:
             continue
-        key = (name, provider.service, provider.port, isinstance(provider, OpenTelemetryProvider))
+        key = (name, provider.service, provider.port, http2)
         out[name] = ctx.resource(CLUSTER_TYPE, name, key, functools.partial(build_collector, *key))
     return tuple(out.values())
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from control.config.errors import ConfigError
 from control.config.meshconfig import parse_mesh_config
+from control.config.meshwatch import MeshInputBase
 from control.kube.client import KubeClient
 from control.kube.reflector import Reflector
 from control.kube.watchloop import WatchSpec, reflect
-from control.model.meshconfig import MeshSettings
-from pilotfish_common.lifecycle import Lifecycle
-from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +22,10 @@ CONFIGMAP = "istio"
 KEY = "mesh"
 
 
-class KubeMeshConfig(Lifecycle):
+class KubeMeshConfig(MeshInputBase):
     def __init__(self, client: KubeClient, namespace: str, *, watch_timeout: int = 300) -> None:
+        super().__init__(f"ConfigMap {namespace}/{CONFIGMAP} data.{KEY}")
         self.namespace = namespace
-        self.name = f"ConfigMap {namespace}/{CONFIGMAP} data.{KEY}"
-        self.on_change: Callable[[], None] = lambda: None
         self._client = client
         self._reflector = Reflector()
         self._spec = WatchSpec(
@@ -37,19 +33,8 @@ class KubeMeshConfig(Lifecycle):
             f"metadata.name={CONFIGMAP}",
             watch_timeout=watch_timeout,
         )
-        self._current: MeshSettings | None = None
-        self._error: ConfigError | None = None
         self._text: str | None = None
         self._listed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def current(self) -> MeshSettings | None:
-        return self._current
-
-    @property
-    def error(self) -> ConfigError | None:
-        return self._error
 
     async def start(self) -> None:
         """Start the watch and wait for its first list (the ConfigMap may not exist)."""
@@ -65,11 +50,6 @@ class KubeMeshConfig(Lifecycle):
             name="kube-mesh-config",
         )
         await self._listed.wait()
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel(task)
 
     def _update(self) -> None:
         obj = self._reflector.store.get((self.namespace, CONFIGMAP))

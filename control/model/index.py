@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
 from control.model.gateway_index import (
@@ -87,9 +88,23 @@ class IndexChange:
         return not self.slices.isdisjoint(slices)
 
 
+class IndexSettings(TypedDict, total=False):
+    """MeshIndex's keyword arguments, as next() takes them."""
+
+    trust_domain: str
+    version: int
+    outbound_traffic_policy: str
+    mesh: MeshSettings
+
+
 class MeshIndex:
     """Read-only lookups over one config snapshot and the workloads registered at that time."""
 
+    config: MeshConfig
+    mesh: MeshSettings
+    trust_domain: str
+    outbound_traffic_policy: str
+    version: int
     # The parts (see _build_parts).
     services: tuple[Service, ...]
     service_by_host: dict[str, Service]
@@ -112,7 +127,16 @@ class MeshIndex:
         version: int = 0,
         outbound_traffic_policy: str = "ALLOW_ANY",
         mesh: MeshSettings = DEFAULT_MESH,
+        _parent: MeshIndex | None = None,
     ) -> None:
+        """`_parent` (next() only): the index to derive this one from, when the mesh settings
+        are equal."""
+        if _parent is not None and (
+            trust_domain != _parent.trust_domain
+            or outbound_traffic_policy != _parent.outbound_traffic_policy
+            or mesh != _parent.mesh
+        ):
+            _parent = None
         self.config = config
         # Istio's MeshConfig in effect (--mesh-config; flags applied): telemetry reads it.
         self.mesh = mesh
@@ -124,9 +148,20 @@ class MeshIndex:
         # Identifies this index to the one derived from it (next()); a token rather than a
         # reference, so a chain of derived indexes does not keep every ancestor alive.
         self._token = object()
-        self._derived_from: object = None
-        self._change = IndexChange(frozenset(), frozenset())
-        self._build_parts(tuple(config.workload_entries) + tuple(registered), None)
+        self._derived_from: object = None if _parent is None else _parent._token
+        differ = (
+            frozenset()
+            if _parent is None
+            else frozenset(
+                name
+                for name, a, b in zip(
+                    RULE_SLICES, rules_of(config), rules_of(_parent.config), strict=True
+                )
+                if a is not b and a != b
+            )
+        )
+        self._change = IndexChange(differ, frozenset())
+        self._build_parts(tuple(config.workload_entries) + tuple(registered), _parent)
 
     def _build_parts(self, workloads: tuple[Workload, ...], parent: MeshIndex | None) -> None:
         """Build each part from its slice of the config, or share the parent's when the
@@ -201,46 +236,13 @@ class MeshIndex:
         self,
         config: MeshConfig,
         registered: Iterable[Workload] = (),
-        *,
-        trust_domain: str = "cluster.local",
-        version: int = 0,
-        outbound_traffic_policy: str = "ALLOW_ANY",
-        mesh: MeshSettings = DEFAULT_MESH,
+        **settings: Unpack[IndexSettings],
     ) -> MeshIndex:
         """The index of a new snapshot, derived from this one when the mesh settings are
         equal: every part whose config slices are equal is shared (with only workloads
         changed, all but the endpoints, which are patched), else built afresh. Either way it
         answers every lookup exactly as `MeshIndex(config, registered, ...)` would."""
-        workloads = tuple(config.workload_entries) + tuple(registered)
-        if (
-            trust_domain != self.trust_domain
-            or outbound_traffic_policy != self.outbound_traffic_policy
-            or mesh != self.mesh
-        ):
-            return MeshIndex(
-                config,
-                registered,
-                trust_domain=trust_domain,
-                version=version,
-                outbound_traffic_policy=outbound_traffic_policy,
-                mesh=mesh,
-            )
-        differ = frozenset(
-            name
-            for name, a, b in zip(RULE_SLICES, rules_of(config), rules_of(self.config), strict=True)
-            if a is not b and a != b
-        )
-        new = object.__new__(MeshIndex)
-        new.config = config
-        new.mesh = mesh
-        new.trust_domain = trust_domain
-        new.outbound_traffic_policy = outbound_traffic_policy
-        new.version = version
-        new._token = object()
-        new._derived_from = self._token
-        new._change = IndexChange(differ, frozenset())
-        new._build_parts(workloads, self)
-        return new
+        return MeshIndex(config, registered, **settings, _parent=self)
 
     def changed_since(self, other: MeshIndex) -> frozenset[str] | None:
         """When this index was derived from `other` (next()) and their rules are equal: the

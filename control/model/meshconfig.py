@@ -29,15 +29,28 @@ class FileAccessLogProvider:
     labels: Labels | None = None  # JSON: label -> Envoy command operator
 
 
+HTTP_ALS = "envoyHttpAls"
+TCP_ALS = "envoyTcpAls"
+OTEL_ALS = "envoyOtelAls"
+
+
 @dataclass(frozen=True, slots=True)
 class GrpcAccessLogProvider:
-    """`envoyHttpAls` / `envoyTcpAls` / `envoyOtelAls`: parsed and shown, not generated (only
-    Envoy's file logger is; the agent's own ALS socket is the standard-metrics path)."""
+    """`envoyHttpAls` / `envoyTcpAls` (Envoy's gRPC access log service) and `envoyOtelAls`
+    (OTLP LogsService): Envoy's gRPC loggers to a collector at `service:port`. The header
+    lists are the HTTP service's `additional*ToLog`; `text`/`labels` the OTel one's
+    `logFormat` (the log record's body and attributes)."""
 
-    kind: str  # the Istio field name, e.g. "envoyOtelAls"
+    kind: str  # the Istio field name: HTTP_ALS, TCP_ALS or OTEL_ALS
     service: str
     port: int
     log_name: str = ""
+    request_headers: tuple[str, ...] = ()
+    response_headers: tuple[str, ...] = ()
+    response_trailers: tuple[str, ...] = ()
+    filter_state_objects: tuple[str, ...] = ()
+    text: str = ""
+    labels: Labels | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 
 from control.model.meshconfig import (
     AccessLogEncoding,
+    GrpcAccessLogProvider,
     OpenTelemetryProvider,
     ZipkinProvider,
 )
 from control.model.types import Labels, SourceRef
+from protos.telemetry import HTTP_METRICS, STANDARD_METRICS, TCP_METRICS
 
 
 class WorkloadMode(enum.StrEnum):
@@ -141,7 +143,8 @@ class Telemetry:
 
 @dataclass(frozen=True, slots=True)
 class AccessLogSink:
-    """One Envoy file access log: where, in which format, for which responses."""
+    """One Envoy access log: where, in which format, for which responses. A file (`path`),
+    or, with `grpc` set, a gRPC access log service (`path` and the formats unused)."""
 
     provider: str
     path: str
@@ -149,6 +152,7 @@ class AccessLogSink:
     text_format: str = ""  # "": Istio's default TEXT format
     json_labels: Labels | None = None  # None: Istio's default JSON labels
     filter: CodeFilter | None = None
+    grpc: GrpcAccessLogProvider | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,26 +176,69 @@ class SideTelemetry:
     tracing: TracingSettings | None = None
 
 
+PROMETHEUS = "prometheus"
+
+
+@dataclass(frozen=True, slots=True)
+class SideMetrics:
+    """The standard metrics of one side of a proxy after the overrides: which are not
+    exported, and the labels each one drops."""
+
+    disabled: frozenset[str] = frozenset()
+    removed: tuple[tuple[str, frozenset[str]], ...] = ()  # (metric, labels), by metric
+
+    @property
+    def http_off(self) -> bool:
+        return self.disabled.issuperset(HTTP_METRICS)
+
+    @property
+    def tcp_off(self) -> bool:
+        return self.disabled.issuperset(TCP_METRICS)
+
+
+NO_METRIC_OVERRIDES = SideMetrics()
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsSettings:
     """The metrics in effect for a proxy, for the standard-metrics code: the providers
-    (`prometheus` = Istio's standard metrics) and the overrides in precedence order (root,
-    namespace, workload: for the same metric and mode, a later one wins)."""
+    (`prometheus` = Istio's standard metrics) and the prometheus provider's overrides in
+    precedence order (root, namespace, workload; within one, as written: later ones win)."""
 
-    providers: tuple[str, ...] = ("prometheus",)
+    providers: tuple[str, ...] = (PROMETHEUS,)
     overrides: tuple[MetricOverride, ...] = ()
     reporting_interval: float | None = None
+    # Whether one of `providers` is a prometheus provider (the mesh config says which are).
+    prometheus: bool = True
 
     def enabled(self, metric: str, mode: WorkloadMode) -> bool:
         """Whether a standard metric is reported on one side (`disabled` overrides)."""
-        if "prometheus" not in self.providers:
+        if not self.prometheus:
             return False
-        on = True
+        return metric not in self.side(mode).disabled
+
+    def side(self, mode: WorkloadMode) -> SideMetrics:
+        """Istio's merge for one side: each override, in order, sets `disabled` (when it
+        says) and its tag operations (by tag name) on every metric it matches."""
+        disabled: dict[str, bool] = {}
+        tags: dict[str, dict[str, str]] = {}
         for o in self.overrides:
-            if o.metric in (metric, "ALL_METRICS") and o.mode.covers(mode):
+            if not o.mode.covers(mode):
+                continue
+            metrics = STANDARD_METRICS if o.metric == "ALL_METRICS" else (o.metric,)
+            for m in metrics:
+                if m not in STANDARD_METRICS:
+                    continue  # a custom metric: none is produced here
                 if o.disabled is not None:
-                    on = not o.disabled
-        return on
+                    disabled[m] = o.disabled
+                for tag in o.tag_overrides:
+                    tags.setdefault(m, {})[tag.tag] = tag.operation
+        removed = tuple(
+            (m, frozenset(t for t, op in ops.items() if op == "REMOVE"))
+            for m, ops in sorted(tags.items())
+            if "REMOVE" in ops.values() and not disabled.get(m, False)
+        )
+        return SideMetrics(frozenset(m for m, off in disabled.items() if off), removed)
 
 
 @dataclass(frozen=True, slots=True)

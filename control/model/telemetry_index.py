@@ -18,8 +18,9 @@ first by name is used, as for Sidecars.
   take the last value set; custom tags merge by tag name, later levels winning. Sampling
   defaults to `defaultConfig.tracing.sampling`. Without Telemetry tracing, default tracing
   providers apply only under `enableTracing`.
-- Metrics: the last level naming providers wins (else `defaultProviders.metrics`);
-  overrides are kept in level order for the standard-metrics code (MetricsSettings).
+- Metrics: the last level naming providers wins (else `defaultProviders.metrics`); without
+  `prometheus` among them the proxy reports no standard metrics. The prometheus provider's
+  overrides are kept in level order; MetricsSettings.side merges them as Istio does.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from collections.abc import Iterable
 from control.model.meshconfig import (
     AccessLogEncoding,
     FileAccessLogProvider,
+    GrpcAccessLogProvider,
     MeshSettings,
     OpenTelemetryProvider,
+    PrometheusProvider,
     ZipkinProvider,
 )
 from control.model.telemetry import (
@@ -146,7 +149,13 @@ class TelemetryIndex:
                 json_labels=provider.labels,
                 filter=code_filter,
             )
-        self._unknown(name, "an access log provider (envoyFileAccessLog)", provider is None)
+        if isinstance(provider, GrpcAccessLogProvider):
+            return AccessLogSink(provider=name, path="", filter=code_filter, grpc=provider)
+        self._unknown(
+            name,
+            "an access log provider (envoyFileAccessLog, envoyHttpAls, envoyTcpAls, envoyOtelAls)",
+            provider is None,
+        )
         return None
 
     def _tracing(self, levels: tuple[Telemetry, ...], side: WorkloadMode) -> TracingSettings | None:
@@ -182,17 +191,31 @@ class TelemetryIndex:
         )
 
     def _metrics(self, levels: tuple[Telemetry, ...]) -> MetricsSettings:
-        providers = self.mesh.default_providers.metrics
+        defaults = self.mesh.default_providers.metrics
+        providers = defaults
         overrides: list[MetricOverride] = []
         interval: float | None = None
         for t in levels:
             for m in t.metrics:
                 if m.providers:
                     providers = m.providers
-                overrides.extend(m.overrides)
+                # As Istio: an entry's overrides are for its providers (the default ones
+                # when it names none); only a prometheus provider's shape these metrics.
+                if any(self._prometheus(p) for p in m.providers or defaults):
+                    overrides.extend(m.overrides)
                 if m.reporting_interval is not None:
                     interval = m.reporting_interval
-        return MetricsSettings(tuple(providers), tuple(overrides), interval)
+        on = False
+        for name in providers:
+            if self._prometheus(name):
+                on = True
+            else:
+                provider = self.mesh.provider(name)
+                self._unknown(name, "a metrics provider (prometheus)", provider is None)
+        return MetricsSettings(tuple(providers), tuple(overrides), interval, on)
+
+    def _prometheus(self, name: str) -> bool:
+        return isinstance(self.mesh.provider(name), PrometheusProvider)
 
     def _unknown(self, name: str, wanted: str, missing: bool) -> None:
         # An index is made per push: said once per process, not once per push.

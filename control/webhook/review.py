@@ -16,8 +16,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from control.webhook.inject import InjectionError, InjectionValues, injection_patch
+from control.webhook.inject import injection_patch
 from control.webhook.template import SidecarTemplate
+from control.webhook.values import InjectionError, InjectionValues
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from control.webhook.inject import InjectionValues
+from control.httpserve import AppServer
 from control.webhook.review import NamespaceLabels, ReviewError, review_response
 from control.webhook.template import SidecarTemplate
+from control.webhook.values import InjectionValues
 
 logger = logging.getLogger(__name__)
 
@@ -44,25 +45,15 @@ class WebhookServer:
         self.values = values
         self.reviews = 0
         self.injected = 0
-        self._runner: web.AppRunner | None = None
+        self._server = AppServer()
 
     async def start(self, address: str, ssl_context: ssl.SSLContext) -> int:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(INJECT_PATH, self._inject)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        host, _, port = address.rpartition(":")
-        site = web.TCPSite(
-            self._runner, host.strip("[]"), int(port), ssl_context=ssl_context, reuse_address=True
-        )
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else int(port)
+        return await self._server.start(app, address, ssl_context=ssl_context, shutdown_timeout=1.0)
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.close()
 
     async def _inject(self, request: web.Request) -> web.Response:
         self._on_result("request")

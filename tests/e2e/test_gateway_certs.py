@@ -39,6 +39,7 @@ from tests.support.controlplane import (
     running_kube_control_plane,
 )
 from tests.support.envoy import EnvoyProcess
+from tests.support.gateways import router_pod
 from tests.support.kubeapi import FakeKubeApi
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
@@ -58,14 +59,12 @@ async def router_sds(
 ) -> AsyncIterator[tuple[AgentProcess, Path]]:
     """A real router agent (`--proxy-type router`, its own Envoy serving no Gateway) on the
     control plane's TLS port; yields it and its SDS socket, where the test's Envoy reads."""
-    agent = mesh_agent(
+    agent = router_pod(
         cp,
         tmp,
         pod_ip(),
         "gw-1",
         "app=gw",
-        "--proxy-type",
-        "router",
         namespace=identity.namespace,
         service_account=identity.service_account,
     )

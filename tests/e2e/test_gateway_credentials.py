@@ -24,18 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_gateway_pods import (
-    GATEWAY_NS,
-    Router,
-    _doc,
-    _ready,
-    client_context,
-    kube_service,
-    refused,
-    router_agent,
-    tls_get,
-    workload_entry,
-)
+from tests.support import gateways as gw
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.gatewayapi import (
@@ -47,7 +36,6 @@ from tests.support.gatewayapi import (
     route,
     service,
 )
-from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.secrets import secret_object, secret_yaml
 from tests.support.testca import IssuedCert, TestCA
@@ -58,32 +46,27 @@ HOSTS = ("one.example.com", "two.example.com", "m.example.com")
 
 
 def gateway_yaml() -> str:
-    return _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: Gateway
-        metadata: {{name: ingress, namespace: {GATEWAY_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          servers:
-          - port: {{number: 8443, name: https-one, protocol: HTTPS}}
-            hosts: [one.example.com]
-            tls: {{mode: SIMPLE, credentialName: one-cert}}
-          - port: {{number: 8443, name: https-two, protocol: HTTPS}}
-            hosts: [two.example.com]
-            tls: {{mode: SIMPLE, credentialName: two-cert}}
-          - port: {{number: 9443, name: https-mutual, protocol: HTTPS}}
-            hosts: [m.example.com]
-            tls: {{mode: MUTUAL, credentialName: m-cert}}
+    return gw.istio_gateway(
+        "ingress",
         """
-    ) + _doc(
+        - port: {number: 8443, name: https-one, protocol: HTTPS}
+          hosts: [one.example.com]
+          tls: {mode: SIMPLE, credentialName: one-cert}
+        - port: {number: 8443, name: https-two, protocol: HTTPS}
+          hosts: [two.example.com]
+          tls: {mode: SIMPLE, credentialName: two-cert}
+        - port: {number: 9443, name: https-mutual, protocol: HTTPS}
+          hosts: [m.example.com]
+          tls: {mode: MUTUAL, credentialName: m-cert}
+        """,
+    ) + gw.doc(
         f"""
         apiVersion: networking.istio.io/v1
         kind: VirtualService
         metadata: {{name: alpha, namespace: default}}
         spec:
           hosts: [{", ".join(HOSTS)}]
-          gateways: [{GATEWAY_NS}/ingress]
+          gateways: [{gw.GATEWAY_NS}/ingress]
           http: [{{route: [{{destination: {{host: alpha}}}}]}}]
         """
     )
@@ -98,12 +81,12 @@ class Site:
 
     def write(self) -> None:
         text = (
-            kube_service("alpha", 9080, 8080)
-            + workload_entry("alpha", self.alpha_ip)
+            gw.kube_service("alpha", 9080, 8080)
+            + gw.workload_entry("alpha", self.alpha_ip)
             + gateway_yaml()
-            + secret_yaml("one-cert", self.certs["one"], namespace=GATEWAY_NS)
-            + secret_yaml("two-cert", self.certs["two"], namespace=GATEWAY_NS)
-            + secret_yaml("m-cert", self.certs["m"], namespace=GATEWAY_NS, ca=self.ca.root_pem)
+            + secret_yaml("one-cert", self.certs["one"], namespace=gw.GATEWAY_NS)
+            + secret_yaml("two-cert", self.certs["two"], namespace=gw.GATEWAY_NS)
+            + secret_yaml("m-cert", self.certs["m"], namespace=gw.GATEWAY_NS, ca=self.ca.root_pem)
         )
         tmp = self.cfg / ".mesh.tmp"
         tmp.write_text(text)
@@ -111,7 +94,7 @@ class Site:
 
 
 @asynccontextmanager
-async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, Router]]:
+async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, gw.Router]]:
     ca = TestCA()
     cfg = tmp_path / "cfg"
     cfg.mkdir()
@@ -120,12 +103,12 @@ async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, Router]]:
     site.write()
     app = EchoApp("alpha", site.alpha_ip, 8080)
     await app.start()
-    router: Router | None = None
+    router: gw.Router | None = None
     try:
         async with running_control_plane(cfg) as cp:
-            router = router_agent(cp, tmp_path)
+            router = gw.router_agent(cp, tmp_path)
             await eventually(
-                lambda: _ready(router.ip, router.agent), timeout=60, what="router ready"
+                lambda: gw.router_ready(router.ip, router.agent), timeout=60, what="router ready"
             )
             yield site, router
     finally:
@@ -137,50 +120,42 @@ async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, Router]]:
 
 async def test_https_and_mutual_from_secrets_with_sni(tmp_path: Path) -> None:
     async with running_site(tmp_path) as (site, router):
-        ctx = client_context(site.ca.root_pem)
+        ctx = gw.client_context(site.ca.root_pem)
         for name in ("one", "two"):
 
             async def served(name: str = name) -> int | None:
-                try:
-                    cert, status, body = await tls_get(router.ip, 8443, f"{name}.example.com", ctx)
-                except (ssl.SSLError, OSError, TimeoutError):
-                    return None
-                return cert.serial_number if status == 200 and "alpha" in body else None
+                return await gw.served_serial(router.ip, 8443, f"{name}.example.com", ctx, "alpha")
 
             serial = await eventually(served, timeout=30, what=f"{name}.example.com over HTTPS")
             assert serial == site.certs[name].serial
 
         # MUTUAL: the client CA is the Secret's ca.crt (kubernetes://m-cert-cacert).
-        assert await refused(router.ip, 9443, "m.example.com", ctx)
+        assert await gw.refused(router.ip, 9443, "m.example.com", ctx)
         client = site.ca.client_cert("spiffe://example.com/client").write(tmp_path, "client")
-        with_cert = client_context(site.ca.root_pem, client)
+        with_cert = gw.client_context(site.ca.root_pem, client)
 
         async def mutual() -> int | None:
-            try:
-                cert, status, _ = await tls_get(router.ip, 9443, "m.example.com", with_cert)
-            except (ssl.SSLError, OSError, TimeoutError):
-                return None
-            return cert.serial_number if status == 200 else None
+            return await gw.served_serial(router.ip, 9443, "m.example.com", with_cert, "")
 
         assert await eventually(mutual, timeout=30, what="MUTUAL with a client cert") == (
             site.certs["m"].serial
         )
         # A client certificate from another CA is refused.
         stranger = TestCA(name="stranger").client_cert("spiffe://x/y").write(tmp_path, "stranger")
-        assert await refused(
-            router.ip, 9443, "m.example.com", client_context(site.ca.root_pem, stranger)
+        assert await gw.refused(
+            router.ip, 9443, "m.example.com", gw.client_context(site.ca.root_pem, stranger)
         )
 
 
 async def test_rotating_a_secret_through_the_gateway_under_load(tmp_path: Path) -> None:
     async with running_site(tmp_path) as (site, router):
-        ctx = client_context(site.ca.root_pem)
+        ctx = gw.client_context(site.ca.root_pem)
         sni = "one.example.com"
         ok, failures, serials = 0, [], set()
         stop = asyncio.Event()
 
         async def once() -> int:
-            cert, status, body = await tls_get(router.ip, 8443, sni, ctx)
+            cert, status, body = await gw.tls_get(router.ip, 8443, sni, ctx)
             assert status == 200 and "alpha" in body, (status, body)
             return cert.serial_number
 
@@ -273,26 +248,20 @@ async def test_gateway_api_certificate_refs_in_another_namespace_need_a_referenc
     await app.start()
     try:
         async with running_control_plane(cfg) as cp:
-            router = mesh_agent(
+            router = gw.router_pod(
                 cp,
                 tmp_path,
                 pod_ip(),
                 "gw-router",
                 "gateway.networking.k8s.io/gateway-name=gw",
-                "--proxy-type",
-                "router",
                 namespace="infra",
                 service_account="gw",
             )
             router.start()
-            ctx = client_context(ca.root_pem)
+            ctx = gw.client_context(ca.root_pem)
 
             async def serial(name: str) -> int | None:
-                try:
-                    cert, status, body = await tls_get(router.ip, 8443, f"{name}.example.com", ctx)
-                except (ssl.SSLError, OSError, TimeoutError):
-                    return None
-                return cert.serial_number if status == 200 and "v1" in body else None
+                return await gw.served_serial(router.ip, 8443, f"{name}.example.com", ctx, "v1")
 
             try:
                 own = await eventually(lambda: serial("own"), timeout=60, what="own Secret")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,138 +37,29 @@ from tests.e2e.test_ctl import columns, ctl
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp, TcpEchoApp
 from tests.support.controlplane import eventually, running_control_plane
+from tests.support.gateways import (
+    GATEWAY_NS,
+    GATEWAY_PRINCIPAL,
+    GATEWAY_SPIFFE,
+    Router,
+    TlsBackend,
+    client_context,
+    doc,
+    http_get,
+    istio_gateway,
+    kube_service,
+    refused,
+    router_agent,
+    router_pod,
+    router_ready,
+    tls_get,
+    workload_entry,
+)
 from tests.support.mesh import backend_yaml, mesh_agent, workload_group_yaml
 from tests.support.net import pod_ip
 from tests.support.testca import TestCA
 
 pytestmark = pytest.mark.envoy
-
-GATEWAY_NS = "istio-system"
-GATEWAY_SA = "ingress"
-GATEWAY_PRINCIPAL = f"cluster.local/ns/{GATEWAY_NS}/sa/{GATEWAY_SA}"
-GATEWAY_SPIFFE = f"spiffe://{GATEWAY_PRINCIPAL}"
-
-
-def _doc(text: str) -> str:
-    return "---\n" + textwrap.dedent(text).strip() + "\n"
-
-
-def workload_entry(name: str, ip: str) -> str:
-    return _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: WorkloadEntry
-        metadata: {{name: {name}, namespace: default}}
-        spec: {{address: "{ip}", labels: {{app: {name}}}}}
-        """
-    )
-
-
-def kube_service(name: str, port: int, target: int, port_name: str = "http") -> str:
-    return _doc(
-        f"""
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: {name}, namespace: default}}
-        spec:
-          selector: {{app: {name}}}
-          ports: [{{name: {port_name}, port: {port}, targetPort: {target}}}]
-        """
-    )
-
-
-@dataclass
-class Router:
-    ip: str
-    agent: AgentProcess
-
-
-async def _ready(ip: str, agent: AgentProcess) -> bool:
-    if agent.proc is not None and agent.proc.poll() is not None:
-        raise AssertionError(f"agent at {ip} exited:\n{agent.log()[-3000:]}")
-    status, _, _ = await http_get(ip, 15020, "/healthz/ready", "")
-    return status == 200
-
-
-def router_agent(cp: ControlPlane, tmp_path: Path) -> Router:
-    ip = pod_ip()
-    agent = mesh_agent(
-        cp,
-        tmp_path,
-        ip,
-        "ingress-0",
-        "istio=ingressgateway",
-        "--proxy-type",
-        "router",
-        namespace=GATEWAY_NS,
-        service_account=GATEWAY_SA,
-    )
-    agent.start()
-    return Router(ip, agent)
-
-
-# --- clients -----------------------------------------------------------------------------------
-
-
-async def _exchange(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, host: str
-) -> tuple[int, dict[str, str], str]:
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode(errors="replace").split("\r\n")
-    if not lines[0].startswith("HTTP/1.1 "):
-        return 0, {}, ""
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    return int(lines[0].split()[1]), headers, body.decode(errors="replace")
-
-
-async def http_get(ip: str, port: int, path: str, host: str) -> tuple[int, dict[str, str], str]:
-    """(status, headers, body) of one plaintext HTTP/1.1 request; status 0 when refused."""
-    try:
-        reader, writer = await asyncio.open_connection(ip, port)
-    except OSError:
-        return 0, {}, ""
-    try:
-        return await _exchange(reader, writer, path, host or ip)
-    except (OSError, TimeoutError):
-        return 0, {}, ""
-
-
-def client_context(root: bytes, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
-    """A TLS client that verifies the chain to `root` and the server's name."""
-    ctx = ssl.create_default_context(cadata=root.decode())
-    if cert is not None:
-        ctx.load_cert_chain(*cert)
-    return ctx
-
-
-async def tls_get(
-    ip: str, port: int, sni: str, ctx: ssl.SSLContext, path: str = "/"
-) -> tuple[x509.Certificate, int, str]:
-    """Connect with SNI `sni` (verified), return the server's certificate and the answer to
-    one request for `path` with Host `sni`. Raises on a refused handshake."""
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(ip, port, ssl=ctx, server_hostname=sni), 10
-    )
-    ssl_object = writer.get_extra_info("ssl_object")
-    der = ssl_object.getpeercert(binary_form=True)
-    status, _, body = await _exchange(reader, writer, path, sni)
-    return x509.load_der_x509_certificate(der), status, body
-
-
-async def refused(ip: str, port: int, sni: str, ctx: ssl.SSLContext) -> bool:
-    """No answer over TLS: the handshake fails, or (TLS 1.3, where the server's verdict on a
-    client certificate comes after the client's handshake) the first read does."""
-    try:
-        _, status, _ = await tls_get(ip, port, sni, ctx)
-    except (ssl.SSLError, OSError, ValueError, TimeoutError):
-        return True
-    return status == 0
 
 
 def dns_names(cert: x509.Certificate) -> list[str]:
@@ -199,99 +89,55 @@ async def echo_grpc_server(ip: str, port: int) -> grpc.aio.Server:
     return server
 
 
-@dataclass
-class TlsBackend:
-    """A TLS server outside the mesh (PASSTHROUGH's backend): greets with its name."""
-
-    ip: str
-    port: int
-    cert: tuple[Path, Path]
-    _server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(*self.cert)
-        self._server = await asyncio.start_server(self._handle, self.ip, self.port, ssl=ctx)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            body = b"tlsbackend"
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                % (len(body), body)
-            )
-            await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-
 # --- ingress -----------------------------------------------------------------------------------
 
 
 def ingress_yaml(certs: dict[str, tuple[Path, Path]], client_ca: Path, missing: Path) -> str:
     a, b, m = certs["a"], certs["b"], certs["m"]
-    return _doc(
+    return istio_gateway(
+        "ingress",
         f"""
-        apiVersion: networking.istio.io/v1
-        kind: Gateway
-        metadata: {{name: ingress, namespace: {GATEWAY_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          servers:
-          - port: {{number: 8080, name: http, protocol: HTTP}}
-            hosts: [alpha.example.com, beta.example.com]
-          - port: {{number: 8090, name: grpc, protocol: GRPC}}
-            hosts: [grpc.example.com]
-          - port: {{number: 8081, name: http-redirect, protocol: HTTP}}
-            hosts: [secure.example.com]
-            tls: {{httpsRedirect: true}}
-          - port: {{number: 8443, name: https-a, protocol: HTTPS}}
-            hosts: [a.example.com]
-            tls: {{mode: SIMPLE, serverCertificate: {a[0]}, privateKey: {a[1]}}}
-          - port: {{number: 8443, name: https-b, protocol: HTTPS}}
-            hosts: [b.example.com]
-            tls: {{mode: SIMPLE, serverCertificate: {b[0]}, privateKey: {b[1]}}}
-          - port: {{number: 8443, name: https-broken, protocol: HTTPS}}
-            hosts: [broken.example.com]
-            tls: {{mode: SIMPLE, serverCertificate: {missing}, privateKey: {missing}}}
-          - port: {{number: 9443, name: https-mutual, protocol: HTTPS}}
-            hosts: [m.example.com]
-            tls:
-              mode: MUTUAL
-              serverCertificate: {m[0]}
-              privateKey: {m[1]}
-              caCertificates: {client_ca}
-          - port: {{number: 9000, name: tcp, protocol: TCP}}
-            hosts: ["*"]
-          - port: {{number: 9444, name: tls-pass, protocol: TLS}}
-            hosts: [pass.example.com]
-            tls: {{mode: PASSTHROUGH}}
+        - port: {{number: 8080, name: http, protocol: HTTP}}
+          hosts: [alpha.example.com, beta.example.com]
+        - port: {{number: 8090, name: grpc, protocol: GRPC}}
+          hosts: [grpc.example.com]
+        - port: {{number: 8081, name: http-redirect, protocol: HTTP}}
+          hosts: [secure.example.com]
+          tls: {{httpsRedirect: true}}
+        - port: {{number: 8443, name: https-a, protocol: HTTPS}}
+          hosts: [a.example.com]
+          tls: {{mode: SIMPLE, serverCertificate: {a[0]}, privateKey: {a[1]}}}
+        - port: {{number: 8443, name: https-b, protocol: HTTPS}}
+          hosts: [b.example.com]
+          tls: {{mode: SIMPLE, serverCertificate: {b[0]}, privateKey: {b[1]}}}
+        - port: {{number: 8443, name: https-broken, protocol: HTTPS}}
+          hosts: [broken.example.com]
+          tls: {{mode: SIMPLE, serverCertificate: {missing}, privateKey: {missing}}}
+        - port: {{number: 9443, name: https-mutual, protocol: HTTPS}}
+          hosts: [m.example.com]
+          tls:
+            mode: MUTUAL
+            serverCertificate: {m[0]}
+            privateKey: {m[1]}
+            caCertificates: {client_ca}
+        - port: {{number: 9000, name: tcp, protocol: TCP}}
+          hosts: ["*"]
+        - port: {{number: 9444, name: tls-pass, protocol: TLS}}
+          hosts: [pass.example.com]
+          tls: {{mode: PASSTHROUGH}}
+        """,
+    ) + istio_gateway(
+        "zz-late",
         """
-    ) + _doc(
-        f"""
-        apiVersion: networking.istio.io/v1
-        kind: Gateway
-        metadata: {{name: zz-late, namespace: {GATEWAY_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          servers:
-          - port: {{number: 8080, name: tcp, protocol: TCP}}
-            hosts: ["*"]
-        """
+        - port: {number: 8080, name: tcp, protocol: TCP}
+          hosts: ["*"]
+        """,
     )
 
 
 def ingress_route(name: str, hosts: str, routes: str) -> str:
     """A VirtualService in `default` bound to the ingress Gateway; `routes` its route lines."""
-    head = _doc(
+    head = doc(
         f"""
         apiVersion: networking.istio.io/v1
         kind: VirtualService
@@ -398,7 +244,7 @@ async def running_ingress(tmp_path: Path) -> AsyncIterator[Ingress]:
             # The broken server's secret never comes: the listener starts after the SDS
             # initial fetch timeout (gateway_tls.py), so readiness takes a few seconds more.
             await eventually(
-                lambda: _ready(router.ip, router.agent), timeout=60, what="router ready"
+                lambda: router_ready(router.ip, router.agent), timeout=60, what="router ready"
             )
             yield Ingress(router, ca, root, certs, client, backend_cert.serial, missing)
     finally:
@@ -492,7 +338,7 @@ async def test_istio_gateway_ingress(tmp_path: Path, caplog: pytest.LogCaptureFi
 def mtls_mesh_yaml() -> str:
     return (
         backend_yaml("backend")
-        + _doc(
+        + doc(
             f"""
             apiVersion: security.istio.io/v1
             kind: AuthorizationPolicy
@@ -504,19 +350,14 @@ def mtls_mesh_yaml() -> str:
               - from: [{{source: {{principals: ["{GATEWAY_PRINCIPAL}"]}}}}]
             """
         )
-        + _doc(
-            f"""
-            apiVersion: networking.istio.io/v1
-            kind: Gateway
-            metadata: {{name: ingress, namespace: {GATEWAY_NS}}}
-            spec:
-              selector: {{istio: ingressgateway}}
-              servers:
-              - port: {{number: 8080, name: http, protocol: HTTP}}
-                hosts: ["*/backend.example.com"]
+        + istio_gateway(
+            "ingress",
             """
+            - port: {number: 8080, name: http, protocol: HTTP}
+              hosts: ["*/backend.example.com"]
+            """,
         )
-        + _doc(
+        + doc(
             f"""
             apiVersion: networking.istio.io/v1
             kind: VirtualService
@@ -552,7 +393,7 @@ async def test_gateway_to_sidecar_backend_is_mtls_and_authorized(tmp_path: Path)
                 agents.append(agent)
                 agent.start()
             for ip, agent in ((router.ip, router.agent), (backend_ip, backend), (other_ip, other)):
-                await eventually(lambda ip=ip, agent=agent: _ready(ip, agent), timeout=60)
+                await eventually(lambda ip=ip, agent=agent: router_ready(ip, agent), timeout=60)
 
             async def through_gateway() -> tuple[int, str]:
                 status, _, body = await http_get(router.ip, 8080, "/hello", "backend.example.com")
@@ -630,7 +471,7 @@ def egress_yaml(external_ip: str) -> str:
     hop); the gateway's route (the same VirtualService, bound to the Gateway too) goes out."""
     gateway_host = f"istio-egressgateway.{GATEWAY_NS}.svc.cluster.local"
     return (
-        _doc(
+        doc(
             f"""
             apiVersion: networking.istio.io/v1
             kind: ServiceEntry
@@ -643,7 +484,7 @@ def egress_yaml(external_ip: str) -> str:
               endpoints: [{{address: "{external_ip}"}}]
             """
         )
-        + _doc(
+        + doc(
             f"""
             apiVersion: v1
             kind: Service
@@ -660,20 +501,16 @@ def egress_yaml(external_ip: str) -> str:
             service_account="egress",
             labels={"istio": "egressgateway"},
         )
-        + _doc(
-            f"""
-            apiVersion: networking.istio.io/v1
-            kind: Gateway
-            metadata: {{name: egressgateway, namespace: {GATEWAY_NS}}}
-            spec:
-              selector: {{istio: egressgateway}}
-              servers:
-              - port: {{number: 8443, name: https, protocol: HTTPS}}
-                hosts: [httpbin.example.com]
-                tls: {{mode: ISTIO_MUTUAL}}
+        + istio_gateway(
+            "egressgateway",
             """
+            - port: {number: 8443, name: https, protocol: HTTPS}
+              hosts: [httpbin.example.com]
+              tls: {mode: ISTIO_MUTUAL}
+            """,
+            selector="egressgateway",
         )
-        + _doc(
+        + doc(
             f"""
             apiVersion: networking.istio.io/v1
             kind: DestinationRule
@@ -684,7 +521,7 @@ def egress_yaml(external_ip: str) -> str:
                 tls: {{mode: ISTIO_MUTUAL, sni: httpbin.example.com}}
             """
         )
-        + _doc(
+        + doc(
             f"""
             apiVersion: networking.istio.io/v1
             kind: VirtualService
@@ -712,14 +549,12 @@ async def test_egress_gateway_with_istio_mutual_from_the_sidecar(tmp_path: Path)
     agents: list[AgentProcess] = []
     try:
         async with running_control_plane(cfg) as cp:
-            egress = mesh_agent(
+            egress = router_pod(
                 cp,
                 tmp_path,
                 egress_ip,
                 "egress-0",
                 "istio=egressgateway",
-                "--proxy-type",
-                "router",
                 namespace=GATEWAY_NS,
                 group="egressgateway",
                 service_account="egress",
@@ -729,7 +564,7 @@ async def test_egress_gateway_with_istio_mutual_from_the_sidecar(tmp_path: Path)
                 agents.append(agent)
                 agent.start()
             for ip, agent in ((egress_ip, egress), (client_ip, client)):
-                await eventually(lambda ip=ip, agent=agent: _ready(ip, agent), timeout=60)
+                await eventually(lambda ip=ip, agent=agent: router_ready(ip, agent), timeout=60)
 
             async def from_client() -> tuple[int, str] | None:
                 status, _, body = await http_get(client_ip, 8000, "/status", "httpbin.example.com")

@@ -21,20 +21,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.test_gateway_pods import (
-    GATEWAY_NS,
-    GATEWAY_SPIFFE,
-    _ready,
-    http_get,
-    mtls_mesh_yaml,
-    router_agent,
-)
+from tests.e2e.test_gateway_pods import mtls_mesh_yaml
 from tests.e2e.test_telemetry_access_logs import text_entries
 from tests.e2e.test_telemetry_tracing import Span, ZipkinReceiver, sampling
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoyadmin import draining, dynamic_listeners
+from tests.support.gateways import GATEWAY_NS, GATEWAY_SPIFFE, http_get, router_agent, router_ready
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.promtext import Exposition, parse
@@ -149,7 +143,7 @@ async def test_gateway_logs_metrics_and_traces(tmp_path: Path) -> None:
             agents.append(backend)
             backend.start()
             for ip, agent in ((router.ip, router.agent), (backend_ip, backend)):
-                await eventually(lambda ip=ip, agent=agent: _ready(ip, agent), timeout=60)
+                await eventually(lambda ip=ip, agent=agent: router_ready(ip, agent), timeout=60)
             await eventually(lambda: router_settled(router.ip), timeout=30, what="router config")
 
             async def through_gateway(path: str) -> int:

@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives import serialization
 
 from control.app import ControlPlane
 from control.model.gatewayapi import GROUP
-from tests.e2e.test_gateway_pods import TlsBackend, client_context, refused, tls_get
 from tests.integration.test_proxyless_grpc import METHOD
 from tests.integration.test_proxyless_grpc import backend as grpc_backend
 from tests.support.agentproc import AgentProcess
@@ -43,9 +42,9 @@ from tests.support.gatewayapi import (
     reference_grant,
     route,
 )
+from tests.support.gateways import TlsBackend, client_context, refused, router_pod, tls_get
 from tests.support.kubeapi import FakeKubeApi
 from tests.support.kubeapi import pod as kube_pod
-from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 from tests.support.testca import TestCA
 
@@ -170,14 +169,12 @@ def _route_reasons(cp: ControlPlane, namespace: str, name: str) -> dict[str, str
 
 def _router(cp: ControlPlane, tmp_path: Path, ip: str) -> AgentProcess:
     """The router pod of Gateway infra/gw (labelled with its name), started."""
-    router = mesh_agent(
+    router = router_pod(
         cp,
         tmp_path,
         ip,
         "gw-router",
         "gateway.networking.k8s.io/gateway-name=gw",
-        "--proxy-type",
-        "router",
         namespace="infra",
         service_account="gw",
     )

@@ -35,6 +35,7 @@ from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoyadmin import counter, draining, dynamic_listeners, status_of
+from tests.support.grpcserver import start_generic_server
 from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
@@ -115,7 +116,6 @@ class OtlpReceiver:
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server()
         handler = grpc.method_handlers_generic_handler(
             "opentelemetry.proto.collector.trace.v1.TraceService",
             {
@@ -126,10 +126,7 @@ class OtlpReceiver:
                 )
             },
         )
-        server.add_generic_rpc_handlers((handler,))
-        self.port = server.add_insecure_port(f"{self.host}:0")
-        await server.start()
-        self._server = server
+        self._server, self.port = await start_generic_server(self.host, handler)
 
     async def close(self) -> None:
         if self._server is not None:

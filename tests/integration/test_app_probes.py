@@ -25,7 +25,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from control.app import ControlPlane, ControlPlaneOptions
-from control.webhook.inject import apply_patch
+from control.webhook.jsonpatch import apply_patch
 from tests.support.admission import admission_review
 from tests.support.agentproc import ROOT, AgentProcess
 from tests.support.controlplane import eventually

@@ -15,7 +15,7 @@ import pytest
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.app import ControlPlane, ControlPlaneOptions
-from control.webhook.inject import MERGE_METRICS_ANNOTATION as MERGE
+from control.webhook.values import MERGE_METRICS_ANNOTATION as MERGE
 from protos import typeurls
 from tests.support.admission import admission_review
 from tests.support.adsclient import AdsStream, node_id

@@ -212,7 +212,12 @@ def static_bootstrap(proxy: Proxy, sets: dict[str, ResourceSet]) -> Bootstrap:
 
 
 def validate(bootstrap: Bootstrap, path: Path) -> subprocess.CompletedProcess[str]:
-    path.write_text(json_format.MessageToJson(bootstrap))
+    """Envoy's verdict on `bootstrap`, written as JSON, or as binary for a `.pb` path (which
+    keeps unknown fields, as xDS does)."""
+    if path.suffix == ".pb":
+        path.write_bytes(bootstrap.SerializeToString())
+    else:
+        path.write_text(json_format.MessageToJson(bootstrap))
     return subprocess.run(
         [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
         capture_output=True,

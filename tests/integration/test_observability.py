@@ -22,7 +22,8 @@ import yaml
 
 from agent.telemetry.labels import HTTP_LABELS
 from control.app import ControlPlane
-from control.webhook.inject import apply_patch, injection_patch
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import load_template
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.mesh import mesh_agent

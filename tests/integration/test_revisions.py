@@ -16,7 +16,7 @@ from typing import Any
 
 from control.app import ControlPlane, ControlPlaneOptions
 from control.webhook.cabundle import ca_bundle
-from control.webhook.inject import apply_patch
+from control.webhook.jsonpatch import apply_patch
 from tests.integration.test_webhook import webhook_configuration
 from tests.support.admission import admission_review
 from tests.support.controlplane import eventually

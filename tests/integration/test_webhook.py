@@ -19,7 +19,7 @@ from control.app import ControlPlane, ControlPlaneOptions
 from control.ca.authority import in_memory_authority
 from control.kube.client import KubeClient, KubeConfig, from_kubeconfig
 from control.webhook.cabundle import CaBundlePatcher, ConflictRetry, Outcome, ca_bundle
-from control.webhook.inject import apply_patch
+from control.webhook.jsonpatch import apply_patch
 from tests.support.controlplane import eventually
 from tests.support.kubeapi import FakeKubeApi
 

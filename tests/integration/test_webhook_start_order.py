@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from control.app import ControlPlane, ControlPlaneOptions
-from control.webhook.inject import apply_patch
+from control.webhook.jsonpatch import apply_patch
 from tests.support.admission import admission_review
 
 HOLD = {"proxy.istio.io/config": "holdApplicationUntilProxyStarts: true"}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from control.app import ControlPlane, ControlPlaneOptions
-from control.webhook.inject import apply_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from tests.support.admission import admission_review
 

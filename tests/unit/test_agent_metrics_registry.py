@@ -63,11 +63,14 @@ def test_wrong_label_count_is_an_error() -> None:
 
 
 def test_agent_start_imports_no_prometheus_client() -> None:
-    """What the agent imports to start (agent/app.py and all it pulls in) does not include
+    """What the agent imports to start (agent/app.py and all it pulls in, with Envoy's
+    standard metrics) does not include
     prometheus_client or the HTTP servers, urllib and email modules its package imports:
     they load at the first scrape."""
     code = (
         "import sys, agent.__main__, agent.launch, agent.app\n"
+        # What an agent with Envoy also loads (its standard metrics).
+        "import agent.telemetry.aggregator, agent.telemetry.als, agent.telemetry.peers\n"
         "from agent.metrics import AgentMetrics\n"
         "m = AgentMetrics(); m.scrapes.inc()\n"
         "bad = [n for n in sys.modules if n.split('.')[0] in ('prometheus_client', 'wsgiref')"

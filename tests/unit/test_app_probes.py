@@ -13,9 +13,11 @@ import pytest
 from agent.config import AgentConfigError, build_parser, config_from_args
 from agent.health.appprobe import forwarded_headers, probe_destination
 from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
-from control.webhook.inject import InjectionError, InjectionValues, apply_patch, injection_patch
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.review import review_response
 from control.webhook.template import load_template
+from control.webhook.values import InjectionError, InjectionValues
 
 TEMPLATE = load_template()
 ENABLED = {"istio-injection": "enabled"}

@@ -54,7 +54,21 @@ FULL = textwrap.dedent(
         logFormat:
           labels: {code: "%RESPONSE_CODE%", path: "%REQ(:PATH)%"}
     - name: als
-      envoyOtelAls: {service: otel.observability.svc.cluster.local, port: 4317}
+      envoyOtelAls:
+        service: otel.observability.svc.cluster.local
+        port: 4317
+        logName: mesh
+        logFormat: {text: "%REQ(:PATH)% %RESPONSE_CODE%", labels: {code: "%RESPONSE_CODE%"}}
+    - name: http-als
+      envoyHttpAls:
+        service: als.observability.svc.cluster.local
+        port: 9001
+        additionalRequestHeadersToLog: [x-user]
+        additionalResponseHeadersToLog: [x-served-by]
+        additionalResponseTrailersToLog: [grpc-message]
+        filterStateObjectsToLog: [envoy.network.upstream_server_name]
+    - name: tcp-als
+      envoyTcpAls: {service: als.observability.svc.cluster.local, port: 9001}
     """
 )
 
@@ -83,15 +97,30 @@ def test_every_supported_field() -> None:
         "/var/log/access.json",
         labels=(("code", "%RESPONSE_CODE%"), ("path", "%REQ(:PATH)%")),
     )
-    als = mesh.provider("als")
-    assert isinstance(als, GrpcAccessLogProvider) and als.kind == "envoyOtelAls"
+    assert mesh.provider("als") == GrpcAccessLogProvider(
+        "envoyOtelAls",
+        "otel.observability.svc.cluster.local",
+        4317,
+        "mesh",
+        text="%REQ(:PATH)% %RESPONSE_CODE%",
+        labels=(("code", "%RESPONSE_CODE%"),),
+    )
+    assert mesh.provider("http-als") == GrpcAccessLogProvider(
+        "envoyHttpAls",
+        "als.observability.svc.cluster.local",
+        9001,
+        request_headers=("x-user",),
+        response_headers=("x-served-by",),
+        response_trailers=("grpc-message",),
+        filter_state_objects=("envoy.network.upstream_server_name",),
+    )
+    assert mesh.provider("tcp-als") == GrpcAccessLogProvider(
+        "envoyTcpAls", "als.observability.svc.cluster.local", 9001
+    )
     # Istio's built-ins are there too.
     assert mesh.provider("envoy") == FileAccessLogProvider("/dev/stdout")
     assert isinstance(mesh.provider("prometheus"), PrometheusProvider)
-    # Parsed but not generated: said once, not silently dropped.
-    assert any(
-        "gRPC access log services are parsed but not generated" in str(w) for w in mesh.warnings
-    )
+    assert mesh.warnings == ()
 
 
 def test_defaults_are_istios() -> None:
@@ -198,7 +227,8 @@ async def test_first_input_with_a_config_wins_and_flags_win_over_it() -> None:
 def test_default_config_reaches_injected_agents() -> None:
     """defaultConfig.proxyMetadata becomes the injected agent's environment, as in Istio;
     drainDuration its PILOTFISH_DRAIN_DURATION, the default of --drain-duration."""
-    from control.webhook.inject import InjectionValues, injection_patch
+    from control.webhook.inject import injection_patch
+    from control.webhook.values import InjectionValues
     from tests.unit.test_webhook_inject import ENABLED, TEMPLATE, app_pod, apply_patch, env_of
 
     mesh = parse_mesh_config(

@@ -11,8 +11,10 @@ from typing import Any
 import yaml
 
 from control.ctl.kubeinject import inject_documents
-from control.webhook.inject import InjectionValues, apply_patch, injection_patch
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import load_template
+from control.webhook.values import InjectionValues
 
 DEPLOYMENT = """\
 apiVersion: apps/v1

@@ -30,6 +30,7 @@ from control.generate import (
     listeners_explicit,
     listeners_redirect,
     names,
+    peers,
     probes,
     route_tables,
 )
@@ -55,7 +56,7 @@ from control.model.types import (
     labels_of,
 )
 from control.xds.cache import Resource, ResourceCache, ResourceSet
-from protos.typeurls import NAME_TABLE, WORKLOAD_PROBE
+from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
 M = TypeVar("M", bound=Message)
 
@@ -567,6 +568,7 @@ def test_generators_table() -> None:
         ROUTE_TYPE: route_tables.generate,
         NAME_TABLE: names.generate,
         WORKLOAD_PROBE: probes.generate,
+        PEER_TABLE: peers.generate,
     }
 
 

@@ -11,17 +11,12 @@ from typing import Any
 
 import pytest
 
-from control.webhook.inject import (
-    PROMETHEUS_ANNOTATIONS,
-    STATUS_ANNOTATION,
-    InjectionError,
-    InjectionValues,
-    apply_patch,
-    decide,
-    injection_patch,
-)
+from control.webhook.decision import STATUS_ANNOTATION, decide
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.review import ReviewError, review_response
 from control.webhook.template import TemplateError, load_template, parse_template
+from control.webhook.values import PROMETHEUS_ANNOTATIONS, InjectionError, InjectionValues
 
 TEMPLATE = load_template()
 ENABLED = {"istio-injection": "enabled"}

@@ -15,15 +15,12 @@ from control.config.loader import load_text
 from control.ctl.kubeinject import inject_documents
 from control.security import SecurityOptions
 from control.webhook.cabundle import default_name
+from control.webhook.decision import STATUS_ANNOTATION, decide
 from control.webhook.flags import add_injection_flags
-from control.webhook.inject import (
-    STATUS_ANNOTATION,
-    InjectionValues,
-    apply_patch,
-    decide,
-    injection_patch,
-)
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import load_template
+from control.webhook.values import InjectionValues
 
 TEMPLATE = load_template()
 INJECT = "sidecar.istio.io/inject"

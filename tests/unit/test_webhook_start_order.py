@@ -11,14 +11,11 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from control.webhook.inject import (
-    STATUS_ANNOTATION,
-    InjectionError,
-    InjectionValues,
-    apply_patch,
-    injection_patch,
-)
+from control.webhook.decision import STATUS_ANNOTATION
+from control.webhook.inject import injection_patch
+from control.webhook.jsonpatch import apply_patch
 from control.webhook.template import load_template
+from control.webhook.values import InjectionError, InjectionValues
 
 TEMPLATE = load_template()
 ENABLED = {"istio-injection": "enabled"}

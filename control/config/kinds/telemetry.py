@@ -29,24 +29,15 @@ from control.model.telemetry import (
     Tracing,
     WorkloadMode,
 )
+from protos.telemetry import STANDARD_METRICS
 
 API_VERSIONS = ("telemetry.istio.io/v1", "telemetry.istio.io/v1alpha1")
 
 _MODES = tuple(m.value for m in WorkloadMode)
 _TERM = re.compile(r"\s*\(?\s*response\.code\s*(==|!=|>=|<=|>|<)\s*(\d{1,3})\s*\)?\s*")
-_METRICS = (
-    "ALL_METRICS",
-    "REQUEST_COUNT",
-    "REQUEST_DURATION",
-    "REQUEST_SIZE",
-    "RESPONSE_SIZE",
-    "TCP_OPENED_CONNECTIONS",
-    "TCP_CLOSED_CONNECTIONS",
-    "TCP_SENT_BYTES",
-    "TCP_RECEIVED_BYTES",
-    "GRPC_REQUEST_MESSAGES",
-    "GRPC_RESPONSE_MESSAGES",
-)
+# Istio's metric names; the gRPC message counts are accepted (Istio has them) but never
+# produced here, so overriding them changes nothing.
+_METRICS = ("ALL_METRICS", *STANDARD_METRICS, "GRPC_REQUEST_MESSAGES", "GRPC_RESPONSE_MESSAGES")
 
 
 def parse_code_filter(expression: str) -> CodeFilter | None:
@@ -188,6 +179,11 @@ def _metrics(f: Fields) -> Metrics:
         match = o.get_map("match")
         if match is not None:
             custom = match.get_str("customMetric")
+            if custom:
+                o.ctx.warn(
+                    f"{format_path(match.at('customMetric'))} {custom!r}: only Istio's "
+                    "standard metrics are produced here; this override changes nothing"
+                )
             metric = custom or match.get_enum("metric", _METRICS, default="ALL_METRICS")
             mode = WorkloadMode(match.get_enum("mode", _MODES, default="CLIENT_AND_SERVER"))
             match.finish()
@@ -200,6 +196,13 @@ def _metrics(f: Fields) -> Metrics:
             value = t.get_str("value")
             if operation == "UPSERT" and not value:
                 t.fail("value", "is required for operation UPSERT")
+            if operation == "UPSERT":
+                # A CEL expression evaluated per request: the agent computes labels from
+                # access log entries and has no CEL; only REMOVE is applied.
+                o.ctx.warn(
+                    f"{format_path(path)}: operation UPSERT is not supported (only REMOVE); "
+                    "this tag override is ignored"
+                )
             t.finish()
             tags.append(TagOverride(tag, operation, value))
         overrides.append(MetricOverride(metric, mode, _optional_bool(o, "disabled"), tuple(tags)))

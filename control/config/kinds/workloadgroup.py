@@ -8,7 +8,7 @@ import dataclasses
 from control.config import formats
 from control.config.fields import Context, Fields
 from control.config.kinds.common import ISTIO_NETWORKING_VERSIONS, spec_of
-from control.config.kinds.workloadentry import MAX_WEIGHT, locality_of, service_account_of
+from control.config.kinds.workloadentry import endpoint_fields
 from control.config.objects import ConfigObject
 from control.model.types import labels_of
 from control.model.workloadgroup import WorkloadGroup, WorkloadProbe
@@ -37,13 +37,7 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         template.fail("address", "must not be set in a WorkloadGroup template")
     template.ignore("address")
     labels = {**(template.get_labels("labels") or {}), **meta_labels}
-    ports = template.get_port_map("ports")
-    service_account = service_account_of(template)
-    network = template.get_str("network")
-    if network:
-        ctx.warn_unsupported(template.at("network"), f"{network!r} (multi-network)")
-    locality = locality_of(template)
-    weight = template.get_int("weight", maximum=MAX_WEIGHT) or 0
+    endpoint = endpoint_fields(ctx, template)
     template.finish()
     probe = _probe(spec)
     spec.finish()
@@ -54,10 +48,10 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         source=ctx.source,
         labels=labels_of(labels),
         annotations=labels_of(annotations),
-        service_account=service_account or "default",
-        ports=tuple(sorted(ports.items())),
-        locality=locality,
-        weight=weight,
+        service_account=endpoint.service_account or "default",
+        ports=endpoint.ports,
+        locality=endpoint.locality,
+        weight=endpoint.weight,
         probe=probe,
     )
     return ConfigObject(ctx.source, obj.data, workload_groups=(group,))

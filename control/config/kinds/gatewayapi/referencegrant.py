@@ -2,34 +2,39 @@
 
 from __future__ import annotations
 
-from control.config.fields import Context
+from collections.abc import Callable
+from typing import TypeVar
+
+from control.config.fields import Context, Fields
 from control.config.kinds.gatewayapi.refs import gateway_spec
 from control.config.objects import ConfigObject
 from control.model.gatewayapi import GrantFrom, GrantTo, ReferenceGrant
 
+T = TypeVar("T", GrantFrom, GrantTo)
+
 
 def convert(ctx: Context, domain: str) -> ConfigObject:
     spec = gateway_spec(ctx)
-    from_: list[GrantFrom] = []
-    for f in spec.get_maps("from", required=True):
-        from_.append(
-            GrantFrom(
-                group=f.get_str("group"),
-                kind=f.get_str("kind", required=True),
-                namespace=f.get_str("namespace", required=True),
-            )
-        )
-        f.finish()
-    to: list[GrantTo] = []
-    for f in spec.get_maps("to", required=True):
-        to.append(
-            GrantTo(
-                group=f.get_str("group"),
-                kind=f.get_str("kind", required=True),
-                name=f.get_str("name"),
-            )
-        )
-        f.finish()
+    from_ = _entries(spec, "from", "namespace", GrantFrom)
+    to = _entries(spec, "to", "name", GrantTo)
     spec.finish()
-    grant = ReferenceGrant(ctx.obj.namespace, ctx.obj.name, ctx.source, tuple(from_), tuple(to))
+    grant = ReferenceGrant(ctx.obj.namespace, ctx.obj.name, ctx.source, from_, to)
     return ConfigObject(ctx.source, ctx.obj.data, gateway_api=(grant,))
+
+
+def _entries(
+    spec: Fields, key: str, last: str, make: Callable[[str, str, str], T]
+) -> tuple[T, ...]:
+    """`from` entries (group, kind, namespace: required) or `to` entries (group, kind,
+    name: optional), checked in that order."""
+    out: list[T] = []
+    for f in spec.get_maps(key, required=True):
+        out.append(
+            make(
+                f.get_str("group"),
+                f.get_str("kind", required=True),
+                f.get_str(last, required=last == "namespace"),
+            )
+        )
+        f.finish()
+    return tuple(out)

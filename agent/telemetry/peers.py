@@ -1,0 +1,80 @@
+"""Who a TCP caller is, from the control plane's table of the mesh's workloads (sans-IO).
+
+The control plane sends `pilotfish.telemetry.v1.PeerTable` (protos/peers.proto) on the
+agent's own ADS stream; `PeerDirectory` is its handler. A TCP connection has no peer-metadata
+header, so the server side names its caller by the connection's source address, and only
+when the caller's certificate (mTLS) names the principal the table gives for that address:
+an address alone proves nothing (a plaintext caller, or one whose certificate says another
+identity, stays `unknown`), and nothing the caller sends is read.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from google.protobuf.message import Message
+
+from protos import peers_pb2
+from protos import telemetry as t
+
+logger = logging.getLogger(__name__)
+
+# One address held by more workloads than this (a misconfiguration) names none of them.
+MAX_PER_ADDRESS: Final = 8
+PeerFields = dict[str, str]
+
+
+class PeerDirectory:
+    """The newest table, by address; `__call__` is the xDS response handler."""
+
+    def __init__(self) -> None:
+        # address -> ((principal, fields), ...)
+        self._by_address: dict[str, tuple[tuple[str, PeerFields], ...]] = {}
+        self.updates = 0
+
+    def __call__(self, resources: Sequence[Message]) -> None:
+        by_address: dict[str, list[tuple[str, PeerFields]]] = {}
+        for table in resources:
+            if not isinstance(table, peers_pb2.PeerTable):
+                raise TypeError(f"not a PeerTable: {type(table).__name__}")
+            for p in table.peers:
+                address = _normal(p.ip)
+                if not address or not p.principal.startswith("spiffe://"):
+                    continue
+                fields = {
+                    t.TAG_WORKLOAD: p.workload or "unknown",
+                    t.TAG_NAMESPACE: p.namespace or "unknown",
+                    t.TAG_APP: p.app or "unknown",
+                    t.TAG_VERSION: p.version or "unknown",
+                }
+                by_address.setdefault(address, []).append((p.principal, fields))
+        self._by_address = {
+            a: tuple(entries)
+            for a, entries in by_address.items()
+            if len(entries) <= MAX_PER_ADDRESS
+        }
+        self.updates += 1
+        logger.debug("peer table: %d addresses", len(self._by_address))
+
+    def __len__(self) -> int:
+        return len(self._by_address)
+
+    def caller(self, address: str, principal: str) -> PeerFields | None:
+        """The workload at `address` whose principal is `principal` (the caller's certified
+        SPIFFE ID), or None. Callers must not modify the result."""
+        if not principal.startswith("spiffe://"):
+            return None
+        for known, fields in self._by_address.get(_normal(address), ()):
+            if known == principal:
+                return fields
+        return None
+
+
+def _normal(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return ""

@@ -1,0 +1,64 @@
+"""The mesh's workloads for the node agents' standard metrics (`pilotfish.telemetry.v1.
+PeerTable`, protos/peers.proto): who runs at which address, under which principal.
+
+Why: an HTTP caller's sidecar says who it is in the peer-metadata header; a TCP connection
+carries no header, so the server side's agent would have to report its caller as `unknown`.
+With this table it names the caller by the connection's source address, and only when the
+caller's certificate names the principal the table gives for that address (agent/telemetry/
+peers.py): the address alone is never trusted, nor anything the caller says.
+
+The channel is the agent's own ADS stream (as the name table and the WorkloadGroup probe);
+one resource, `peers`, built once per push from the registered workloads (their identity as
+in the workload's own metrics tags: telemetry_metrics.py) and sent to the agents of proxies
+that report standard metrics. A workload that comes or goes changes it, as it changes EDS.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from control.generate.context import GenContext
+from control.generate.telemetry_metrics import app_of, registered_identity, version_of
+from control.model.proxy import Proxy
+from control.model.types import spiffe_id
+from control.xds.cache import EMPTY, ResourceSet
+from protos import peers_pb2
+from protos.typeurls import PEER_TABLE
+
+RESOURCE_NAME: Final = "peers"
+# (ip, workload, namespace, app, version, principal)
+PeerRow = tuple[str, str, str, str, str, str]
+
+
+def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
+    if not proxy.als or proxy.is_grpc:
+        return EMPTY
+    return ctx.memo(("peer-table",), lambda: _table(ctx))
+
+
+def _table(ctx: GenContext) -> ResourceSet:
+    rows = rows_of(ctx)
+    return ResourceSet([ctx.resource(PEER_TABLE, RESOURCE_NAME, rows, lambda: build(rows))])
+
+
+def rows_of(ctx: GenContext) -> tuple[PeerRow, ...]:
+    trust_domain = ctx.index.trust_domain
+    rows: set[PeerRow] = set()
+    for w in ctx.index.workloads:
+        if not w.address:
+            continue
+        name, labels, account = registered_identity(w)
+        principal = spiffe_id(trust_domain, w.namespace, account)
+        rows.add((w.address, name, w.namespace, app_of(labels), version_of(labels), principal))
+    return tuple(sorted(rows))
+
+
+def build(rows: tuple[PeerRow, ...]) -> peers_pb2.PeerTable:
+    return peers_pb2.PeerTable(
+        peers=[
+            peers_pb2.Peer(
+                ip=ip, workload=name, namespace=ns, app=app, version=version, principal=principal
+            )
+            for ip, name, ns, app, version, principal in rows
+        ]
+    )
