@@ -7,6 +7,7 @@ from agent.startup import StartupTimeline
 # First: the clock of the start timeline (logged when the agent is first ready).
 TIMELINE = StartupTimeline()
 
+import asyncio  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -30,10 +31,9 @@ logger = logging.getLogger("agent")
 
 
 async def _run(args: object) -> int:
-    from agent.app import Agent
-    from agent.envoy.process import EnvoyError
-
-    TIMELINE.mark("imports")
+    # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
+    # ones, is imported while Envoy starts on the other core.
+    from agent.launch import Launch
 
     try:
         cfg = config_from_args(args)  # type: ignore[arg-type]
@@ -47,11 +47,30 @@ async def _run(args: object) -> int:
         os.setgroups([])
         os.setgid(cfg.proxy_gid)
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
-    agent = Agent(cfg, log_level=getattr(args, "log_level", "info"), timeline=TIMELINE)
+    log_level = getattr(args, "log_level", "info")
+    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE)
+    # Envoy runs from the launch on: a stop asked for before the agent exists is kept, and the
+    # agent drains and stops Envoy once it is up (rather than dying and leaving Envoy to the
+    # parent-death signal).
+    stop_early = asyncio.Event()
+    signals.on_stop(stop_early.set)
+    try:
+        await launch.start()
+    except (OSError, RuntimeError) as e:  # EnvoyError is a RuntimeError
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        await launch.close()
+        return 1
+
+    from agent.app import Agent
+
+    TIMELINE.mark("imports")
+    agent = Agent(cfg, log_level=log_level, timeline=TIMELINE, launch=launch)
     signals.on_stop(agent.request_stop)
+    if stop_early.is_set():
+        agent.request_stop()
     try:
         await agent.start()
-    except (OSError, RuntimeError, EnvoyError) as e:
+    except (OSError, RuntimeError) as e:
         print(f"pilotfish-agent: {e}", file=sys.stderr)
         await agent.close()
         return 1

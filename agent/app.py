@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import grpc
@@ -21,13 +21,10 @@ from agent.dns.handler import NameTableHandler
 from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
-from agent.envoy.bootstrap import from_agent_config, write_bootstrap
-from agent.envoy.drain import DrainPlan
-from agent.envoy.process import EnvoySupervisor
 from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.appprobe import AppProbes, probe_destination
-from agent.health.checker import HealthChecker
 from agent.httpio import HttpClientError, fetch
+from agent.launch import Launch
 from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
@@ -37,18 +34,18 @@ from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
 from agent.sds.server import SdsServer
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
-from agent.telemetry.aggregator import MetricsAggregator
-from agent.telemetry.als import AccessLogServer
-from agent.telemetry.peers import PeerDirectory
-from agent.unixsocket import make_workdir
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
-from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
 from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
+
+if TYPE_CHECKING:
+    from agent.envoy.process import EnvoySupervisor
+    from agent.health.checker import HealthChecker
+    from agent.telemetry.als import AccessLogServer
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +98,13 @@ class Agent(Lifecycle):
         handlers: HandlerRegistry | None = None,
         log_level: str = "info",
         timeline: StartupTimeline | None = None,
+        launch: Launch | None = None,
     ) -> None:
+        """`launch`: the parts started before the heavy imports (agent/launch.py), when
+        `agent/__main__.py` made them; otherwise made here and started by `start()`."""
         self.cfg = cfg
-        self.timeline = timeline or StartupTimeline()
+        self.timeline = timeline or (launch.timeline if launch else StartupTimeline())
+        self.launch = launch or Launch(cfg, log_level=log_level, timeline=self.timeline)
         self.handlers = handlers or HandlerRegistry()
         self.metrics = AgentMetrics()
         self.handlers.observer = HandlerMetricsObserver(self.metrics)
@@ -113,23 +114,11 @@ class Agent(Lifecycle):
         self.handlers.rewriters.setdefault(
             EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
         )
-        self.stats = RelayStats(observer=MetricsObserver(self.metrics))
-        tls = None
-        if cfg.uses_tls and cfg.ca_root_cert is not None:
-            tls = UpstreamTls(cfg.ca_root_cert, cfg.token_file)
-        else:
-            # Said once up front: otherwise the first sign of it is a refused certificate.
-            logger.warning(
-                "control plane %s over plaintext: it signs no certificate and registers no "
-                "workload there; use its TLS port (15012) with a token and --ca-root-cert",
-                ",".join(cfg.control_plane),
-            )
-        self.upstream = UpstreamChannel(
-            list(cfg.control_plane),
-            tls=tls,
-            keepalive_time=cfg.keepalive_time,
-            keepalive_timeout=cfg.keepalive_timeout,
+        self.stats = RelayStats(
+            observer=MetricsObserver(self.metrics),
+            on_first_response=lambda: self.timeline.mark("first xds response"),
         )
+        self.upstream = self.launch.upstream
         self.names: NameTableHandler | None = None
         self.dns: DnsServer | None = None
         # REDIRECT: the capture rules send the app's DNS queries to 127.0.0.1:<dns port> (what
@@ -141,9 +130,7 @@ class Agent(Lifecycle):
         # dual-stack pod; only when the pod's loopback has ::1 (IPv6 enabled).
         self.dns_local6: DnsServer | None = None
         # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
-        self.run_as: tuple[int, int] | None = None
-        if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
-            self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
+        self.run_as = self.launch.run_as
         # DNS proxying is for sidecars (Istio's too): a router resolves nothing for an app,
         # and the control plane sends routers no name table to wait for.
         if cfg.dns_port and not cfg.is_router:
@@ -169,13 +156,18 @@ class Agent(Lifecycle):
             ),
         )
         self.sds = SdsServer(
-            cfg.sds_socket, self.secrets, owner=self.run_as[0] if self.run_as else None
+            cfg.sds_socket,
+            self.secrets,
+            owner=self.run_as[0] if self.run_as else None,
+            server=self.launch.sds_server,
         )
         # Proxyless apps read the certificate from files (gRPC has no SDS).
         self.cert_files: CertFileWriter | None = None
         if cfg.proxy_only:
             self.cert_files = CertFileWriter(self.secrets, CertPaths(cfg.grpc_cert_dir))
-        self.downstream = DownstreamServer(cfg.xds_socket, self.upstream, self.handlers, self.stats)
+        self.downstream = DownstreamServer(
+            cfg.xds_socket, self.upstream, self.handlers, self.stats, self.launch.xds_server
+        )
         self.agent_stream = AgentStream(
             self.upstream,
             self.handlers,
@@ -187,6 +179,10 @@ class Agent(Lifecycle):
         # its health on that stream (agent/health/checker.py).
         self.health: HealthChecker | None = None
         if cfg.workload_group:
+            # Imported only for a WorkloadGroup member, as the standard metrics' modules
+            # below only with Envoy: an agent loads what its mode uses (issue 23).
+            from agent.health.checker import HealthChecker
+
             stream = self.agent_stream
             self.health = HealthChecker(
                 cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
@@ -195,32 +191,22 @@ class Agent(Lifecycle):
         # Istio's standard metrics, from the access log stream of Envoy's generated loggers;
         # served with the agent's own metrics.
         self.als: AccessLogServer | None = None
-        if cfg.standard_metrics and not cfg.proxy_only:
+        if self.launch.als_server is not None:
+            from agent.telemetry.aggregator import MetricsAggregator
+            from agent.telemetry.als import AccessLogServer
+            from agent.telemetry.peers import PeerDirectory
+
             # The mesh's workloads by address, from the control plane: who a TCP caller is.
             peers = PeerDirectory()
             self.handlers.register(PEER_TABLE, peers)
             aggregator = MetricsAggregator(peers=peers)
             self.metrics.registry.register(aggregator)
             owner = self.run_as[0] if self.run_as else None
-            self.als = AccessLogServer(cfg.als_socket, aggregator, owner=owner)
-        self.envoy: EnvoySupervisor | None = None
-        host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
-        admin = f"http://{host}:{cfg.envoy_admin_port}"
-        self._admin = admin
-        if not cfg.proxy_only:
-            self.envoy = EnvoySupervisor(
-                cfg.envoy_binary,
-                cfg.workdir / "envoy-rev.json",
-                admin_url=admin,
-                drain_duration=cfg.drain_duration,
-                drain_plan=DrainPlan(
-                    duration=cfg.drain_duration,
-                    exit_on_zero_active_connections=cfg.exit_on_zero_active_connections,
-                    minimum=cfg.minimum_drain_duration,
-                ),
-                log_level="warning" if log_level != "debug" else "info",
-                run_as=self.run_as,
+            self.als = AccessLogServer(
+                cfg.als_socket, aggregator, owner=owner, server=self.launch.als_server
             )
+        self.envoy: EnvoySupervisor | None = self.launch.envoy
+        admin = self._admin = self.launch.admin_url
         # The app's own probes, rewritten by the injector to come through here.
         self.app_probes = AppProbes(
             cfg.app_probers,
@@ -247,42 +233,33 @@ class Agent(Lifecycle):
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Envoy is started as early as it can be: once the sockets it dials (XDS, SDS)
-        listen, so that its first connection succeeds (no retry backoff), and before the
-        parts it does not need (agent stream, DNS, status server), so that its ~50 ms start
-        runs on another core while those start here."""
+        """Envoy is started as early as it can be, by `Launch` (agent/launch.py): its
+        sockets are bound (Envoy's first connections wait in the kernel's queue until they
+        are served here) and its ~50 ms start runs on another core while the agent imports
+        and starts the rest. The certificate comes first: Envoy's listeners wait for it."""
         tl = self.timeline
-        await asyncio.to_thread(make_workdir, self.cfg.workdir)
+        await self.launch.start()
+        # Key, CSR and the signing call go on in the background from here.
+        await self.secrets.start()
+        self._timeline_tasks.append(
+            asyncio.create_task(self._mark_when(self.secrets.wait_ready(), "csr signed"))
+        )
         # Plug-ins import their modules (file I/O) and may look up message types.
         loaded = await asyncio.to_thread(self.handlers.load_entry_points)
         if loaded:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
-        await self.upstream.start()
-        # Key, CSR and the signing call go on in the background from here.
-        await self.secrets.start()
-        self._timeline_tasks.append(
-            asyncio.create_task(self._mark_when(self.secrets.wait_ready(), "cert"))
-        )
         await self.sds.start()
         if self.cert_files is not None:
             await self.cert_files.start()
         await self.downstream.start()
         if self.als is not None:
             await self.als.start()
-        if self.run_as is not None:
-            # The socket is 0660: Envoy reaches it through the proxy group.
-            await asyncio.to_thread(os.chown, self.cfg.xds_socket, -1, self.run_as[1])
-        tl.mark("sockets")
+        tl.mark("serving")
         if self.envoy is None:
             path = self.cfg.workdir / "grpc-bootstrap.json"
             text = json.dumps(grpc_bootstrap(self.cfg), indent=2)
             await asyncio.to_thread(_write_atomic, path, text)
             logger.info("proxy-only: gRPC bootstrap at %s", path)
-        else:
-            opts = from_agent_config(self.cfg)
-            await asyncio.to_thread(write_bootstrap, self.cfg.workdir / "envoy-rev.json", opts)
-            await self.envoy.start()
-            tl.mark("envoy started")
         if self.health is not None:
             await self.health.start()
         await self.agent_stream.start()
@@ -355,7 +332,7 @@ class Agent(Lifecycle):
             await self.cert_files.close()
         await self.secrets.close()
         await self.handlers.close()
-        await self.upstream.close()
+        await self.launch.close()  # the upstream channel (the rest is closed above)
 
     def _setup_dns(self, cfg: AgentConfig) -> None:
         """The DNS server and the NameTable handler that feeds it (through the registry,

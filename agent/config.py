@@ -2,6 +2,11 @@
 
 Parsing lives here so that every component receives exactly the settings it needs (no
 global flags read deep inside handlers).
+
+Over 450 lines on purpose: one flag is one `add_argument` with its help text, its check and
+its field here, and splitting flags from their checks would put one setting in two modules.
+It is imported before Envoy is started (agent/launch.py), so it imports only the standard
+library and the agent's small parsers.
 """
 
 from __future__ import annotations

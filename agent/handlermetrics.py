@@ -6,9 +6,7 @@ agent's other xDS metrics spell it): both bounded by what was registered at star
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
-
-from agent.metrics import AgentMetrics, short_type
+from agent.metrics import AgentMetrics, Counter, Histogram, short_type
 
 # Handlers run per response (a push), not per request: milliseconds to seconds.
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

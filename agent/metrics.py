@@ -1,25 +1,220 @@
 """Agent metrics, with Istio's `istio_agent_*` names where one exists.
 
 One `AgentMetrics` per agent, passed to the components that record into it (no module globals,
-so tests can run several agents in one process). prometheus_client adds `_total` to counter
-names in the exposition (`istio_agent_xds_proxy_requests_total`), as the control plane's
-metrics do. Metrics Istio's agent does not have are named `pilotfish_agent_*`.
+so tests can run several agents in one process). The exposition is prometheus_client's (it
+adds `_total` to counter names, `istio_agent_xds_proxy_requests_total`, and `_created`
+samples, as the control plane's metrics have), but the values are kept here, in
+`MetricsRegistry`: prometheus_client is imported at the first scrape, not at start. Importing
+it (and the HTTP servers, email and urllib modules its package pulls in) took ~45 ms of CPU,
+a fifth of the agent's start before its first xDS request (issue 23). Metrics Istio's agent
+does not have are named `pilotfish_agent_*`.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric as Family
 
 # What `render()` returns (Prometheus text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class Collector(Protocol):
+    """What `MetricsRegistry.register` takes: prometheus_client's collector protocol."""
+
+    def collect(self) -> Iterator[Family]: ...
+
+
+class _Value:
+    """One series: a counter's or gauge's value (or a function giving it at scrape time)."""
+
+    __slots__ = ("created", "function", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+        self.function: Callable[[], float] | None = None
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        self.function = function
+
+    def get(self) -> float:
+        return float(self.function()) if self.function is not None else self.value
+
+
+class _Buckets:
+    """One histogram series: a count per bucket (the last one +Inf) and the sum."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0.0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        # `le` buckets: a value equal to a bound counts in that bucket; the last is +Inf.
+        self.counts[min(bisect.bisect_left(self.bounds, value), len(self.bounds) - 1)] += 1
+        self.sum += value
+
+
+class _Metric:
+    """A metric family: its series by label values (`labels(...)`); one without labels is
+    its own single series."""
+
+    kind = ""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: MetricsRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._series: dict[tuple[str, ...], _Value | _Buckets] = {}
+        if not self.labelnames:
+            self._series[()] = self._new()
+        registry.register(self)
+
+    def _new(self) -> _Value | _Buckets:
+        return _Value()
+
+    def _child(self, *values: object, **named: object) -> _Value | _Buckets:
+        if named:
+            values = tuple(named[n] for n in self.labelnames)
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        key = tuple(str(v) for v in values)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._new()
+        return series
+
+    def _family(self, family: type[Family], typ: str) -> Family:
+        return family(self.name, self.documentation, typ)
+
+    def collect(self) -> Iterator[Family]:
+        raise NotImplementedError
+
+
+class Counter(_Metric):
+    def labels(self, *values: object, **named: object) -> _Value:
+        child = self._child(*values, **named)
+        assert isinstance(child, _Value)
+        return child
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.labels().inc(amount)
+
+    def collect(self) -> Iterator[Family]:
+        from prometheus_client.metrics_core import Metric
+
+        m = self._family(Metric, "counter")
+        for key, series in self._series.items():
+            assert isinstance(series, _Value)
+            labels = dict(zip(self.labelnames, key, strict=True))
+            m.add_sample(self.name + "_total", labels, series.get())
+            m.add_sample(self.name + "_created", labels, series.created)
+        yield m
+
+
+class Gauge(Counter):
+    def set(self, value: float) -> None:
+        self.labels().set(value)
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        self.labels().set_function(function)
+
+    def collect(self) -> Iterator[Family]:
+        from prometheus_client.metrics_core import Metric
+
+        m = self._family(Metric, "gauge")
+        for key, series in self._series.items():
+            assert isinstance(series, _Value)
+            m.add_sample(self.name, dict(zip(self.labelnames, key, strict=True)), series.get())
+        yield m
+
+
+class Histogram(_Metric):
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        buckets: Sequence[float],
+        registry: MetricsRegistry,
+    ) -> None:
+        self._bounds = (*sorted(float(b) for b in buckets if b != math.inf), math.inf)
+        super().__init__(name, documentation, labelnames, registry=registry)
+
+    def _new(self) -> _Buckets:
+        return _Buckets(self._bounds)
+
+    def labels(self, *values: object, **named: object) -> _Buckets:
+        child = self._child(*values, **named)
+        assert isinstance(child, _Buckets)
+        return child
+
+    def collect(self) -> Iterator[Family]:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.utils import floatToGoString
+
+        m = self._family(Metric, "histogram")
+        for key, series in self._series.items():
+            assert isinstance(series, _Buckets)
+            labels = dict(zip(self.labelnames, key, strict=True))
+            total = 0.0
+            for bound, count in zip(series.bounds, series.counts, strict=True):
+                total += count
+                le = floatToGoString(bound)  # type: ignore[no-untyped-call]
+                m.add_sample(self.name + "_bucket", {**labels, "le": le}, total)
+            m.add_sample(self.name + "_count", labels, total)
+            m.add_sample(self.name + "_sum", labels, series.sum)
+            m.add_sample(self.name + "_created", labels, series.created)
+        yield m
+
+
+class MetricsRegistry:
+    """The agent's metrics and any other collectors (the standard metrics' aggregator), in
+    the order they were registered, which is the exposition's order."""
+
+    def __init__(self) -> None:
+        self._collectors: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        self._collectors.append(collector)
+
+    def collect(self) -> Iterator[Family]:
+        for c in self._collectors:
+            yield from c.collect()
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self)  # type: ignore[arg-type]
+
+
 class AgentMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = MetricsRegistry()
         r = self.registry
         self.xds_proxy_requests = Counter(
             "istio_agent_xds_proxy_requests",
@@ -109,7 +304,7 @@ class AgentMetrics:
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.registry.render()
 
 
 class MetricsObserver:

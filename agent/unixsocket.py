@@ -93,7 +93,12 @@ async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
 
 class UnixGrpcServer:
     """A grpc.aio server on one private Unix socket: `start(handler)`, `close()`. The socket
-    file is removed on close."""
+    file is removed on close.
+
+    `bind()` may come first, on its own: the socket then exists and listens (the kernel
+    queues connections) before the handler exists. The agent binds its sockets that way
+    before its heavy imports and starts Envoy at once, so Envoy's first connection waits in
+    the queue until `start()` instead of failing into Envoy's reconnect backoff."""
 
     def __init__(
         self,
@@ -108,18 +113,63 @@ class UnixGrpcServer:
         self._owner = owner
         self._options = list(options)
         self._server: grpc.aio.Server | None = None
+        self._started = False
+
+    def bind(self) -> None:
+        """Create the socket (idempotent; a few syscalls once at startup, and gRPC binds
+        synchronously anyway)."""
+        if self._server is None:
+            server = grpc.aio.server(options=self._options)
+            bind_private(server, self.path, self._mode, self._owner)
+            self._server = server
 
     async def start(self, handler: grpc.GenericRpcHandler) -> None:
-        server = grpc.aio.server(options=self._options)
-        server.add_generic_rpc_handlers((handler,))
-        # A few syscalls once at startup; gRPC binds synchronously anyway.
-        bind_private(server, self.path, self._mode, self._owner)
-        await server.start()
-        self._server = server
+        self.bind()
+        assert self._server is not None
+        self._server.add_generic_rpc_handlers((handler,))
+        await self._server.start()
+        self._started = True
 
     async def close(self, grace: float) -> None:
         if self._server is not None:
-            await stop_bounded(self._server, grace)
+            if self._started:
+                await stop_bounded(self._server, grace)
+            else:  # bound, never served: nothing to drain
+                await self._server.stop(None)
             self._server = None
+            self._started = False
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+# The agent's three sockets: who may connect and what they carry.
+
+
+def xds_socket_server(path: Path) -> UnixGrpcServer:
+    """`<workdir>/XDS`: only this pod's processes (same user or group) may talk to the
+    control plane as us."""
+    return UnixGrpcServer(
+        path,
+        0o660,
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 256 << 20),
+        ],
+    )
+
+
+def sds_socket_server(path: Path, owner: int | None = None) -> UnixGrpcServer:
+    """`<workdir>/SDS` hands out private keys: 0600, owned by `owner` (Envoy's UID when it
+    runs as another user than the agent)."""
+    return UnixGrpcServer(path, 0o600, owner=owner)
+
+
+# Envoy batches up to LOG_BUFFER (control/generate/telemetry_metrics.py) per message.
+ALS_MAX_MESSAGE = 16 << 20
+
+
+def als_socket_server(path: Path, owner: int | None = None) -> UnixGrpcServer:
+    """`<workdir>/ALS`: Envoy's access log stream (the standard metrics)."""
+    return UnixGrpcServer(
+        path, 0o600, owner=owner, options=[("grpc.max_receive_message_length", ALS_MAX_MESSAGE)]
+    )

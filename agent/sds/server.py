@@ -27,7 +27,7 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
-from agent.unixsocket import UnixGrpcServer
+from agent.unixsocket import UnixGrpcServer, sds_socket_server
 from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 
@@ -45,13 +45,15 @@ class SdsServer(Lifecycle):
         *,
         fetch_timeout: float = 10.0,
         owner: int | None = None,
+        server: UnixGrpcServer | None = None,
     ) -> None:
         """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
-        agent); the socket stays 0600, owned by that user."""
+        agent); the socket stays 0600, owned by that user. `server`: the socket, when it
+        was bound beforehand (agent/launch.py)."""
         self.socket_path = socket_path
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
-        self._server = UnixGrpcServer(socket_path, 0o600, owner=owner)
+        self._server = server or sds_socket_server(socket_path, owner)
         self._ids = itertools.count(1)
         self.active = 0  # open StreamSecrets streams
 

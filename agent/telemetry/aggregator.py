@@ -19,16 +19,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from envoy.data.accesslog.v3.accesslog_pb2 import (
     AccessLogType,
     HTTPAccessLogEntry,
     TCPAccessLogEntry,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from agent.telemetry.labels import (
     HTTP_LABELS,
@@ -41,6 +38,9 @@ from agent.telemetry.labels import (
 )
 from agent.telemetry.overrides import SideOverrides, apply, of_entry
 from agent.telemetry.peers import PeerDirectory
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 # Envoy's default histogram buckets, which Istio's standard histograms use (milliseconds for
 # the duration, bytes for the sizes).
@@ -120,7 +120,7 @@ class _Connection:
     received: int = 0
 
 
-class MetricsAggregator(Collector):
+class MetricsAggregator:
     def __init__(
         self,
         *,
@@ -218,6 +218,13 @@ class MetricsAggregator(Collector):
         yield from apply(self._families(), self.sides)
 
     def _families(self) -> Iterator[Metric]:
+        # Imported at a scrape, not at the agent's start (see agent/metrics.py).
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
         http_labels_ = list(HTTP_LABELS)
         tcp_labels_ = list(TCP_LABELS)
         requests = CounterMetricFamily(

@@ -18,25 +18,27 @@ from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAc
 from google.protobuf.message import DecodeError
 
 from agent.telemetry.aggregator import MetricsAggregator
-from agent.unixsocket import UnixGrpcServer
+from agent.unixsocket import UnixGrpcServer, als_socket_server
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.accesslog.v3.AccessLogService"
-_MAX = 16 * 1024 * 1024
 
 
 class AccessLogServer(Lifecycle):
     def __init__(
-        self, socket_path: Path, aggregator: MetricsAggregator, *, owner: int | None = None
+        self,
+        socket_path: Path,
+        aggregator: MetricsAggregator,
+        *,
+        owner: int | None = None,
+        server: UnixGrpcServer | None = None,
     ) -> None:
+        """`server`: the socket, when it was bound beforehand (agent/launch.py)."""
         self.socket_path = socket_path
         self.aggregator = aggregator
-        # Envoy batches up to LOG_BUFFER (control/generate/telemetry_metrics.py) per message.
-        self._server = UnixGrpcServer(
-            socket_path, 0o600, owner=owner, options=[("grpc.max_receive_message_length", _MAX)]
-        )
+        self._server = server or als_socket_server(socket_path, owner)
         self.streams = 0
         self.malformed = 0
 

@@ -23,14 +23,16 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogCommon
-from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample
 
 from agent.telemetry.labels import HTTP_LABELS, TCP_LABELS, UNKNOWN, LabelValues
 from protos import telemetry as t
+
+if TYPE_CHECKING:  # the families come from a scrape: prometheus_client is loaded by then
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.samples import Sample
 
 logger = logging.getLogger(__name__)
 

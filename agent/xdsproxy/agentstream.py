@@ -128,6 +128,7 @@ class AgentStream(Lifecycle):
             logger.debug("agent stream write ended: %r", e)
 
     async def _answer(self, raw: bytes) -> bytes:
+        self._stats.response_seen()
         resp = DiscoveryResponse.FromString(raw)
         req = DiscoveryRequest(
             type_url=resp.type_url, version_info=resp.version_info, response_nonce=resp.nonce

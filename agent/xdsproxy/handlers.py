@@ -38,7 +38,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Literal, Protocol
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, DiscoveryResponse
@@ -307,6 +306,10 @@ class HandlerRegistry:
         registered before failing is taken back): it must not keep the agent from starting.
         A plug-in that registers a type the agent cannot decode is a configuration error the
         operator has to see: PluginError, one line naming the plug-in and the type."""
+        # Here, not at the top: importlib.metadata (and the email parser it reads package
+        # metadata with) is ~20 ms of the agent's start, and this runs in a thread.
+        from importlib import metadata
+
         loaded = []
         for ep in metadata.entry_points(group=group):
             package = ep.dist.name if ep.dist is not None else "unknown"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,6 +64,14 @@ class RelayStats:
     nacks: int = 0
     errors: dict[str, int] = field(default_factory=lambda: {"expected": 0, "unexpected": 0})
     observer: RelayObserver | None = None
+    # Called once, at the first response from the control plane on any stream (the agent's
+    # start timeline).
+    on_first_response: Callable[[], None] | None = None
+
+    def response_seen(self) -> None:
+        if self.on_first_response is not None:
+            hook, self.on_first_response = self.on_first_response, None
+            hook()
 
     def on_request(self, type_url: str) -> None:
         self.requests += 1
@@ -72,6 +80,7 @@ class RelayStats:
 
     def on_response(self, type_url: str) -> None:
         self.responses += 1
+        self.response_seen()
         if self.observer is not None:
             self.observer.response(type_url)
 

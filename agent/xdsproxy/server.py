@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.unixsocket import UnixGrpcServer
+from agent.unixsocket import UnixGrpcServer, xds_socket_server
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
@@ -27,20 +27,14 @@ class DownstreamServer(Lifecycle):
         upstream: UpstreamChannel,
         handlers: HandlerRegistry,
         stats: RelayStats,
+        server: UnixGrpcServer | None = None,
     ) -> None:
+        """`server`: the socket, when it was bound beforehand (agent/launch.py)."""
         self.socket_path = socket_path
         self._upstream = upstream
         self._handlers = handlers
         self._stats = stats
-        # Only this pod's processes (same user or group) may talk to the control plane as us.
-        self._server = UnixGrpcServer(
-            socket_path,
-            0o660,
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 256 << 20),
-            ],
-        )
+        self._server = server or xds_socket_server(socket_path)
         self._ids = itertools.count(1)
         self.active = 0
 

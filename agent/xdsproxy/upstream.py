@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from cryptography import x509
 
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
@@ -33,6 +32,10 @@ logger = logging.getLogger(__name__)
 # The name in every control-plane replica's serving certificate (control/app.py issues it, as
 # istiod's carries it): what TLS verifies when the agent is given several addresses.
 REPLICA_NAME = "istiod.istio-system.svc"
+
+# Most the upstream connection's read buffer stays at (the control plane's server uses the
+# same bound; control/xds/options.py).
+MAX_READ_BUFFER = 16 << 10
 
 
 def channel_target(addresses: Sequence[str]) -> str:
@@ -79,9 +82,11 @@ def _load_root(path: Path) -> bytes:
             f"--ca-root-cert: cannot read {path}: {e.strerror or e} (the control plane's "
             "root is <state-dir>/root-cert.pem)"
         ) from None
+    # Checked with the ssl module gRPC's TLS already needs, not cryptography: the channel
+    # starts before the agent's heavy imports (agent/launch.py).
     try:
-        x509.load_pem_x509_certificates(data)
-    except ValueError:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError):
         raise UpstreamTlsError(f"--ca-root-cert: {path} holds no PEM certificate") from None
     return data
 
@@ -120,6 +125,10 @@ class UpstreamChannel(Lifecycle):
             ("grpc.max_send_message_length", 64 << 20),
             # One connection for everything: never let gRPC open a second subchannel pool.
             ("grpc.use_local_subchannel_pool", 1),
+            # gRPC core grows a connection's read buffer to what its largest burst needed (a
+            # full CDS push is megabytes) and keeps it; clamped as the control plane's server
+            # clamps its own, a larger message is read in more reads of this size.
+            ("grpc.experimental.tcp_max_read_buffer_size", MAX_READ_BUFFER),
             ("grpc.lb_policy_name", "pick_first"),
         ]
         if self.target.startswith(("ipv4:", "ipv6:")):
