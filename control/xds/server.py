@@ -458,9 +458,12 @@ class XdsServer:
             # From the push's start (the oldest one coalesced into it) until a send worker
             # took this stream: istiod's time in the push queue.
             self._metrics.queue_time.observe(max(0.0, self._clock() - conn.push_since))
-            pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
-            if push_types is not None:
-                pushed &= push_types
+            if push_types is None:
+                pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
+            else:  # an EDS-only push: one type, not every subscribed one filtered
+                pushed = {
+                    t for t in push_types if t != typeurls.DEBUG_SYNCZ and state.subscribes(t)
+                }
         wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
