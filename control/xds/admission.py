@@ -42,13 +42,17 @@ class AdmissionLimits:
     rate: float = 200.0  # new streams per second when a storm starts ...
     burst: float = 400.0  # ... after a burst of this many
     min_rate: float = 20.0  # never slower: a slow machine still takes its proxies
-    max_rate: float = 5000.0  # never faster, however well the process keeps up
+    # Never faster, however well the process keeps up: ten times the start rate, a few times
+    # what a 2-core machine answers in a storm (a flood of streams is held to this).
+    max_rate: float = 2000.0
     increase: float = 100.0  # added to the rate per interval while streams wait
     decrease: float = 0.5  # the rate's factor on overload
     interval: float = 0.1  # seconds between two decisions on the rate
     lag_high: float = 0.5  # seconds of event-loop lag that mean overload
     max_queued: int = 400  # streams waiting for a send worker beyond which none is admitted
-    rss_growth: float = 256.0 * 2**20  # bytes per second of RSS growth that mean overload ...
+    # RSS growth that means overload, bytes per second (a stream costs ~30 KB: about what
+    # max_rate streams a second cost, so a flood that holds its streams open is slowed) ...
+    rss_growth: float = 64.0 * 2**20
     rss_window: float = 1.0  # ... over this many seconds (gRPC allocates in bursts)
 
     def __post_init__(self) -> None:

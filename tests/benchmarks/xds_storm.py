@@ -3,7 +3,7 @@ control plane serving S services x E endpoints, and subscribe like Envoy (CDS, E
 
 Ours: `python -m control` with its defaults (adaptive admission, control/xds/admission.py: it
 starts at 200 new streams/s after a burst of 400 and goes as fast as the control plane keeps
-up, to at most 5,000/s; `pilotfish_xds_connections_rate_limited_total` counts the streams that
+up, to at most 2,000/s; `pilotfish_xds_connections_rate_limited_total` counts the streams that
 waited, `pilotfish_xds_admission_rate` is the rate, sampled every second of the storm and
 printed). Floor, same run: a bare grpc.aio server in its own process serving
 the same pre-serialized bytes with no admission control (xds_floor.py). Both are measured the
@@ -226,7 +226,7 @@ def main() -> None:
         help="streams sharing one connection (1: a connection per proxy, as real sidecars)",
     )
     ap.add_argument("--connection-rate", type=float, default=200.0, help="admission's start")
-    ap.add_argument("--connection-rate-max", type=float, default=5000.0)
+    ap.add_argument("--connection-rate-max", type=float, default=2000.0)
     ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args()
     import uvloop
