@@ -8,9 +8,12 @@ three times as fast. `AdmissionController` is sans-IO: it is told the time, the 
 lag, the process's RSS and how many streams wait for a send worker, and answers whether a new
 stream may go on now. The rate moves by AIMD between `min_rate` and `max_rate`:
 
-- the send queue is a window: while more than `max_queued` streams wait to be answered, no new
-  stream is admitted, so admission runs at the pace answering does and the streams already
-  admitted do not wait behind thousands of new ones;
+- the streams being answered are a window: while more than `max_queued` streams were admitted
+  and are not in sync yet (or wait for a send worker), no new stream is admitted, so admission
+  runs at the pace answering does, and the streams already admitted do not wait behind (nor
+  compete with) thousands of new ones. A stream leaves the window when every type it
+  subscribed to is ACKed, or `settle_timeout` after its admission (a client that never ACKs
+  must not hold a place for good);
 - event-loop lag above `lag_high` (every read, write and push of every stream waits that long)
   or RSS growing faster than `rss_growth` halves the rate: overload;
 - otherwise, while streams wait, the rate grows by `increase` per `interval`.
@@ -49,7 +52,8 @@ class AdmissionLimits:
     decrease: float = 0.5  # the rate's factor on overload
     interval: float = 0.1  # seconds between two decisions on the rate
     lag_high: float = 0.5  # seconds of event-loop lag that mean overload
-    max_queued: int = 400  # streams waiting for a send worker beyond which none is admitted
+    max_queued: int = 500  # streams being answered beyond which none is admitted ...
+    settle_timeout: float = 10.0  # ... a stream counting at most this long after admission
     # RSS growth that means overload, bytes per second (a stream costs ~30 KB: about what
     # max_rate streams a second cost, so a flood that holds its streams open is slowed) ...
     rss_growth: float = 64.0 * 2**20
@@ -180,7 +184,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 class AdmissionGate:
     """New streams wait here for their admission, first come first served.
 
-    `queued` answers how many streams wait for a send worker; `on_wait` is called for each
+    `queued` answers how many streams wait for a send worker; `admit(key)` puts the stream in
+    the window until `settled(key)` (or `settle_timeout`); `on_wait` is called for each
     stream that could not go on at once (the rate-limited counter), `on_slowdown(reason)`
     each time the rate goes down ("lag", "rss")."""
 
@@ -207,6 +212,8 @@ class AdmissionGate:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._pump: asyncio.Task[None] | None = None
         self._idle_since = clock()  # when the last stream stopped waiting
+        # Admitted streams not in sync yet, by key, in admission order: key -> admitted at.
+        self._unsettled: dict[str, float] = {}
 
     @property
     def rate(self) -> float:
@@ -217,18 +224,41 @@ class AdmissionGate:
     def waiting(self) -> int:
         return sum(1 for f in self._waiters if not f.done())
 
-    async def admit(self) -> None:
-        """Return when this stream may go on. Cancelling the caller gives its turn up."""
-        if not self._waiters and self.controller.try_admit(self._clock(), self._queued()):
+    def _busy(self, now: float) -> int:
+        """Streams being answered: admitted and not in sync (those admitted more than
+        settle_timeout ago no longer count), or waiting for a send worker."""
+        unsettled = self._unsettled
+        expired = now - self.controller.limits.settle_timeout
+        while unsettled:
+            key = next(iter(unsettled))
+            if unsettled[key] > expired:
+                break
+            del unsettled[key]
+        return max(len(unsettled), self._queued())
+
+    def unsettled(self, key: str) -> bool:
+        """Whether the stream `key` is still in the window (not settled, not expired)."""
+        return key in self._unsettled
+
+    def settled(self, key: str) -> None:
+        """The stream `key` is in sync (or gone): it leaves the window."""
+        self._unsettled.pop(key, None)
+
+    async def admit(self, key: str) -> None:
+        """Return when the stream `key` may go on; it is then in the window until
+        `settled(key)`. Cancelling the caller gives its turn up."""
+        now = self._clock()
+        if not self._waiters and self.controller.try_admit(now, self._busy(now)):
+            self._unsettled[key] = now
             return
         self._on_wait()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         if self._pump is None:
-            now = self._clock()
             self.controller.resume(now, idle=now - self._idle_since)
             self._pump = asyncio.get_running_loop().create_task(self._run(), name="admission")
         await waiter  # a cancelled caller cancels the future: the pump skips it
+        self._unsettled[key] = self._clock()
 
     async def close(self) -> None:
         pump, self._pump = self._pump, None
@@ -243,13 +273,13 @@ class AdmissionGate:
         try:
             while True:
                 now = clock()
-                queued = self._queued()
+                queued = self._busy(now)
                 while waiters:
                     if waiters[0].done():  # its stream went away while waiting
                         waiters.popleft()
                     elif controller.try_admit(now, queued):
                         waiters.popleft().set_result(None)
-                        queued += 1  # its first request goes to the send queue next
+                        queued += 1  # it joins the window
                     else:
                         break
                 if not waiters:
@@ -260,7 +290,7 @@ class AdmissionGate:
                 controller.record_lag(max(0.0, woke - now - delay))
                 if controller.decision_due(woke):
                     reason = controller.decide(
-                        woke, rss=self._rss(), queued=self._queued(), waiting=len(waiters)
+                        woke, rss=self._rss(), queued=self._busy(woke), waiting=len(waiters)
                     )
                     if reason:
                         self._on_slowdown(reason)

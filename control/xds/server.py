@@ -223,8 +223,8 @@ class XdsServer:
                 )
                 await context.abort(refused.code, refused.message)
                 return
-        await self._admission.admit()
         conn_id = f"{proxy.id}-{next(self._ids)}"
+        await self._admission.admit(conn_id)
         self._trimmer.stream_opened()
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
         conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
@@ -271,6 +271,7 @@ class XdsServer:
             handler.uncancel()
         finally:
             conn.closed = True
+            self._admission.settled(conn_id)
             self.connections.pop(conn_id, None)
             self._metrics.xds_clients.labels(version).dec()
             self._forget_rejects(proxy.id)
@@ -302,6 +303,8 @@ class XdsServer:
         outcome: RequestOutcome = conn.state.receive(req)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
+            if self._admission.unsettled(conn.id) and conn.state.in_sync():
+                self._admission.settled(conn.id)  # its place goes to the next new stream
             pushed = conn.push_nonces.get(req.type_url) if conn.push_nonces else None
             if pushed is not None and pushed[0] == req.response_nonce:
                 self._metrics.convergence.observe(self._clock() - pushed[1])

@@ -131,6 +131,10 @@ class StreamRules(Generic[_T]):
     def subscribes(self, type_url: str) -> bool:
         return type_url in self._types
 
+    def in_sync(self) -> bool:
+        """Whether every type the stream subscribed to was sent and ACKed."""
+        return all(st.status() is SyncStatus.SYNCED for st in self._types.values())
+
     def status(self) -> list[TypeStatus]:
         return [
             TypeStatus(

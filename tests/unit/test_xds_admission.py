@@ -203,7 +203,7 @@ async def test_rule9_gate_admits_the_burst_then_the_rest_in_order_and_counts_the
     order: list[int] = []
 
     async def stream(i: int) -> None:
-        await gate.admit()
+        await gate.admit(f"s{i}")
         order.append(i)
 
     started = time.monotonic()
@@ -230,13 +230,13 @@ async def test_rule9_gate_slows_down_while_the_event_loop_lags_and_recovers_afte
 
     hogger = asyncio.create_task(hog())
     await asyncio.sleep(0)
-    await asyncio.wait_for(asyncio.gather(*(gate.admit() for _ in range(10))), 20.0)
+    await asyncio.wait_for(asyncio.gather(*(gate.admit(f"a{i}") for i in range(10))), 20.0)
     hogging = False
     await hogger
     slowed = gate.rate
     assert slowed < limits.rate and gate.controller.decreases["lag"] >= 2
     # No lag now: 200 waiting streams get in ever faster.
-    await asyncio.wait_for(asyncio.gather(*(gate.admit() for _ in range(200))), 20.0)
+    await asyncio.wait_for(asyncio.gather(*(gate.admit(f"b{i}") for i in range(200))), 20.0)
     assert gate.rate > slowed
     await gate.close()
 
@@ -248,7 +248,7 @@ async def test_rule9_gate_holds_streams_while_the_send_queue_is_full() -> None:
         queued=lambda: queued,
         rss=lambda: 0,
     )
-    waiter = asyncio.ensure_future(gate.admit())
+    waiter = asyncio.ensure_future(gate.admit("s"))
     await asyncio.sleep(0.1)
     assert not waiter.done() and gate.waiting == 1
     queued = 0  # the send workers caught up
@@ -262,12 +262,35 @@ async def test_rule9_a_stream_that_leaves_while_waiting_gives_its_turn_up() -> N
         queued=lambda: 0,
         rss=lambda: 0,
     )
-    await gate.admit()  # the burst
-    leaving = asyncio.ensure_future(gate.admit())
-    staying = asyncio.ensure_future(gate.admit())
+    await gate.admit("first")  # the burst
+    leaving = asyncio.ensure_future(gate.admit("leaving"))
+    staying = asyncio.ensure_future(gate.admit("staying"))
     await asyncio.sleep(0)
     leaving.cancel()
     await asyncio.wait_for(staying, 1.0)  # the next token (1/20 s) goes to it
     assert leaving.cancelled()
     assert gate.waiting == 0
+    assert not gate.unsettled("leaving") and gate.unsettled("staying")
+    await gate.close()
+
+
+async def test_rule9_gate_window_holds_new_streams_until_earlier_ones_settle_or_expire() -> None:
+    """Streams admitted and not in sync fill the window: the next one waits until one of
+    them settles; one that never does (a client that never ACKs) leaves it at the timeout."""
+    limits = AdmissionLimits(rate=1000.0, burst=100.0, max_queued=2, settle_timeout=0.3)
+    gate = AdmissionGate(limits, queued=lambda: 0, rss=lambda: 0)
+    for key in ("a", "b", "c"):  # the window is full once more than max_queued are in it
+        await asyncio.wait_for(gate.admit(key), 1.0)
+    held = asyncio.ensure_future(gate.admit("d"))
+    await asyncio.sleep(0.05)
+    assert not held.done()
+    gate.settled("a")
+    await asyncio.wait_for(held, 1.0)
+    assert gate.unsettled("d") and not gate.unsettled("a")
+    # b, c and d never settle: e waits for the oldest of them to expire.
+    expiring = asyncio.ensure_future(gate.admit("e"))
+    await asyncio.sleep(0.05)
+    assert not expiring.done()
+    await asyncio.wait_for(expiring, 2.0)
+    assert not gate.unsettled("b")
     await gate.close()
