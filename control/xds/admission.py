@@ -16,7 +16,8 @@ stream may go on now. The rate moves by AIMD between `min_rate` and `max_rate`:
   must not hold a place for good);
 - event-loop lag above `lag_high` (every read, write and push of every stream waits that long)
   or RSS growing faster than `rss_growth` halves the rate: overload;
-- otherwise, while streams wait, the rate grows by `increase` per `interval`.
+- otherwise, while streams wait for the rate (not for the window), it grows by `increase`
+  per `interval`.
 
 A flood is thereby held to what the process can answer, and never beyond `max_rate`; on a slow
 machine the rate falls to `min_rate` and the streams that waited are counted
@@ -86,6 +87,7 @@ class AdmissionController:
         # (time, RSS) at the decisions of the last rss_window seconds, oldest first.
         self._rss: collections.deque[tuple[float, int]] = collections.deque()
         self._peak_lag = 0.0
+        self._rate_bound = False  # a stream found no token in this interval
         # How often the rate went down, and why (for logs and tests).
         self.decreases: collections.Counter[str] = collections.Counter()
 
@@ -97,7 +99,10 @@ class AdmissionController:
     def try_admit(self, now: float, queued: int) -> bool:
         """Whether one new stream may go on now (it takes a token when it may)."""
         self._refill(now)
-        if queued > self.limits.max_queued or self._tokens < 1.0:
+        if queued > self.limits.max_queued:
+            return False
+        if self._tokens < 1.0:
+            self._rate_bound = True  # the rate, not the window, held a stream back
             return False
         self._tokens -= 1.0
         return True
@@ -161,9 +166,10 @@ class AdmissionController:
                 self._peak_lag,
                 growth / 2**20,
             )
-        elif waiting and queued <= limits.max_queued:
+        elif waiting and self._rate_bound:
+            # Streams waited for tokens, not for the window: the rate is what holds them.
             self.rate = min(limits.max_rate, self.rate + limits.increase)
-        self._decided_at, self._peak_lag = now, 0.0
+        self._decided_at, self._peak_lag, self._rate_bound = now, 0.0, False
         samples.append((now, rss))
         return reason
 

@@ -280,8 +280,10 @@ def main() -> None:
             ],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if out.returncode != 0:  # say why, not only that it failed
+            print(f"push_fanout {name} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+            sys.exit(1)
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     ours, floor = results["ours"], results["floor"]
     ours_p50 = statistics.median(ours["times"])

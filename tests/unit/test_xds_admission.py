@@ -50,6 +50,8 @@ def _intervals(
     now = start
     for _ in range(count):
         now += LIMITS.interval
+        if waiting:  # the waiting streams take every token there is
+            _admitted(ctl, now, queued)
         ctl.record_lag(lag)
         rss += rss_step
         ctl.decide(now, rss=rss, queued=queued, waiting=waiting)
