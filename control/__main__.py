@@ -14,6 +14,7 @@ import sys
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from control.webhook.flags import add_injection_flags
+from control.xds.admission import AdmissionLimits
 from pilotfish_common import logsetup, signals
 
 logger = logging.getLogger("control")
@@ -287,7 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--connection-rate",
         type=_positive,
         default=200.0,
-        help="new xDS streams admitted per second after a burst of twice as many",
+        help="new xDS streams admitted per second when a storm starts, after a burst of twice "
+        "as many; the rate then adapts to how well the control plane keeps up "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--connection-rate-max",
+        type=_positive,
+        default=AdmissionLimits().max_rate,
+        help="most new xDS streams admitted per second, however well the control plane keeps "
+        "up (default %(default)s)",
     )
     logsetup.add_arguments(p)
     return p
@@ -361,8 +371,12 @@ async def _run(args: argparse.Namespace) -> int:
         xds=XdsOptions(
             control_plane_id=args.id,
             max_concurrent_pushes=max(1, args.max_concurrent_pushes),
-            connection_rate=max(1.0, args.connection_rate),
-            connection_burst=max(1.0, 2 * args.connection_rate),
+            admission=AdmissionLimits(
+                rate=args.connection_rate,
+                burst=max(1.0, 2 * args.connection_rate),
+                min_rate=min(AdmissionLimits().min_rate, args.connection_rate),
+                max_rate=max(args.connection_rate, args.connection_rate_max),
+            ),
         ),
     )
     from control.kube.client import KubeConfigError

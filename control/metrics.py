@@ -194,6 +194,19 @@ class Metrics:
             "New streams that waited for admission (connection storm control).",
             registry=r,
         )
+        self.admission_rate = Gauge(
+            "pilotfish_xds_admission_rate",
+            "New streams admitted per second now (adapts to event-loop lag, memory growth "
+            "and the send queue).",
+            registry=r,
+        )
+        self.admission_slowdowns = Counter(
+            "pilotfish_xds_admission_slowdowns",
+            "Times the admission rate went down, by reason (lag: the event loop ran late; "
+            "rss: memory grew too fast).",
+            ["reason"],
+            registry=r,
+        )
         self.serializations = Counter(
             "pilotfish_xds_resource_serializations",
             "Resources serialized (each is shared by every proxy that receives it).",

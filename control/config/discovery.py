@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable
 
 from control.config.errors import ConfigError
@@ -30,8 +31,8 @@ def discover(paths: Iterable[str], *, missing_ok: bool = False) -> list[str]:
     for path in paths:
         path = os.path.normpath(path)
         if os.path.isdir(path):
-            for file in _walk(path):
-                found.setdefault(os.path.realpath(file), file)
+            for file, real in _walk(path):
+                found.setdefault(real, file)
         elif os.path.exists(path):
             found.setdefault(os.path.realpath(path), path)
         elif not missing_ok:
@@ -67,8 +68,11 @@ def _outside_link(path: str, root: str) -> bool:
     return True
 
 
-def _walk(top: str) -> list[str]:
-    out: list[str] = []
+def _walk(top: str) -> list[tuple[str, str]]:
+    """(file, its real path) for the config files under `top`. The watcher rescans every
+    poll interval: a regular file's real path is its directory's joined with its name, so
+    only symlinks are resolved (realpath costs a system call per path component)."""
+    out: list[tuple[str, str]] = []
     visited: set[str] = set()
     root = os.path.realpath(top)
 
@@ -90,6 +94,12 @@ def _walk(top: str) -> list[str]:
             if name.startswith(".") or not name.lower().endswith(CONFIG_SUFFIXES):
                 continue
             file = os.path.join(dirpath, name)
-            if os.path.isfile(file) and not _outside_link(file, root):
-                out.append(file)
+            try:
+                mode = os.lstat(file).st_mode
+            except OSError:
+                continue  # gone since the listing
+            if stat.S_ISREG(mode):
+                out.append((file, os.path.join(real, name)))
+            elif stat.S_ISLNK(mode) and os.path.isfile(file) and not _outside_link(file, root):
+                out.append((file, os.path.realpath(file)))
     return out

@@ -42,13 +42,16 @@ class ConfigObject:
     gateway_api: tuple[GatewayApiObject, ...] = ()
     telemetries: tuple[Telemetry, ...] = ()
     secrets: tuple[TlsSecret, ...] = ()
+    # Identity for duplicate detection: (kind, namespace, name). A kind outside the core and
+    # Istio groups is qualified by its group (`Gateway.gateway.networking.k8s.io`), so an
+    # Istio Gateway and a Gateway API Gateway of the same name are two objects. Worked out
+    # once: every reload of any file checks the keys of all objects again (thousands).
+    key: tuple[str, str, str] = field(init=False, compare=False, repr=False)
 
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """Identity for duplicate detection: (kind, namespace, name). A kind outside the core
-        and Istio groups is qualified by its group (`Gateway.gateway.networking.k8s.io`), so
-        an Istio Gateway and a Gateway API Gateway of the same name are two objects."""
-        return (qualified_kind(self.source.kind, self.raw), self.source.namespace, self.source.name)
+    def __post_init__(self) -> None:
+        source = self.source
+        key = (qualified_kind(source.kind, self.raw), source.namespace, source.name)
+        object.__setattr__(self, "key", key)
 
 
 def qualified_kind(kind: str, raw: Mapping[str, Any]) -> str:

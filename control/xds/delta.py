@@ -129,8 +129,10 @@ class DeltaStream(StreamRules[_TypeState]):
             st.legacy_wildcard = not req.resource_names_subscribe
             st.client_has.update(req.initial_resource_versions)
 
-        # Interned: every stream names the same clusters; one copy of each name.
-        subscribe = {sys.intern(n) for n in req.resource_names_subscribe}
+        # Not interned one by one (a new Envoy names a thousand clusters, and a storm brings
+        # thousands of Envoys): the subscription kept is the shared set (_shared), so every
+        # stream with the same names holds one copy of them.
+        subscribe = set(req.resource_names_subscribe)
         unsubscribe = set(req.resource_names_unsubscribe)
         if subscribe or unsubscribe:
             st.synced = 0  # the scope changes: the next answer looks at everything

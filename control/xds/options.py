@@ -5,15 +5,17 @@ can build the gRPC server from the same options without importing the stream mac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from control.xds.admission import AdmissionLimits
 
 
 @dataclass(frozen=True, slots=True)
 class XdsOptions:
     control_plane_id: str = "pilotfish"
     max_concurrent_pushes: int = 100
-    connection_rate: float = 200.0  # new streams admitted per second ...
-    connection_burst: float = 400.0  # ... after an initial burst of this many
+    # How fast new streams are admitted (adaptive: control/xds/admission.py).
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     send_timeout: float = 30.0  # a stream that cannot take a response this long is closed
     # New streams gRPC holds until our handler takes them; beyond this many it refuses them
     # (see grpc_stream_options).
@@ -39,8 +41,8 @@ def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
     1,000 waiting and all from 3,000; the client sees CANCELLED). In a connection storm the
     loop is busy answering the streams it already has, the backlog passes 1,000 and proxies
     get errors instead of waiting their turn. Waiting calls cost a few hundred bytes in core;
-    the expensive part of a new stream starts after our own admission (the token bucket,
-    rule 9), which paces them. So the backlog is bounded only against a flood.
+    the expensive part of a new stream starts after our own admission (rule 9,
+    control/xds/admission.py), which paces them. So the backlog is bounded only against a flood.
 
     Each connection's socket reads into buffers gRPC allocates ahead, sized by how much the
     last reads brought: a burst (a new Envoy's first requests, an EDS subscription naming a

@@ -1,7 +1,7 @@
-"""Push debouncing (wire rule 9) and admission control for connection storms.
+"""Push debouncing (wire rule 9; admission of new streams is control/xds/admission.py).
 
-`Debouncer` and `TokenBucket` are sans-IO: they take `now` and answer when to act.
-`PushLoop` is the asyncio adapter: it waits for the debouncer, then calls the push callback.
+`Debouncer` is sans-IO: it takes `now` and answers when to act. `PushLoop` is the asyncio
+adapter: it waits for the debouncer, then calls the push callback.
 """
 
 from __future__ import annotations
@@ -59,27 +59,6 @@ class Debouncer:
         self.events = 0
         self.reasons = None
         return result
-
-
-@dataclass
-class TokenBucket:
-    """Admission for new streams: `rate` per second with bursts of `burst`."""
-
-    rate: float
-    burst: float
-    _tokens: float | None = None  # None until first use; negative = tokens already reserved
-    _at: float = 0.0
-
-    def take(self, now: float) -> float:
-        """Take one token; returns 0 when admitted now, else seconds to wait (token reserved)."""
-        if self._tokens is None:
-            self._tokens, self._at = self.burst, now
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        self._tokens -= 1.0
-        if self._tokens >= 0:
-            return 0.0
-        return -self._tokens / self.rate
 
 
 class PushLoop(Lifecycle):

@@ -27,6 +27,7 @@ from envoy.config.core.v3.base_pb2 import ControlPlane
 
 from control.ca.identity import Identity
 from control.metrics import Metrics, grpc_code_name, metric_type
+from control.xds.admission import AdmissionGate
 from control.xds.cache import ResourceSet
 from control.xds.connection import (
     NO_TYPES,
@@ -51,7 +52,6 @@ from control.xds.hooks import SubscriptionGuard as SubscriptionGuard
 # Re-exported: the server's options were defined here, and callers import them from here.
 from control.xds.options import XdsOptions as XdsOptions
 from control.xds.options import grpc_stream_options as grpc_stream_options
-from control.xds.push import TokenBucket
 from control.xds.sotw import SotwStream
 from control.xds.state import RequestKind, RequestOutcome
 from control.xds.trim import HeapTrimmer
@@ -92,8 +92,16 @@ class XdsServer:
         self._on_health = on_health
         self._clock = clock
         self._ids = itertools.count(1)
-        self._admission = TokenBucket(options.connection_rate, options.connection_burst)
         self._push_queue: collections.deque[Connection] = collections.deque()
+        # Paced by how many streams wait for a send worker (see control/xds/admission.py).
+        self._admission = AdmissionGate(
+            options.admission,
+            queued=self._push_queue.__len__,
+            on_wait=metrics.rate_limited.inc,
+            on_slowdown=lambda reason: metrics.admission_slowdowns.labels(reason).inc(),
+            clock=clock,
+        )
+        metrics.admission_rate.set_function(lambda: self._admission.rate)
         self._workers = 0
         self._worker_tasks: set[asyncio.Task[None]] = set()  # strong refs while they run
         self.connections: dict[str, Connection] = {}
@@ -135,6 +143,7 @@ class XdsServer:
         """Stop the background tasks (the send watchdog and any send worker still running);
         call after the gRPC server has stopped, when no stream is left to serve."""
         await self._trimmer.close()
+        await self._admission.close()
         tasks = [*self._worker_tasks, *([self._watchdog] if self._watchdog else [])]
         for task in tasks:
             task.cancel()
@@ -214,11 +223,8 @@ class XdsServer:
                 )
                 await context.abort(refused.code, refused.message)
                 return
-        wait = self._admission.take(self._clock())
-        if wait > 0:
-            self._metrics.rate_limited.inc()
-            await asyncio.sleep(wait)
         conn_id = f"{proxy.id}-{next(self._ids)}"
+        await self._admission.admit(conn_id)
         self._trimmer.stream_opened()
         state: SotwStream | DeltaStream = DeltaStream(conn_id) if delta else SotwStream(conn_id)
         conn = Connection(conn_id, proxy, delta, state, time.time(), identity=identity)
@@ -265,6 +271,7 @@ class XdsServer:
             handler.uncancel()
         finally:
             conn.closed = True
+            self._admission.settled(conn_id)
             self.connections.pop(conn_id, None)
             self._metrics.xds_clients.labels(version).dec()
             self._forget_rejects(proxy.id)
@@ -296,6 +303,8 @@ class XdsServer:
         outcome: RequestOutcome = conn.state.receive(req)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
+            if self._admission.unsettled(conn.id) and conn.state.in_sync():
+                self._admission.settled(conn.id)  # its place goes to the next new stream
             pushed = conn.push_nonces.get(req.type_url) if conn.push_nonces else None
             if pushed is not None and pushed[0] == req.response_nonce:
                 self._metrics.convergence.observe(self._clock() - pushed[1])
@@ -452,9 +461,12 @@ class XdsServer:
             # From the push's start (the oldest one coalesced into it) until a send worker
             # took this stream: istiod's time in the push queue.
             self._metrics.queue_time.observe(max(0.0, self._clock() - conn.push_since))
-            pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
-            if push_types is not None:
-                pushed &= push_types
+            if push_types is None:
+                pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
+            else:  # an EDS-only push: one type, not every subscribed one filtered
+                pushed = {
+                    t for t in push_types if t != typeurls.DEBUG_SYNCZ and state.subscribes(t)
+                }
         wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:

@@ -276,8 +276,10 @@ class SotwStream(StreamRules[_TypeState]):
         (or its initial fetch timeout, 15 s, passes), so the assignment must be sent again
         even when it did not change itself, as Istio's full pushes do. Never while the client
         stands NACKing its assignments: rule 2 forbids re-sending what it rejected unchanged."""
+        if typeurls.CLUSTER not in sets:  # an EDS-only push: the common case, decided first
+            return False
         cds, eds = self._types.get(typeurls.CLUSTER), self._types.get(typeurls.ENDPOINT)
-        if cds is None or eds is None or cds.sent is None or typeurls.CLUSTER not in sets:
+        if cds is None or eds is None or cds.sent is None:
             return False
         if eds.status() is SyncStatus.ERROR:
             return False

@@ -62,9 +62,16 @@ PUSH_ORDER: tuple[str, ...] = (
 )
 
 
+_RANK = {t: i for i, t in enumerate(PUSH_ORDER)}
+
+
+def _rank(type_url: str) -> tuple[int, str]:
+    return (_RANK.get(type_url, len(PUSH_ORDER)), type_url)
+
+
 def ordered(type_urls: Iterable[str]) -> list[str]:
-    rank = {t: i for i, t in enumerate(PUSH_ORDER)}
-    return sorted(type_urls, key=lambda t: (rank.get(t, len(PUSH_ORDER)), t))
+    # Called for every stream on every push, most of which carry one type (EDS).
+    return sorted(type_urls, key=_rank)
 
 
 class NonceSource:
@@ -120,6 +127,13 @@ class StreamRules(Generic[_T]):
     @property
     def subscribed_types(self) -> list[str]:
         return list(self._types)
+
+    def subscribes(self, type_url: str) -> bool:
+        return type_url in self._types
+
+    def in_sync(self) -> bool:
+        """Whether every type the stream subscribed to was sent and ACKed."""
+        return all(st.status() is SyncStatus.SYNCED for st in self._types.values())
 
     def status(self) -> list[TypeStatus]:
         return [

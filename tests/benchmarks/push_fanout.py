@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from control.app import ControlPlane, ControlPlaneOptions
+from control.xds.admission import AdmissionLimits
 from control.xds.server import XdsOptions, grpc_stream_options
 from protos import typeurls
 from tests.benchmarks.xds_load import LoadClients, LoadOptions
@@ -111,7 +112,7 @@ async def run_ours(
         debounce_quiet=3600,  # pushes are triggered by hand: debounce excluded
         debounce_max=3600,
         config_poll_interval=0.05,
-        xds=XdsOptions(connection_rate=10_000, connection_burst=10_000),
+        xds=XdsOptions(admission=AdmissionLimits(rate=10_000, burst=10_000, max_rate=10_000)),
     )
     cp = ControlPlane(opts)
     await cp.start()
@@ -279,8 +280,10 @@ def main() -> None:
             ],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if out.returncode != 0:  # say why, not only that it failed
+            print(f"push_fanout {name} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+            sys.exit(1)
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     ours, floor = results["ours"], results["floor"]
     ours_p50 = statistics.median(ours["times"])

@@ -7,6 +7,8 @@ real gRPC server.
   answering the first ones. The server now sets the backlog (XdsOptions.max_pending_streams).
 - pilot_proxy_convergence_time of a push coalesced into a later one counted from the later
   push's start; it counts from the oldest push the response carries.
+- Connection storm, adaptive admission (issue 23): streams beyond the burst wait for their
+  turn and are counted, the rate is a gauge, and a flood is held to the most the limits allow.
 - Soak with proxies restarting: a push written to a stream whose client had just gone raised
   gRPC's ExecuteBatchError, which killed the send worker and leaked its slot of the bounded
   pool; with every slot leaked, pushes would stop for good.
@@ -20,7 +22,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
@@ -28,12 +32,14 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, Discovery
 
 from control.metrics import Metrics
 from control.model.proxy import Proxy
+from control.xds.admission import AdmissionLimits
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.server import XdsOptions, XdsServer, grpc_stream_options
 from protos import typeurls
 from tests.benchmarks.xds_mesh import MeshFiles
 from tests.support.adsclient import AdsStream, node_id
 from tests.support.controlplane import bounded_teardown, running_control_plane
+from tests.support.promtext import Exposition, parse
 
 SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 STREAMS = 60
@@ -71,7 +77,10 @@ def _storm(target: str, n: int, outcome: list[str], opened: threading.Event) -> 
     channel.close()
 
 
-async def _storm_while_busy(tmp_path: Path, **xds: int) -> collections.Counter[str]:
+async def _storm_while_busy(
+    tmp_path: Path, scraped: list[Exposition] | None = None, **xds: Any
+) -> collections.Counter[str]:
+    """`scraped`, when given, gets the control plane's /metrics after the storm."""
     mesh = MeshFiles(tmp_path / "mesh", 2, 1)
     mesh.write()
     async with running_control_plane(mesh.root, secure=False, **xds) as cp:
@@ -87,6 +96,12 @@ async def _storm_while_busy(tmp_path: Path, **xds: int) -> collections.Counter[s
         opened.wait(10)
         time.sleep(1.0)
         await asyncio.to_thread(thread.join, 30)
+        if scraped is not None:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"http://127.0.0.1:{cp.http_port}/metrics") as r,
+            ):
+                scraped.append(parse(await r.text()))
     return collections.Counter(outcome)
 
 
@@ -99,6 +114,22 @@ async def test_storm_beyond_the_backlog_is_refused(tmp_path: Path) -> None:
     the option reaches gRPC (without it the default, 1,000, would let all 60 wait)."""
     outcome = await _storm_while_busy(tmp_path, max_pending_streams=20)
     assert outcome["OK"] < STREAMS and outcome["CANCELLED"] > 0, outcome
+
+
+async def test_rule9_a_flood_beyond_the_burst_waits_for_admission_and_is_counted(
+    tmp_path: Path,
+) -> None:
+    """Every stream of the storm arrives while the loop is blocked, so all but the burst
+    find the bucket empty: they wait (none is refused), each is counted, and the rate, held
+    at its maximum however well the process keeps up, is on /metrics."""
+    scraped: list[Exposition] = []
+    limits = AdmissionLimits(rate=20.0, burst=5.0, min_rate=20.0, max_rate=40.0)
+    outcome = await _storm_while_busy(tmp_path, scraped, admission=limits)
+    assert outcome == {"OK": STREAMS}
+    metrics = scraped[0]
+    assert metrics.value("pilotfish_xds_connections_rate_limited") == STREAMS - 5
+    rate = metrics.value("pilotfish_xds_admission_rate")
+    assert rate is not None and limits.rate <= rate <= limits.max_rate
 
 
 def test_backlog_is_far_beyond_grpc_default() -> None:

@@ -1,4 +1,4 @@
-"""Push debouncing and connection admission (control/xds/push.py), wire rule 9."""
+"""Push debouncing (control/xds/push.py), wire rule 9."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from control.xds.push import Debouncer, PushLoop, TokenBucket
+from control.xds.push import Debouncer, PushLoop
 
 # --- Debouncer (sans-IO) ----------------------------------------------------------------------
 
@@ -66,35 +66,6 @@ def test_rule9_debouncer_new_batch_after_flush_starts_fresh() -> None:
     assert d.deadline() == pytest.approx(5.1)
     flushed = d.flush(5.1)
     assert flushed is not None and flushed[:2] == (1, {"b"})
-
-
-# --- TokenBucket (sans-IO) --------------------------------------------------------------------
-
-
-def test_rule9_token_bucket_burst_then_rate() -> None:
-    tb = TokenBucket(rate=10.0, burst=3.0)
-    assert [tb.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
-    # Past the burst every connection waits, one rate interval later than the previous one.
-    waits = [tb.take(0.0) for _ in range(4)]
-    assert waits == pytest.approx([0.1, 0.2, 0.3, 0.4])
-
-
-def test_rule9_token_bucket_refills_at_rate_up_to_burst() -> None:
-    tb = TokenBucket(rate=10.0, burst=2.0)
-    assert tb.take(0.0) == 0.0 and tb.take(0.0) == 0.0
-    assert tb.take(0.0) == pytest.approx(0.1)  # reserved: the debt is paid by time
-    assert tb.take(0.2) == 0.0  # 0.2 s refilled 2 tokens, one was owed
-    assert tb.take(100.0) == 0.0 and tb.take(100.0) == 0.0  # refill capped at burst
-    assert tb.take(100.0) > 0.0
-
-
-def test_rule9_token_bucket_storm_is_spread_over_time() -> None:
-    """1000 proxies at once with burst 100 at 200/s: the last waits ~4.5 s."""
-    tb = TokenBucket(rate=200.0, burst=100.0)
-    waits = [tb.take(0.0) for _ in range(1000)]
-    assert sum(1 for w in waits if w == 0.0) == 100
-    assert waits == sorted(waits)
-    assert waits[-1] == pytest.approx(900 / 200.0)
 
 
 # --- PushLoop (asyncio) -----------------------------------------------------------------------
