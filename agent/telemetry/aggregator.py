@@ -151,18 +151,30 @@ class MetricsAggregator(Collector):
         return (key[0], *([UNKNOWN] * (len(key) - 1)))
 
     def record_http(self, entry: HTTPAccessLogEntry) -> None:
-        self.entries += 1
-        key = self._admit(http_labels(entry), self.http)
-        series = self.http.get(key)
-        if series is None:
-            series = self.http[key] = HttpSeries()
         common, request, response = entry.common_properties, entry.request, entry.response
-        series.requests += 1
-        series.duration.observe(common.duration.ToNanoseconds() / 1e6)
-        series.request_bytes.observe(request.request_headers_bytes + request.request_body_bytes)
-        series.response_bytes.observe(
-            response.response_headers_bytes + response.response_body_bytes
+        self.count_http(
+            http_labels(entry),
+            common.duration.ToNanoseconds() / 1e6,
+            request.request_headers_bytes + request.request_body_bytes,
+            response.response_headers_bytes + response.response_body_bytes,
         )
+
+    def count_http(
+        self, labels: LabelValues, duration_ms: float, request_bytes: int, response_bytes: int
+    ) -> None:
+        """One HTTP entry, already read (agent/telemetry/wire.py reads entries off the wire
+        this way, with its labels cached)."""
+        self.entries += 1
+        series = self.http.get(labels)
+        if series is None:
+            key = self._admit(labels, self.http)
+            series = self.http.get(key)
+            if series is None:
+                series = self.http[key] = HttpSeries()
+        series.requests += 1
+        series.duration.observe(duration_ms)
+        series.request_bytes.observe(request_bytes)
+        series.response_bytes.observe(response_bytes)
 
     def record_tcp(self, entry: TCPAccessLogEntry) -> None:
         self.entries += 1
