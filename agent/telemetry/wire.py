@@ -32,6 +32,9 @@ from google.protobuf.message import Message
 from agent.telemetry.labels import LabelValues, http_labels
 
 DEFAULT_MAX_CACHED: Final = 4096
+# A longer key (a huge authority, say) is not cached: the cache's memory stays bounded in
+# bytes (about max_cached x this), not only in keys.
+MAX_KEY_BYTES: Final = 2048
 
 # What a reduced message keeps of Envoy's: a field name maps to None (the field whole, with
 # Envoy's own type), to a nested selection (a reduced message of its own), or to RAW (a
@@ -150,7 +153,7 @@ class HttpObservation(NamedTuple):
 
 class HttpDecoder:
     """HTTP entries (bytes) to observations, with the label tuples cached (at most
-    `max_cached`; past that the oldest key is forgotten)."""
+    `max_cached` keys of at most MAX_KEY_BYTES; past that the oldest key is forgotten)."""
 
     def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
         self.max_cached = max_cached
@@ -171,9 +174,10 @@ class HttpDecoder:
         if labels is None:
             self.misses += 1
             labels = http_labels(HTTPAccessLogEntry.FromString(raw))
-            if len(self._labels) >= self.max_cached:
-                del self._labels[next(iter(self._labels))]
-            self._labels[key] = labels
+            if len(key) <= MAX_KEY_BYTES:
+                if len(self._labels) >= self.max_cached:
+                    del self._labels[next(iter(self._labels))]
+                self._labels[key] = labels
         else:
             self.hits += 1
         v: Any = _HttpValuesView.FromString(raw)

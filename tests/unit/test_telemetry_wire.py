@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.als import SERVICE, AccessLogServer
 from agent.telemetry.labels import HTTP_LABELS, http_labels
-from agent.telemetry.wire import HttpDecoder, stream_entries
+from agent.telemetry.wire import MAX_KEY_BYTES, HttpDecoder, stream_entries
 from protos import telemetry as t
 from tests.unit.test_telemetry_metrics import (
     CLIENT_META,
@@ -125,6 +125,14 @@ def test_the_cache_is_bounded_and_stays_correct_past_its_bound() -> None:
             assert dec.decode(_raw(e)).labels == http_labels(e)
             assert dec.cached <= 3
     assert dec.cached == 3
+
+
+def test_an_oversized_key_is_decoded_but_not_cached() -> None:
+    dec = HttpDecoder()
+    huge = server_entry(authority="a" * (MAX_KEY_BYTES + 1) + ".shop")
+    for _ in range(2):
+        assert dec.decode(_raw(huge)).labels == http_labels(huge)
+    assert (dec.misses, dec.cached) == (2, 0)
 
 
 def test_grpc_status_and_protocol_come_through() -> None:
