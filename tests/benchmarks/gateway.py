@@ -21,7 +21,8 @@ on the same process for both sides. Both Envoys run with the agent's `--concurre
 send to the same backend (a third Envoy answering every request itself).
 
 h2load drives each side in alternating rounds; figures are medians over rounds: throughput
-ratio (target >= 0.95) and p99 latency ratio (target <= 1.1), ours / floor.
+ratio (target >= 0.95) and p99 latency ratio (target <= 1.1), ours / floor; and each Envoy's
+CPU per request (user + system), which a busy machine disturbs far less than the rates.
 
 Two more sides are measured the same way, for information:
 - a twin: a second static Envoy from the same dump; its ratio to the floor is the run's
@@ -56,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks import envoy_static, gateway_config
+from tests.benchmarks.telemetry import cpu_seconds
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
 from tests.support.mesh import mesh_agent
@@ -297,8 +299,21 @@ def agent_entries(ip: str) -> float:
     return sum(float(line[len(name) :]) for line in text.splitlines() if line.startswith(name))
 
 
-def _medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
-    return statistics.median(x[0] for x in runs), statistics.median(x[1] for x in runs)
+def envoy_pid(agent_pid: int) -> int:
+    """The agent's Envoy: its child process named envoy."""
+    for task in Path(f"/proc/{agent_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
+                return int(child)
+    raise SystemExit(f"agent {agent_pid} has no Envoy child")
+
+
+def _medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    return (
+        statistics.median(x[0] for x in runs),
+        statistics.median(x[1] for x in runs),
+        statistics.median(x[2] for x in runs),
+    )
 
 
 async def equivalent_floors(
@@ -320,17 +335,23 @@ SIDES = ("ours", "floor", "twin", "minimal")
 
 
 def report(
-    scheme: str, results: dict[tuple[str, str], list[tuple[float, float]]]
+    scheme: str, results: dict[tuple[str, str], list[tuple[float, float, float]]]
 ) -> dict[str, float]:
-    o_rps, o_p99 = _medians(results[(scheme, "ours")])
-    f_rps, f_p99 = _medians(results[(scheme, "floor")])
-    t_rps, t_p99 = _medians(results[(scheme, "twin")])
-    m_rps, m_p99 = _medians(results[(scheme, "minimal")])
+    o_rps, o_p99, o_cpu = _medians(results[(scheme, "ours")])
+    f_rps, f_p99, f_cpu = _medians(results[(scheme, "floor")])
+    t_rps, t_p99, t_cpu = _medians(results[(scheme, "twin")])
+    m_rps, m_p99, m_cpu = _medians(results[(scheme, "minimal")])
     print(
         f"gateway {scheme}: {o_rps:.0f} req/s vs the same config static {f_rps:.0f} req/s,"
         f" ratio {o_rps / f_rps:.2f} (target >= 0.95); p99 {o_p99 * 1000:.2f} ms vs"
         f" {f_p99 * 1000:.2f} ms, ratio {o_p99 / f_p99:.2f} (target <= 1.1);"
         f" noise (identical static twin / floor): {t_rps / f_rps:.2f}, p99 {t_p99 / f_p99:.2f}"
+    )
+    # CPU per request is what a busy machine disturbs least: read it beside the rates.
+    print(
+        f"gateway {scheme} Envoy CPU per request: ours {o_cpu * 1e6:.1f} us, floor"
+        f" {f_cpu * 1e6:.1f} us (ratio {o_cpu / f_cpu:.2f}), twin {t_cpu * 1e6:.1f} us"
+        f" ({t_cpu / f_cpu:.2f}), minimal {m_cpu * 1e6:.1f} us"
     )
     print(
         f"gateway {scheme} (information): vs a minimal hand-written static Envoy"
@@ -341,10 +362,13 @@ def report(
     return {
         f"{scheme}_throughput_ratio": o_rps / f_rps,
         f"{scheme}_p99_ratio": o_p99 / f_p99,
+        f"{scheme}_cpu_ratio": o_cpu / f_cpu,
         f"{scheme}_noise_throughput_ratio": t_rps / f_rps,
         f"{scheme}_noise_p99_ratio": t_p99 / f_p99,
+        f"{scheme}_noise_cpu_ratio": t_cpu / f_cpu,
         f"{scheme}_minimal_throughput_ratio": o_rps / m_rps,
         f"{scheme}_minimal_p99_ratio": o_p99 / m_p99,
+        f"{scheme}_minimal_cpu_ratio": o_cpu / m_cpu,
     }
 
 
@@ -398,16 +422,23 @@ async def main() -> None:
                     timeout=60,
                     what=f"{side} answering",
                 )
-            results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            pids = {
+                "ours": envoy_pid(agent.proc.pid),  # type: ignore[union-attr]
+                "floor": procs[2].pid,
+                "twin": procs[3].pid,
+                "minimal": procs[1].pid,
+            }
+            results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
             for r in range(args.rounds):
                 for scheme, port in (("http", HTTP_PORT), ("https", HTTPS_PORT)):
                     url = f"{scheme}://{HOST}:{port}/"
                     # Alternate who goes first: neither side always gets the warmer machine.
                     for side in SIDES if r % 2 == 0 else reversed(SIDES):
                         log = tmp / f"{scheme}-{side}-{r}.tsv"
-                        results.setdefault((scheme, side), []).append(
-                            measured(url, ips[side], port, args.requests, log)
-                        )
+                        before = cpu_seconds(pids[side])
+                        rps, p99 = measured(url, ips[side], port, args.requests, log)
+                        cpu = (cpu_seconds(pids[side]) - before) / args.requests
+                        results.setdefault((scheme, side), []).append((rps, p99, cpu))
             summary: dict[str, float] = dict(config)
             for scheme in ("http", "https"):
                 summary.update(report(scheme, results))
