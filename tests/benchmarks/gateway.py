@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -458,6 +459,8 @@ async def main() -> None:
         for p in procs:
             p.kill()
             p.wait()
+        # Keys, sockets and logs of this run (h2load's logs alone are ~20 MB).
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
