@@ -157,22 +157,40 @@ class MetricsAggregator:
         return (key[0], *([UNKNOWN] * (len(key) - 1)))
 
     def record_http(self, entry: HTTPAccessLogEntry) -> None:
+        common, request, response = entry.common_properties, entry.request, entry.response
+        self.count_http(
+            http_labels(entry),
+            of_entry(common),
+            common.duration.ToNanoseconds() / 1e6,
+            request.request_headers_bytes + request.request_body_bytes,
+            response.response_headers_bytes + response.response_body_bytes,
+        )
+
+    def count_http(
+        self,
+        labels: LabelValues,
+        side: SideOverrides,
+        duration_ms: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """One HTTP entry, already read (agent/telemetry/wire.py reads entries off the wire
+        this way, with its labels and its logger's overrides cached)."""
         self.entries += 1
-        labels = http_labels(entry)
-        side = self.sides[labels[0]] = of_entry(entry.common_properties)
+        self.sides[labels[0]] = side
         if side.http_off:
             return
-        key = self._admit(side.fold_http(labels), self.http)
-        series = self.http.get(key)
+        labels = side.fold_http(labels)
+        series = self.http.get(labels)
         if series is None:
-            series = self.http[key] = HttpSeries()
-        common, request, response = entry.common_properties, entry.request, entry.response
+            key = self._admit(labels, self.http)
+            series = self.http.get(key)
+            if series is None:
+                series = self.http[key] = HttpSeries()
         series.requests += 1
-        series.duration.observe(common.duration.ToNanoseconds() / 1e6)
-        series.request_bytes.observe(request.request_headers_bytes + request.request_body_bytes)
-        series.response_bytes.observe(
-            response.response_headers_bytes + response.response_body_bytes
-        )
+        series.duration.observe(duration_ms)
+        series.request_bytes.observe(request_bytes)
+        series.response_bytes.observe(response_bytes)
 
     def record_tcp(self, entry: TCPAccessLogEntry) -> None:
         self.entries += 1

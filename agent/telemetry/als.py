@@ -1,6 +1,7 @@
 """Envoy's gRPC access log service (`envoy.service.accesslog.v3.AccessLogService`) on
 `<workdir>/ALS`: the generated loggers stream every request and TCP connection here, and each
-entry goes into the `MetricsAggregator`.
+entry goes into the `MetricsAggregator` (HTTP entries read as far as the metrics need, with
+their label sets cached: agent/telemetry/wire.py).
 
 The socket is 0600 (owned by Envoy's user when it runs as another): what arrives on it becomes
 metrics, so only Envoy may connect. A message that does not decode ends its stream with
@@ -14,10 +15,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
+from envoy.data.accesslog.v3.accesslog_pb2 import TCPAccessLogEntry
+from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsResponse
 from google.protobuf.message import DecodeError
 
 from agent.telemetry.aggregator import MetricsAggregator
+from agent.telemetry.wire import HttpDecoder, stream_entries
 from agent.unixsocket import UnixGrpcServer, als_socket_server
 from pilotfish_common.lifecycle import Lifecycle
 
@@ -39,6 +42,8 @@ class AccessLogServer(Lifecycle):
         self.socket_path = socket_path
         self.aggregator = aggregator
         self._server = server or als_socket_server(socket_path, owner)
+        # Shared by all streams: the same loggers' label sets recur on every one.
+        self._decoder = HttpDecoder()
         self.streams = 0
         self.malformed = 0
 
@@ -67,17 +72,18 @@ class AccessLogServer(Lifecycle):
     ) -> StreamAccessLogsResponse:
         self.streams += 1
         async for raw in requests:
-            # A fresh message each time: a reused one keeps every parse's memory (its arena
-            # only grows), which would grow with traffic.
-            message = StreamAccessLogsMessage()
+            # Every entry of a message is decoded before any is counted: a message that does
+            # not decode counts nothing.
             try:
-                message.ParseFromString(raw)
+                entries = stream_entries(raw)
+                http = [self._decoder.decode(e) for e in entries.http]
+                tcp = [TCPAccessLogEntry.FromString(e) for e in entries.tcp]
             except DecodeError as e:
                 self.malformed += 1
                 logger.info("access log stream: malformed message: %s", e)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}")
-            for http in message.http_logs.log_entry:
-                self.aggregator.record_http(http)
-            for tcp in message.tcp_logs.log_entry:
-                self.aggregator.record_tcp(tcp)
+            for observation in http:
+                self.aggregator.count_http(*observation)
+            for entry in tcp:
+                self.aggregator.record_tcp(entry)
         return StreamAccessLogsResponse()
