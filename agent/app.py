@@ -30,8 +30,9 @@ from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
 from agent.sds.keys import KeyType
 from agent.sds.remote import RemoteSecrets
-from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
+from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.server import SdsServer
+from agent.sds.workloadcert import SdsStats
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.xdsproxy.agentstream import AgentStream

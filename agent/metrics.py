@@ -335,7 +335,8 @@ def short_type(type_url: str) -> str:
 
 
 class SdsMetricsObserver:
-    """Feeds the secret manager's events into `AgentMetrics` (see agent.sds.secrets.SdsObserver)."""
+    """Feeds the secret manager's events into `AgentMetrics` (see
+    agent.sds.workloadcert.SdsObserver)."""
 
     def __init__(self, metrics: AgentMetrics, clock: Callable[[], float] = time.time) -> None:
         self._m = metrics

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Final
 
 from agent.sds.resources import WORKLOAD_CERT
-from agent.sds.secrets import SecretManager, WorkloadCert
+from agent.sds.secrets import SecretManager
+from agent.sds.workloadcert import WorkloadCert
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
 

@@ -21,7 +21,8 @@ from agent.sds.certfiles import (
     write_cert_files,
 )
 from agent.sds.keys import generate_key_and_csr
-from agent.sds.secrets import SdsConfig, SecretManager, WorkloadCert, workload_cert
+from agent.sds.secrets import SdsConfig, SecretManager
+from agent.sds.workloadcert import WorkloadCert, workload_cert
 from control.model.proxy import proxy_from_node
 from tests.support.controlplane import eventually
 from tests.support.testca import TestCA

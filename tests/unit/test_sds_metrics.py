@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.metrics import AgentMetrics, SdsMetricsObserver
 from agent.sds.rotation import RotationPolicy
-from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
+from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.signer import SigningError
+from agent.sds.workloadcert import SdsStats
 from tests.support.controlplane import eventually
 from tests.support.testca import TestCA
 

@@ -17,8 +17,9 @@ from agent.sds.files import FileSecretError
 from agent.sds.keys import KeyType
 from agent.sds.resources import ROOT_CERT, WORKLOAD_CERT
 from agent.sds.rotation import RotationPolicy
-from agent.sds.secrets import SdsConfig, SdsStats, SecretManager
+from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.signer import SigningError
+from agent.sds.workloadcert import SdsStats
 from tests.support.controlplane import eventually
 from tests.support.testca import TestCA
 
