@@ -24,6 +24,7 @@ from agent.dns.forwarder import parse_upstream
 from agent.health.appprobers import ENV as APP_PROBERS_ENV
 from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
 from pilotfish_common import logsetup
+from protos.nodeid import node_id
 from protos.telemetry import ALS_NODE_METADATA
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
@@ -110,10 +111,7 @@ class AgentConfig:
 
     @property
     def node_id(self) -> str:
-        return (
-            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
-            f"{self.namespace}.svc.{self.cluster_domain}"
-        )
+        return node_id(self.proxy_type, self.ip, self.pod_name, self.namespace, self.cluster_domain)
 
     @property
     def xds_socket(self) -> Path:

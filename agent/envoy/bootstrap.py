@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from protos.nodeid import node_id
 from protos.telemetry import ALS_CLUSTER, ALS_NODE_METADATA
 
 if TYPE_CHECKING:
@@ -74,10 +75,7 @@ class BootstrapOptions:
 
     @property
     def node_id(self) -> str:
-        return (
-            f"{self.proxy_type}~{self.ip}~{self.pod_name}.{self.namespace}~"
-            f"{self.namespace}.svc.{self.cluster_domain}"
-        )
+        return node_id(self.proxy_type, self.ip, self.pod_name, self.namespace, self.cluster_domain)
 
     @property
     def admin_url(self) -> str:
