@@ -42,7 +42,8 @@ def _malloc_in_use() -> int:
     except (OSError, AttributeError):
         return -1  # not glibc
     info.restype = _MallInfo2
-    used: int = info().uordblks + info().hblkhd
+    now = info()
+    used: int = now.uordblks + now.hblkhd  # heap chunks in use and mmapped ones
     return used
 
 
