@@ -43,7 +43,7 @@ from control.webhook.injector import Injector, InjectorOptions
 from control.webhook.server import WebhookServer
 from control.webhook.values import InjectionValues
 from control.xds.cache import ResourceCache, ResourceSet
-from control.xds.options import XdsOptions, grpc_stream_options
+from control.xds.options import XdsOptions, grpc_connection_options, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
 from pilotfish_common.lifecycle import Lifecycle
@@ -293,6 +293,7 @@ def _grpc_server(options: XdsOptions) -> grpc.aio.Server:
     return grpc.aio.server(
         options=[
             *grpc_stream_options(options),
+            *grpc_connection_options(),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

@@ -21,6 +21,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
 from control.xds.cache import Resource, ResourceSet, Selection
 from control.xds.state import (
+    COUNT_STRINGS,
     RequestKind,
     RequestOutcome,
     StreamRules,
@@ -176,13 +177,14 @@ class DeltaStream(StreamRules[_TypeState]):
         nonce = req.response_nonce
         if not nonce:
             return RequestOutcome(type_url, RequestKind.UPDATE, must_respond=bool(added))
-        if nonce not in st.outstanding:
+        # Ours, not the client's copy: that would be one more string per stream, where ours
+        # is shared (see CountStrings).
+        ours = next((n for n in st.outstanding if n == nonce), None)
+        if ours is None:
             # Stale or unknown nonce: only the subscription change above counts.
             return RequestOutcome(type_url, RequestKind.STALE, must_respond=bool(added))
-        st.outstanding = tuple(n for n in st.outstanding if n != nonce)
-        # The client's copy of the nonce would be one more string per stream; ours is
-        # shared (see NonceSource.next).
-        nonce = sys.intern(nonce)
+        nonce = ours
+        st.outstanding = tuple(n for n in st.outstanding if n is not ours)
         if req.HasField("error_detail"):
             self.nacks += 1
             st.nack_message = req.error_detail.message or f"code {req.error_detail.code}"
@@ -276,8 +278,8 @@ class DeltaStream(StreamRules[_TypeState]):
         # the ones it can no longer usefully answer.
         st.outstanding = (*st.outstanding, nonce)[-_MAX_OUTSTANDING:]
         st.sent_nonce = nonce
-        # Interned: streams count alike, so thousands hold the same few version strings.
-        st.sent_version = sys.intern(str(self._version))
+        # Streams count alike, so thousands hold the same few version strings.
+        st.sent_version = COUNT_STRINGS.get(self._version)
         st.ever_sent = True
         return DeltaResponse(
             type_url,

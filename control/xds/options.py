@@ -65,3 +65,13 @@ def grpc_stream_options(options: XdsOptions) -> list[tuple[str, int]]:
         ("grpc.experimental.tcp_max_read_buffer_size", options.max_read_buffer),
         ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout * 1000)),
     ]
+
+
+def grpc_connection_options() -> list[tuple[str, int]]:
+    """gRPC server options that make each connection cheaper, beyond the stream limits.
+
+    Channelz (on by default in gRPC core) keeps a socket node per connection: the counters,
+    addresses and a registry entry that only a channelz service can show, and we serve none.
+    Off, a connected proxy costs about 0.5 KB less in gRPC core (mallinfo2, 500 proxies with
+    a connection each: 37.3 -> 36.8 KB of malloc'd memory per proxy)."""
+    return [("grpc.enable_channelz", 0)]

@@ -4,7 +4,6 @@ push order (wire rule 6)."""
 from __future__ import annotations
 
 import enum
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -74,6 +73,44 @@ def ordered(type_urls: Iterable[str]) -> list[str]:
     return sorted(type_urls, key=_rank)
 
 
+class CountStrings:
+    """Decimal strings of counts, shared by every stream that reaches the same count.
+
+    Streams count alike (nonces, delta version numbers), so thousands of them hold the same
+    few strings at a time: one copy of each instead of one per stream. `sys.intern` did this
+    before, but its table belongs to the interpreter: it grows with every distinct count
+    alive at once and never shrinks, and each growth was a step of a megabyte or two in the
+    soak's RSS. This table is direct-mapped and fixed in size: count n lives in slot
+    n % slots until a count that maps to the same slot takes it, so at most `slots` strings
+    are held here, and streams that drift apart just stop sharing."""
+
+    __slots__ = ("_counts", "_mask", "_strings")
+
+    def __init__(self, slots: int = 1024) -> None:
+        if slots <= 0 or slots & (slots - 1):
+            raise ValueError(f"slots must be a power of two, not {slots}")
+        self._mask = slots - 1
+        self._counts: list[int] = [-1] * slots
+        self._strings: list[str] = [""] * slots
+
+    def get(self, n: int) -> str:
+        i = n & self._mask
+        if self._counts[i] == n:
+            return self._strings[i]
+        s = str(n)
+        self._counts[i] = n
+        self._strings[i] = s
+        return s
+
+    def held(self) -> int:
+        """How many strings the table holds now (for tests)."""
+        return sum(1 for c in self._counts if c >= 0)
+
+
+# One table for the process: every stream's counts look alike whatever its kind.
+COUNT_STRINGS = CountStrings()
+
+
 class NonceSource:
     """Nonces unique within a stream (a counter; the stream id keeps them unique in logs)."""
 
@@ -85,9 +122,9 @@ class NonceSource:
 
     def next(self) -> str:
         self._n += 1
-        # Interned: streams count alike, so thousands of them hold the same few nonces; one
-        # copy of each instead of one per stream (interned strings go when unused).
-        return sys.intern(f"{self._prefix}{self._n}")
+        if self._prefix:
+            return f"{self._prefix}{self._n}"
+        return COUNT_STRINGS.get(self._n)
 
 
 class TypeSync(Protocol):

@@ -4,16 +4,20 @@ P simulated proxies (xds_load.py; half SotW, half delta) hold the config of S se
 endpoints. For the whole run, endpoints change R times a second (config files rewritten, as
 in xds_churn.py) and every 10 s a few proxies restart (their streams close and they dial
 again), so the stream open/close paths are exercised as well as the push path. The control
-plane's RSS and open file descriptors are sampled every few seconds; after a warm-up, the
-least-squares slope of each (after a warm-up: 2 minutes of a 10-minute run) must be about
-zero:
+plane's RSS and open file descriptors are sampled every few seconds. The first minutes are
+warm-up (the allocator's free lists and the bounded structures filling up: caches, the
+count strings of control/xds/state.py, the push log of /debug/pushz) and are left out; the
+leak is judged on the least-squares slope over the last 20 minutes of a 30-minute run:
 
-    pass: RSS slope <= 256 KB/min (2.5 MB over 10 min) and fd slope <= 0.1/min
+    pass: RSS slope <= 64 KB/min (1.3 MB over 20 min) and fd slope <= 0.1/min
 
 (one leaked stream, ~30 KB, per restart would be ~1.8 MB/min here; one leaked file descriptor
-per restart ~60/min). At the end every proxy must hold the last change, with no stream error.
+per restart ~60/min). The slope from minute 3 to the end is printed beside it: the RSS curve
+should be flat from there. A run shorter than 30 minutes judges the last two thirds of it:
+that checks the machinery, not the target. At the end every proxy must hold the last change,
+with no stream error.
 
-Usage: python tests/benchmarks/xds_soak.py [--seconds 600]   (make soak; SOAK_SECONDS=60)
+Usage: python tests/benchmarks/xds_soak.py [--seconds 1800]   (make soak; SOAK_SECONDS=300)
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from tests.benchmarks.xds_bench import ControlPlaneRun, least_squares_slope, mac
 from tests.benchmarks.xds_load import LoadClients, LoadOptions, check_acks
 from tests.benchmarks.xds_mesh import MeshFiles
 
-RSS_SLOPE_MAX = 256 * 1024  # bytes per minute
+RSS_SLOPE_MAX = 64 * 1024  # bytes per minute
 FD_SLOPE_MAX = 0.1  # per minute
+JUDGED = 1200.0  # seconds at the end of the run whose slopes are judged
+FLAT_FROM = 180.0  # seconds: the curve is flat from here (printed, not judged)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -105,14 +111,9 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     finally:
         await cp.close()
 
-    warm = [s for s in samples if s[0] >= args.warmup]
-    minutes = [s[0] / 60 for s in warm]
-    rss_slope = least_squares_slope(minutes, [float(s[1]) for s in warm])
-    fd_slope = least_squares_slope(minutes, [float(s[2]) for s in warm])
-    # Printed, not judged: a one-time step (an allocator arena, a memo filling up) weighs
-    # on the whole slope as a ramp would; a leak also shows in the second half.
-    late = warm[len(warm) // 2 :]
-    late_slope = least_squares_slope([s[0] / 60 for s in late], [float(s[1]) for s in late])
+    judged = [s for s in samples if s[0] >= args.warmup]
+    rss_slope, fd_slope = _slopes(judged)
+    after3, _ = _slopes([s for s in samples if s[0] >= FLAT_FROM])
     failures = sum(s["failures"] for s in status)
     recycled = sum(s["recycled"] for s in status)
     problems = check_acks(records)
@@ -142,12 +143,20 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
         "soak fds by minute: "
         + " ".join(str(s[2]) for s in samples if int(s[0]) % 60 < args.sample)
     )
+    window = (samples[-1][0] - args.warmup) / 60 if samples else 0.0
     print(
-        f"soak RSS slope after {args.warmup:g} s warm-up: {rss_slope / 1024:+.1f} KB/min "
-        f"(threshold {RSS_SLOPE_MAX // 1024} KB/min); fd slope: {fd_slope:+.3f}/min "
-        f"(threshold {FD_SLOPE_MAX}/min); {len(warm)} samples; RSS slope over the second "
-        f"half: {late_slope / 1024:+.1f} KB/min"
+        f"soak judged: the last {window:.1f} min (after {args.warmup / 60:.1f} min warm-up; "
+        f"{len(judged)} samples): RSS slope {rss_slope / 1024:+.1f} KB/min (target <= "
+        f"{RSS_SLOPE_MAX // 1024} KB/min), fd slope {fd_slope:+.3f}/min (target <= "
+        f"{FD_SLOPE_MAX}/min, fds {judged[0][2] if judged else 0} -> "
+        f"{judged[-1][2] if judged else 0})"
     )
+    print(f"soak RSS slope from minute {FLAT_FROM / 60:g} to the end: {after3 / 1024:+.1f} KB/min")
+    if args.seconds < JUDGED + 600:
+        print(
+            f"soak: {args.seconds / 60:g} min is shorter than the 30-minute run the target is "
+            f"set for: this run checks the machinery"
+        )
     print(
         f"soak errors: {failures} stream failures, {len(problems)} proxies with problems, "
         f"{cp_errors:g} control-plane stream/push errors"
@@ -158,9 +167,18 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     return 0 if ok else 1
 
 
+def _slopes(samples: list[tuple[float, int, int]]) -> tuple[float, float]:
+    """Least-squares slopes of RSS (bytes) and fds, per minute."""
+    minutes = [s[0] / 60 for s in samples]
+    return (
+        least_squares_slope(minutes, [float(s[1]) for s in samples]),
+        least_squares_slope(minutes, [float(s[2]) for s in samples]),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--seconds", type=float, default=1800.0)
     ap.add_argument("--proxies", type=int, default=200)
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=5)
@@ -172,13 +190,12 @@ def main() -> None:
         "--warmup",
         type=float,
         default=-1,
-        help="seconds left out of the slope (default 120; 20%% of a long soak, half a short one)",
+        help="seconds left out of the judged slope (default: all but the last 20 minutes, "
+        "or the first third of a run shorter than 30 minutes)",
     )
     args = ap.parse_args()
     if args.warmup < 0:
-        # The first minutes are the allocator and the bounded structures filling up (caches,
-        # the push log of /debug/pushz); a short soak keeps its second half.
-        args.warmup = min(max(120.0, args.seconds / 5), args.seconds / 2)
+        args.warmup = max(args.seconds - JUDGED, args.seconds / 3)
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):
