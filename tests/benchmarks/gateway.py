@@ -375,8 +375,8 @@ def report(
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--requests", type=int, default=40000)
     ap.add_argument("--routes", type=int, default=1000, help="config part: HTTPRoutes")
     ap.add_argument("--destination-rules", type=int, default=100, help="config part")
     ap.add_argument("--config-runs", type=int, default=7)
