@@ -8,6 +8,12 @@ what to send, and writes the pre-assembled bytes (each resource was serialized o
 cache, and a response shared by many streams is framed once too; nothing is re-encoded).
 Pushes are coalesced: a stream that is still writing when the next push arrives sends the
 newest state once.
+
+Over 450 lines on purpose: the stream handler, the send workers, the write watchdog and the
+reject bookkeeping all act on one `Connection` and one set of metrics under the same
+ordering rules (a stream's writes are one worker's at a time); split apart, each part would
+reach into the others' state. The rules themselves are elsewhere, sans-IO (sotw.py, delta.py,
+admission.py, state.py).
 """
 
 from __future__ import annotations
