@@ -5,7 +5,7 @@ all by asking every replica for its syncz over xDS (control/ctl/status.py). The 
 asks the same way: the replicas are the running pods of the control-plane Deployment in its
 own namespace (label selector, default Istio's `app=istiod`; control/ctl/discover.py's
 `replica_addresses`), each asked on the plaintext xDS port every replica listens on. The
-answer is kept for `ttl` seconds, so several viewers polling every 2 s fan out once.
+answer is kept for `ttl` seconds, so several viewers polling every second fan out once.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-// The dashboard page: three views over /ui/api/*, refreshed every 2 s without a reload.
+// The dashboard page: three views over /ui/api/*, refreshed every second without a reload.
 // Every string from the API reaches the DOM through textContent (or a checked attribute),
 // never as markup: names, labels and NACK messages are whatever the mesh's users wrote.
 "use strict";
 
 (function () {
-  const POLL_MS = 2000;
+  const POLL_MS = 1000;
   const $ = (id) => document.getElementById(id);
   const state = {
     view: "graph",
