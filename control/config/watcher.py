@@ -54,7 +54,7 @@ def file_stamp(path: str, now: float) -> Stamp | None:
     if now - st.st_mtime < _RACY_SECONDS:
         try:
             with open(path, "rb") as fh:
-                digest = hashlib.blake2b(fh.read(), digest_size=16).hexdigest()
+                digest = content_digest(fh.read())
         except OSError as exc:  # unreadable: loading it will report the error
             digest = f"error: {exc.strerror}"
     return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, digest)
@@ -71,18 +71,45 @@ def _scan(paths: tuple[str, ...]) -> dict[str, Stamp]:
     return out
 
 
-# Result of loading one file in the worker thread: a FileConfig, a ConfigError, or None when
-# the file disappeared between the scan and the read.
-_Loaded = FileConfig | ConfigError | None
+def content_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _load_files(files: Iterable[str], domain: str, revision: str = "") -> dict[str, _Loaded]:
+class _Unchanged:
+    """The file's bytes are the ones its current version was loaded from."""
+
+
+UNCHANGED = _Unchanged()
+
+# Result of loading one file in the worker thread: a FileConfig, a ConfigError, UNCHANGED, or
+# None when the file disappeared between the scan and the read.
+_Loaded = FileConfig | ConfigError | _Unchanged | None
+
+
+def _load_files(
+    files: Iterable[str],
+    domain: str,
+    revision: str = "",
+    known: Mapping[str, str] | None = None,
+    digests: dict[str, str] | None = None,
+) -> dict[str, _Loaded]:
+    """Load `files`. `known`: the content digest each file's current version was loaded
+    from; a file whose bytes still have it is UNCHANGED and not parsed again. A stat change
+    alone does not mean new bytes: every written file leaves the racy window (its stamp
+    drops the digest) two seconds later, and `touch` or a rewrite of the same text changes
+    the times. `digests` receives the digest of every file read."""
     out: dict[str, _Loaded] = {}
     for file in files:
         try:
             data = read_file(file)
         except ConfigError as exc:
             out[file] = None if not os.path.exists(file) else exc
+            continue
+        digest = content_digest(data)
+        if digests is not None:
+            digests[file] = digest
+        if known is not None and known.get(file) == digest:
+            out[file] = UNCHANGED
             continue
         try:
             out[file] = load_bytes(data, file, domain, revision)
@@ -130,6 +157,8 @@ class ConfigWatcher(Lifecycle):
         self._latest: dict[str, FileConfig] = {}  # newest valid version (may be a duplicate)
         self._parse_errors: dict[str, ConfigError] = {}
         self._stamps: dict[str, Stamp] = {}  # the stamps the state above reflects
+        # The content digest of the bytes each file's newest load (valid or not) came from.
+        self._digests: dict[str, str] = {}
         self._warnings = WarningLog(logger)
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -143,12 +172,16 @@ class ConfigWatcher(Lifecycle):
         scanned_at = time.monotonic()
         files = await asyncio.to_thread(discover, self.paths)
         stamps = await asyncio.to_thread(_scan, self.paths)
-        loaded = await asyncio.to_thread(_load_files, files, self.domain, self.revision)
+        digests: dict[str, str] = {}
+        loaded = await asyncio.to_thread(
+            _load_files, files, self.domain, self.revision, None, digests
+        )
+        self._digests = digests
         for file in files:
             result = loaded[file]
             if isinstance(result, ConfigError):
                 raise result
-            if result is not None:
+            if isinstance(result, FileConfig):  # not None (gone since the listing)
                 self._good[file] = self._latest[file] = result
         self.current = merge(list(self._good.values()))
         self._stamps = {f: s for f, s in stamps.items() if f in self._good}
@@ -223,8 +256,16 @@ class ConfigWatcher(Lifecycle):
     async def _apply(self, stamps: dict[str, Stamp], scanned_at: float = 0.0) -> None:
         changed = sorted(f for f, s in stamps.items() if self._stamps.get(f) != s)
         removed = sorted(set(self._stamps) - set(stamps))
-        loaded = await asyncio.to_thread(_load_files, changed, self.domain, self.revision)
+        digests: dict[str, str] = {}
+        loaded = await asyncio.to_thread(
+            _load_files, changed, self.domain, self.revision, dict(self._digests), digests
+        )
+        self._digests.update(digests)
+        fresh = False  # whether any file has a new version (valid or not) or went away
         for file, result in loaded.items():
+            if result is UNCHANGED:
+                continue
+            fresh = True
             if result is None:  # deleted between the scan and the read
                 stamps.pop(file, None)
                 removed.append(file)
@@ -232,16 +273,21 @@ class ConfigWatcher(Lifecycle):
                 self._parse_errors[file] = result
                 self.failed_loads += 1
                 self._latest.pop(file, None)
-            else:
+            elif isinstance(result, FileConfig):
                 self._parse_errors.pop(file, None)
                 self._latest[file] = result
         for file in removed:
+            fresh = True
             if file in self._stamps:
                 logger.info("config file removed: %s", file)
             self._latest.pop(file, None)
             self._good.pop(file, None)
             self._parse_errors.pop(file, None)
+            self._digests.pop(file, None)
         self._stamps = stamps
+        if not fresh:  # only stamps moved: the merge would give the same config again
+            self.snapshot_at = max(self.snapshot_at, scanned_at)
+            return
 
         # Each file contributes its newest valid version, or else its last good one.
         candidates: dict[str, FileConfig] = {}

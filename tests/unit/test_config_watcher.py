@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -244,6 +247,51 @@ async def test_comment_only_change_does_not_notify(tmp_path: Path) -> None:
         assert watcher.reloads == 0
 
 
+async def test_unchanged_bytes_are_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every written file's stamp changes once more when it leaves the racy window (its digest
+    # drops out); that, `touch` and a rewrite of the same text must not parse it again.
+    monkeypatch.setattr(watcher_module, "_RACY_SECONDS", 0.3)
+    parsed: list[str] = []
+    real_load_bytes = watcher_module.load_bytes
+
+    def load_bytes(data: bytes, file: str, *args: Any) -> object:
+        parsed.append(file)
+        return real_load_bytes(data, file, *args)
+
+    monkeypatch.setattr(watcher_module, "load_bytes", load_bytes)
+    web, db = tmp_path / "web.yaml", tmp_path / "db.yaml"
+    web.write_text(service("web"))
+    db.write_text(service("db"))
+    changes = Recorder()
+    async with watch([str(tmp_path)], changes) as watcher:
+        assert sorted(parsed) == sorted([str(web), str(db)])
+        parsed.clear()
+        racy = watcher._stamps[str(web)]
+        assert racy[4]  # written just now: the digest is part of the stamp
+        await wait_for(lambda: watcher._stamps[str(web)][4] == "")
+        os.utime(db, ns=(time.time_ns(), time.time_ns() + 10**9))
+        stamp = watcher._stamps[str(db)]
+        await wait_for(lambda: watcher._stamps[str(db)] != stamp)
+        stamp = watcher._stamps[str(web)]
+        web.write_text(service("web"))
+        await wait_for(lambda: watcher._stamps[str(web)] != stamp)
+        assert parsed == []
+        assert changes.configs == []
+
+        web.write_text(service("web", 81))
+        await wait_for(lambda: len(changes.configs) == 1)
+        assert parsed == [str(web)]
+        assert ports(watcher.current, "web") == [81]
+        # Back to bytes seen before is a new version all the same: only the current one's
+        # digest counts.
+        web.write_text(service("web"))
+        await wait_for(lambda: len(changes.configs) == 2)
+        assert ports(watcher.current, "web") == [80]
+        assert parsed == [str(web), str(web)]
+
+
 async def test_each_warning_is_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -309,9 +357,9 @@ async def test_file_io_runs_off_the_event_loop(
         threads.add(threading.get_ident())
         return real_scan(paths)
 
-    def load(files: list[str], domain: str, revision: str = "") -> dict[str, object]:
+    def load(files: list[str], *args: Any) -> dict[str, object]:
         threads.add(threading.get_ident())
-        return real_load(files, domain, revision)  # type: ignore[return-value]
+        return real_load(files, *args)  # type: ignore[return-value]
 
     monkeypatch.setattr(watcher_module, "_scan", scan)
     monkeypatch.setattr(watcher_module, "_load_files", load)
