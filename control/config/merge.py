@@ -15,7 +15,7 @@ from control.config.conflicts import (
     virtual_service_conflicts,
 )
 from control.config.errors import DuplicateObjectError
-from control.config.objects import ConfigObject, FileConfig
+from control.config.objects import ConfigObject, FileConfig, MergeParts
 from control.gatewayapi.translate import translate
 from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
@@ -46,19 +46,16 @@ def merge(
     Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
     error points at the later one and names the first.
     """
-    objects = sorted(
-        (obj for f in files for obj in f.objects),
-        key=lambda o: (o.source.file, o.source.line),
-    )
-    check_duplicates(objects)
+    parts = _in_order(files)
+    _check_duplicates(parts)
     warnings: list[ConfigWarning] = [
         w for f in sorted(files, key=lambda f: f.path) for w in f.warnings
     ]
 
     services: list[Service] = []
     by_host: dict[str, Service] = {}
-    for obj in objects:
-        for service in obj.services:
+    for part in parts:
+        for service in part.services:
             first = by_host.get(service.hostname)
             if first is None:
                 by_host[service.hostname] = service
@@ -71,13 +68,13 @@ def merge(
                     "this definition is ignored",
                 )
             )
-    sidecars = [sc for obj in objects for sc in obj.sidecars]
+    sidecars = [sc for part in parts for sc in part.sidecars]
     warnings.extend(
         _namespace_wide(
             [sc for sc in sidecars if sc.workload_selector is None], "Sidecar", "workloadSelector"
         )
     )
-    peer_authentications = [pa for obj in objects for pa in obj.peer_authentications]
+    peer_authentications = [pa for part in parts for pa in part.peer_authentications]
     warnings.extend(
         _namespace_wide(
             [pa for pa in peer_authentications if pa.selector is None],
@@ -85,51 +82,68 @@ def merge(
             "selector",
         )
     )
-    telemetries = [t for obj in objects for t in obj.telemetries]
+    telemetries = [t for part in parts for t in part.telemetries]
     warnings.extend(
         _namespace_wide([t for t in telemetries if t.selector is None], "Telemetry", "selector")
     )
-    virtual_services = [vs for obj in objects for vs in obj.virtual_services]
-    destination_rules = [dr for obj in objects for dr in obj.destination_rules]
+    virtual_services = [vs for part in parts for vs in part.virtual_services]
+    destination_rules = [dr for part in parts for dr in part.destination_rules]
     # One VirtualService per host holds for sidecars; gateways merge theirs per host.
     warnings.extend(virtual_service_conflicts(mesh_virtual_services(virtual_services)))
     warnings.extend(destination_rule_conflicts(destination_rules))
     warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
     # Translated after the checks above: those are about sidecar routing (one VirtualService
     # per host), while a gateway merges the routes of many HTTPRoutes per host.
-    tls_secrets = tuple(s for obj in objects for s in obj.secrets)
+    tls_secrets = tuple(s for part in parts for s in part.secrets)
     if secrets is None:
         # The gateway certificates of this config (control/model/secret.py): certificateRefs
         # to anything else do not resolve.
         secrets = {(s.namespace, s.name) for s in tls_secrets}
     gateway_api = translate(
-        [o for obj in objects for o in obj.gateway_api], services, namespace_labels, secrets
+        [o for part in parts for o in part.gateway_api], services, namespace_labels, secrets
     )
     warnings.extend(gateway_api.warnings)
     virtual_services.extend(gateway_api.virtual_services)
     return MeshConfig(
         services=tuple(services),
-        workload_entries=tuple(wl for obj in objects for wl in obj.workloads),
+        workload_entries=tuple(wl for part in parts for wl in part.workloads),
         sidecars=tuple(sidecars),
         peer_authentications=tuple(peer_authentications),
-        authorization_policies=tuple(ap for obj in objects for ap in obj.authorization_policies),
+        authorization_policies=tuple(ap for part in parts for ap in part.authorization_policies),
         virtual_services=tuple(virtual_services),
         destination_rules=tuple(destination_rules),
-        workload_groups=tuple(g for obj in objects for g in obj.workload_groups),
-        gateways=(*(g for obj in objects for g in obj.gateways), *gateway_api.gateways),
+        workload_groups=tuple(g for part in parts for g in part.workload_groups),
+        gateways=(*(g for part in parts for g in part.gateways), *gateway_api.gateways),
         reference_grants=gateway_api.reference_grants,
         gateway_api_status=gateway_api.statuses,
         telemetries=tuple(telemetries),
         secrets=tls_secrets,
-        raw=tuple([(obj.source, obj.raw) for obj in objects]),
+        raw=tuple(r for part in parts for r in part.raw),
         warnings=tuple(dict.fromkeys(warnings)),
     )
 
 
+def _in_order(files: Sequence[FileConfig]) -> list[MergeParts]:
+    """The files' objects in (file, line) order, as the parts each file worked out when it
+    was loaded: files by path, end to end, when each holds only objects of its own path;
+    otherwise (objects naming other files) all objects sorted again."""
+    ordered = sorted(files, key=lambda f: f.path)
+    if all(f.parts.file == f.path for f in ordered) and len({f.path for f in ordered}) == len(
+        ordered
+    ):
+        return [f.parts for f in ordered]
+    return [MergeParts.of(obj for f in files for obj in f.objects)]
+
+
+def _check_duplicates(parts: Sequence[MergeParts]) -> None:
+    # Every reload of any file checks every object again: as many keys as objects is the
+    # common answer, found from each file's key set without a Python loop over objects.
+    if sum(len(p.objects) for p in parts) != len(frozenset().union(*(p.keys for p in parts))):
+        check_duplicates([obj for p in parts for obj in p.objects])
+
+
 def check_duplicates(objects: Sequence[ConfigObject]) -> None:
     """Raise for the first object (in the given order) whose key was seen before."""
-    # Every reload of any file checks every object again: as many keys as objects is the
-    # common answer, found without a Python loop; the loop below finds the culprit.
     if len({obj.key for obj in objects}) == len(objects):
         return
     seen: dict[tuple[str, str, str], ConfigObject] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,3 +77,62 @@ class FileConfig:
     path: str
     objects: tuple[ConfigObject, ...] = ()
     warnings: tuple[ConfigWarning, ...] = ()
+    # What the merge takes from this file, worked out once per version of the file: a reload
+    # of one file merges every file again, and the unchanged ones should cost next to nothing.
+    parts: MergeParts = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", MergeParts.of(self.objects, self.path))
+
+
+@dataclass(frozen=True, slots=True)
+class MergeParts:
+    """Objects in (file, line) order, split by what they hold, with their duplicate keys.
+
+    `file` is the one file every object came from, or "" when they came from several (then
+    the parts of different files cannot simply be put end to end)."""
+
+    file: str
+    objects: tuple[ConfigObject, ...]
+    keys: frozenset[tuple[str, str, str]]
+    raw: tuple[tuple[SourceRef, Mapping[str, Any]], ...]
+    services: tuple[Service, ...]
+    workloads: tuple[Workload, ...]
+    sidecars: tuple[SidecarScope, ...]
+    peer_authentications: tuple[PeerAuthentication, ...]
+    authorization_policies: tuple[AuthorizationPolicy, ...]
+    virtual_services: tuple[VirtualService, ...]
+    destination_rules: tuple[DestinationRule, ...]
+    workload_groups: tuple[WorkloadGroup, ...]
+    gateways: tuple[Gateway, ...]
+    gateway_api: tuple[GatewayApiObject, ...]
+    telemetries: tuple[Telemetry, ...]
+    secrets: tuple[TlsSecret, ...]
+
+    @classmethod
+    def of(cls, objects: Iterable[ConfigObject], file: str = "") -> MergeParts:
+        ordered = tuple(sorted(objects, key=_position))
+        if any(o.source.file != file for o in ordered):
+            file = ""
+        return cls(
+            file=file,
+            objects=ordered,
+            keys=frozenset(o.key for o in ordered),
+            raw=tuple([(o.source, o.raw) for o in ordered]),
+            services=tuple(x for o in ordered for x in o.services),
+            workloads=tuple(x for o in ordered for x in o.workloads),
+            sidecars=tuple(x for o in ordered for x in o.sidecars),
+            peer_authentications=tuple(x for o in ordered for x in o.peer_authentications),
+            authorization_policies=tuple(x for o in ordered for x in o.authorization_policies),
+            virtual_services=tuple(x for o in ordered for x in o.virtual_services),
+            destination_rules=tuple(x for o in ordered for x in o.destination_rules),
+            workload_groups=tuple(x for o in ordered for x in o.workload_groups),
+            gateways=tuple(x for o in ordered for x in o.gateways),
+            gateway_api=tuple(x for o in ordered for x in o.gateway_api),
+            telemetries=tuple(x for o in ordered for x in o.telemetries),
+            secrets=tuple(x for o in ordered for x in o.secrets),
+        )
+
+
+def _position(obj: ConfigObject) -> tuple[str, int]:
+    return (obj.source.file, obj.source.line)
