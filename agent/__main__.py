@@ -8,6 +8,7 @@ from agent.startup import StartupTimeline
 TIMELINE = StartupTimeline()
 
 import asyncio  # noqa: E402
+import importlib  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -29,12 +30,12 @@ from pilotfish_common import logsetup, signals  # noqa: E402
 
 logger = logging.getLogger("agent")
 
+_IMPORT_SWITCH_INTERVAL = 0.0005  # seconds
+
 
 async def _run(args: object) -> int:
     # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
     # ones, is imported while Envoy starts on the other core.
-    from agent.launch import Launch
-
     try:
         cfg = config_from_args(args)  # type: ignore[arg-type]
     except AgentConfigError as e:
@@ -48,7 +49,23 @@ async def _run(args: object) -> int:
         os.setgid(cfg.proxy_gid)
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
     log_level = getattr(args, "log_level", "info")
-    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE)
+    envoy = None
+    if not cfg.proxy_only:
+        # Envoy's launcher before gRPC is imported (agent/envoystart.py): its interpreter
+        # starts on the other core meanwhile, and it execs Envoy when the launch says so.
+        from agent.envoy.process import EnvoyError
+        from agent.envoystart import envoy_supervisor
+
+        envoy = envoy_supervisor(cfg, log_level)
+        try:
+            await envoy.spawn()
+        except EnvoyError as e:
+            print(f"pilotfish-agent: {e}", file=sys.stderr)
+            return 1
+        TIMELINE.mark("envoy launcher")
+    from agent.launch import Launch
+
+    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE, envoy=envoy)
     # Envoy runs from the launch on: a stop asked for before the agent exists is kept, and the
     # agent drains and stops Envoy once it is up (rather than dying and leaving Envoy to the
     # parent-death signal).
@@ -61,6 +78,26 @@ async def _run(args: object) -> int:
         await launch.close()
         return 1
 
+    # Then, while Envoy starts, the parts Envoy asks for first, in the order it asks: xDS
+    # (its first request goes upstream at once), then the workload certificate (key, CSR and
+    # signing round trip in the background) and SDS. The rest of the agent is imported in a
+    # thread, so that the event loop relays and takes the certificate meanwhile.
+    try:
+        await launch.start_relay()
+        await launch.start_certs()
+    except (OSError, RuntimeError, ValueError) as e:  # a broken plug-in, say
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        await launch.close()
+        return 1
+    # A thread that wants the GIL gets it after the holder's switch interval (5 ms by
+    # default): each step of the relay and of the signing call would wait that long for the
+    # importing thread. Shorter while the imports run.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(_IMPORT_SWITCH_INTERVAL)
+    try:
+        await asyncio.to_thread(importlib.import_module, "agent.app")
+    finally:
+        sys.setswitchinterval(switch)
     from agent.app import Agent
 
     TIMELINE.mark("imports")

@@ -117,6 +117,9 @@ class SecretManager(Lifecycle):
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Idempotent: the agent may start it early (agent/launch.py) and again with the rest."""
+        if self._tasks:
+            return
         self._tasks = [
             asyncio.create_task(self._rotation_loop(), name="sds-rotation"),
             asyncio.create_task(self._file_loop(), name="sds-file-watch"),
