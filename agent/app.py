@@ -84,6 +84,18 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
     }
 
 
+def mode_modules(cfg: AgentConfig) -> list[str]:
+    """What `Agent(cfg)` imports only for its mode (below): the standard metrics' modules
+    with Envoy, the health checker for a WorkloadGroup member. `agent/__main__.py` imports
+    them in its thread with this module, not on the event loop when the agent is made."""
+    modules = []
+    if cfg.standard_metrics and not cfg.proxy_only:
+        modules += ["agent.telemetry.aggregator", "agent.telemetry.als", "agent.telemetry.peers"]
+    if cfg.workload_group:
+        modules.append("agent.health.checker")
+    return modules
+
+
 class Agent(Lifecycle):
     def __init__(
         self,

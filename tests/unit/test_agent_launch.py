@@ -144,3 +144,27 @@ def test_envoy_launcher_is_spawned_before_grpc_and_execs_only_when_told(tmp_path
     started = [p.read_text() for p in tmp_path.glob("started-*")]
     assert len(started) == 1, started
     assert started[0].startswith(f"-c {tmp_path / 'b' / 'envoy-rev.json'} "), started
+
+
+def test_making_the_agent_imports_nothing_its_thread_did_not() -> None:
+    """`Agent(cfg)` runs on the event loop: every module it needs for its mode (Envoy with
+    the standard metrics, a WorkloadGroup member) was imported beforehand, in the thread
+    that imports agent.app (agent/__main__.py)."""
+    code = (
+        "import asyncio, os, sys, tempfile\n"
+        "from agent.__main__ import _import_agent\n"
+        "from agent.config import build_parser, config_from_args\n"
+        "import agent.envoystart, agent.envoy.process  # first, for Envoy's launcher\n"
+        "async def main():\n"
+        "    args = ['--workdir', tempfile.mkdtemp(), '--control-plane', '127.0.0.1:1']\n"
+        "    cfg = config_from_args(build_parser().parse_args(args))\n"
+        "    object.__setattr__(cfg, 'workload_group', 'group')\n"
+        "    _import_agent(cfg)\n"
+        "    before = set(sys.modules)\n"
+        "    from agent.app import Agent\n"
+        "    Agent(cfg)\n"
+        "    print(sorted(set(sys.modules) - before), flush=True)\n"
+        "    os._exit(0)\n"
+        "asyncio.run(main())\n"
+    )
+    assert fresh_lines(code)[0] == "[]"
