@@ -90,10 +90,12 @@ async def _run(args: object) -> int:
 
     # Then, while Envoy starts, the parts Envoy asks for first, in the order it asks: xDS
     # (its first request goes upstream at once), then the workload certificate (key, CSR and
-    # signing round trip in the background) and SDS. The rest of the agent is imported in a
-    # thread, so that the event loop relays and takes the certificate meanwhile.
+    # signing round trip in the background, as soon as cryptography is in) and SDS. The rest
+    # of the agent is imported in a thread, so that the event loop relays and takes the
+    # certificate meanwhile.
     try:
         await launch.start_relay()
+        await launch.start_signing()
         await launch.start_certs()
     except (OSError, RuntimeError, ValueError) as e:  # a broken plug-in, say
         print(f"pilotfish-agent: {e}", file=sys.stderr)

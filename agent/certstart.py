@@ -11,10 +11,13 @@ the CA protos, agent/sds) the agent needs anyway.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths
+from agent.sds.firstsign import Signed
 from agent.sds.keys import KeyType
 from agent.sds.remote import RemoteSecrets
 from agent.sds.secrets import SdsConfig, SecretManager
@@ -25,10 +28,14 @@ from agent.xdsproxy.upstream import UpstreamChannel
 
 
 def workload_secrets(
-    cfg: AgentConfig, upstream: UpstreamChannel, metrics: AgentMetrics
+    cfg: AgentConfig,
+    upstream: UpstreamChannel,
+    metrics: AgentMetrics,
+    first: Awaitable[Signed] | None = None,
 ) -> SecretManager:
     """Workload certificates signed over `upstream`, served to Envoy (and proxyless clients)
-    as SDS `default` / `ROOTCA` on <workdir>/SDS; counted in `metrics`."""
+    as SDS `default` / `ROOTCA` on <workdir>/SDS; counted in `metrics`. `first`: the first
+    signing attempt, when the launch started it (agent/launch.py)."""
     return SecretManager(
         CaClient(upstream, cfg.token_file),
         SdsConfig(
@@ -46,6 +53,7 @@ def workload_secrets(
             node_id=cfg.node_id,
             metadata={**cfg.node_metadata(), "SDS_FETCH": "true"},
         ),
+        first=first,
     )
 
 
@@ -61,10 +69,12 @@ class WorkloadCerts:
         *,
         owner: int | None = None,
         server: UnixGrpcServer | None = None,
+        first: Awaitable[Signed] | None = None,
     ) -> None:
         """`owner`: the UID that may use the SDS socket (Envoy's, when it runs as another
-        user); `server`: that socket, when it was bound beforehand (agent/launch.py)."""
-        self.secrets = workload_secrets(cfg, upstream, metrics)
+        user); `server`: that socket, when it was bound beforehand (agent/launch.py);
+        `first`: the first signing attempt, when the launch started it."""
+        self.secrets = workload_secrets(cfg, upstream, metrics, first)
         self.sds = SdsServer(cfg.sds_socket, self.secrets, owner=owner, server=server)
         # Proxyless apps read the certificate from files (gRPC has no SDS).
         self.cert_files: CertFileWriter | None = None

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
     from agent.metrics import AgentMetrics
     from agent.relaystart import LocalRelay
+    from agent.sds.firstsign import Signed
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class Launch(Lifecycle):
         self._started = False
         self._channel_up: asyncio.Task[None] | None = None
         self._cert_signed: asyncio.Task[None] | None = None
+        self._first_signing: asyncio.Task[Signed] | None = None
 
     @property
     def servers(self) -> list[UnixGrpcServer]:
@@ -159,6 +161,30 @@ class Launch(Lifecycle):
         )
         await self.relay.serve()
 
+    async def start_signing(self) -> None:
+        """The first workload certificate's key, CSR and signing call, started (idempotent;
+        after `start()`, whose channel it uses): it needs only cryptography and the CA's
+        protos (agent/sds/firstsign.py), so its round trip runs while the secret manager,
+        SDS and the rest are imported; `start_certs()` hands it to the secret manager."""
+        if self._first_signing is not None:
+            return
+        await asyncio.to_thread(_import, "agent.sds.firstsign")
+        from agent.sds.caclient import CaClient
+        from agent.sds.firstsign import sign_new_key
+        from agent.sds.keys import KeyType, spiffe_id
+
+        cfg = self.cfg
+        identity = spiffe_id(cfg.trust_domain, cfg.namespace, cfg.service_account)
+        self._first_signing = asyncio.create_task(
+            sign_new_key(
+                CaClient(self.upstream, cfg.token_file),
+                identity,
+                KeyType(cfg.key_type),
+                cfg.workload_cert_ttl,
+            ),
+            name="first-signing",
+        )
+
     async def start_certs(self) -> None:
         """The workload certificate's parts (agent/certstart.py), started: the key, the CSR
         and the signing call go on in the background from here, and Envoy's SDS requests
@@ -170,7 +196,12 @@ class Launch(Lifecycle):
 
         owner = self.run_as[0] if self.run_as else None
         self.certs = WorkloadCerts(
-            self.cfg, self.upstream, self._metrics(), owner=owner, server=self.sds_server
+            self.cfg,
+            self.upstream,
+            self._metrics(),
+            owner=owner,
+            server=self.sds_server,
+            first=self._first_signing,
         )
         await self.certs.start()
         self._cert_signed = asyncio.create_task(self._mark_cert_signed(), name="cert-signed")
@@ -190,11 +221,12 @@ class Launch(Lifecycle):
     async def close(self) -> None:
         if self.envoy is not None:
             await self.envoy.close()
-        for task in (self._channel_up, self._cert_signed):
+        # The first signing too: the secret manager, when it took it, awaits it no longer.
+        for task in (self._channel_up, self._cert_signed, self._first_signing):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._channel_up = self._cert_signed = None
+        self._channel_up = self._cert_signed = self._first_signing = None
         if self.certs is not None:
             await self.certs.close()  # idempotent: `Agent` closes them first when it took them
         for server in self.servers:

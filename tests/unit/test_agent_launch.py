@@ -87,9 +87,10 @@ async def test_bound_but_never_started_socket_closes(tmp_path: Path) -> None:
 
 
 def test_relay_then_certificate_are_started_before_the_rest_is_imported() -> None:
-    """agent/__main__.py serves xDS, then starts the certificate's parts, before it imports
-    the rest of the agent: the relay needs neither cryptography nor the certificate's
-    modules, and neither needs agent.app, DNS or the status server (counted in modules)."""
+    """agent/__main__.py serves xDS, then starts the first signing, then the certificate's
+    parts, before it imports the rest of the agent: the relay needs neither cryptography nor
+    the certificate's modules, the signing not the secret manager's or SDS's, and none needs
+    agent.app, DNS or the status server (counted in modules)."""
     code = (
         "import asyncio, sys, tempfile\n"
         "from agent.config import build_parser, config_from_args\n"
@@ -105,13 +106,15 @@ def test_relay_then_certificate_are_started_before_the_rest_is_imported() -> Non
         "    print(launch.relay is not None and launch.relay.downstream is not None)\n"
         "    print(loaded('agent.app', 'agent.certstart', 'cryptography', 'dnslib',\n"
         "                 'agent.status'))\n"
+        "    await launch.start_signing()\n"
+        "    print(loaded('agent.app', 'agent.sds.secrets', 'agent.sds.server', 'dnslib'))\n"
         "    await launch.start_certs()\n"
         "    print(loaded('agent.app', 'dnslib', 'agent.status', 'agent.dns.server'))\n"
         "    await launch.close()\n"
         "asyncio.run(main())\n"
     )
     out = fresh_lines(code)
-    assert out[:3] == ["True", "", ""], out
+    assert out[:4] == ["True", "", "", ""], out
 
 
 def test_envoy_launcher_is_spawned_before_grpc_and_execs_only_when_told(tmp_path: Path) -> None:
