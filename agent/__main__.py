@@ -11,7 +11,7 @@ import gc  # noqa: E402
 
 # The start makes ~57k objects the collector tracks, nearly all for the agent's life
 # (modules, classes, functions), and little garbage: the collector's ~70 passes over them
-# were ~7% of the start's CPU. Off until the agent is up (`_collect_from_now_on`). Only
+# were 5-7% of the start's CPU. Off until the agent is up (`_collect_from_now_on`). Only
 # when run as the agent (`python -m agent`; the console script calls main()), not when
 # imported.
 if __name__ == "__main__":
