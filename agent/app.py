@@ -230,6 +230,15 @@ class Agent(Lifecycle):
             asyncio.create_task(self._mark_when(self.secrets.wait_ready(), "csr signed"))
         )
         await self.relay.serve()
+        # The agent stream next: readiness waits for its name table, whose round trip then
+        # overlaps the rest of the start.
+        if self.health is not None:
+            await self.health.start()
+        await self.agent_stream.start()
+        if self.names is not None:
+            self._timeline_tasks.append(
+                asyncio.create_task(self._mark_when(self.names.received.wait(), "name table"))
+            )
         if self.als is not None:
             await self.als.start()
         tl.mark("serving")
@@ -238,13 +247,6 @@ class Agent(Lifecycle):
             text = json.dumps(grpc_bootstrap(self.cfg), indent=2)
             await asyncio.to_thread(_write_atomic, path, text)
             logger.info("proxy-only: gRPC bootstrap at %s", path)
-        if self.health is not None:
-            await self.health.start()
-        await self.agent_stream.start()
-        if self.names is not None:
-            self._timeline_tasks.append(
-                asyncio.create_task(self._mark_when(self.names.received.wait(), "name table"))
-            )
         if self.dns is not None:
             await self.dns.start()
         if self.dns_local is not None:
