@@ -15,31 +15,23 @@ from urllib.parse import quote
 
 import grpc
 
+from agent.certstart import WorkloadCerts
 from agent.config import AgentConfig
 from agent.dns.forwarder import Forwarder, parse_upstream
 from agent.dns.handler import NameTableHandler
 from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
-from agent.handlermetrics import HandlerMetricsObserver
 from agent.health.appprobe import AppProbes, probe_destination
 from agent.httpio import HttpClientError, fetch
 from agent.launch import Launch
-from agent.metrics import AgentMetrics, MetricsObserver, SdsMetricsObserver
-from agent.sds.caclient import CaClient
-from agent.sds.certfiles import CertFileWriter, CertPaths, refresh_interval
-from agent.sds.keys import KeyType
-from agent.sds.remote import RemoteSecrets
-from agent.sds.secrets import SdsConfig, SecretManager
-from agent.sds.server import SdsServer
-from agent.sds.workloadcert import SdsStats
+from agent.metrics import AgentMetrics
+from agent.relaystart import LocalRelay
+from agent.sds.certfiles import CertPaths, refresh_interval
 from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.xdsproxy.agentstream import AgentStream
-from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
 from agent.xdsproxy.handlers import HandlerRegistry
-from agent.xdsproxy.relay import RelayStats
-from agent.xdsproxy.server import DownstreamServer
 from pilotfish_common.lifecycle import Lifecycle
 from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
@@ -92,6 +84,18 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
     }
 
 
+def mode_modules(cfg: AgentConfig) -> list[str]:
+    """What `Agent(cfg)` imports only for its mode (below): the standard metrics' modules
+    with Envoy, the health checker for a WorkloadGroup member. `agent/__main__.py` imports
+    them in its thread with this module, not on the event loop when the agent is made."""
+    modules = []
+    if cfg.standard_metrics and not cfg.proxy_only:
+        modules += ["agent.telemetry.aggregator", "agent.telemetry.als", "agent.telemetry.peers"]
+    if cfg.workload_group:
+        modules.append("agent.health.checker")
+    return modules
+
+
 class Agent(Lifecycle):
     def __init__(
         self,
@@ -106,20 +110,21 @@ class Agent(Lifecycle):
         self.cfg = cfg
         self.timeline = timeline or (launch.timeline if launch else StartupTimeline())
         self.launch = launch or Launch(cfg, log_level=log_level, timeline=self.timeline)
-        self.handlers = handlers or HandlerRegistry()
-        self.metrics = AgentMetrics()
-        self.handlers.observer = HandlerMetricsObserver(self.metrics)
-        # ECDS: remote Wasm code becomes a file in the workdir before Envoy sees the config;
-        # plug-ins add fetchers for other schemes (registry.register_fetcher).
-        self.handlers.fetchers.setdefault("http", fetch_http)
-        self.handlers.rewriters.setdefault(
-            EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
-        )
-        self.stats = RelayStats(
-            observer=MetricsObserver(self.metrics),
-            on_first_response=lambda: self.timeline.mark("first xds response"),
-        )
         self.upstream = self.launch.upstream
+        self.metrics = self.launch.metrics or AgentMetrics()
+        # The relay and the certificate's parts: made (and started) by the launch when
+        # `agent/__main__.py` asked for them, before the heavy imports; `handlers` is for
+        # an agent that makes them itself.
+        self.relay = self.launch.relay or LocalRelay(
+            cfg,
+            self.upstream,
+            self.metrics,
+            self.timeline,
+            handlers=handlers,
+            server=self.launch.xds_server,
+        )
+        self.handlers = self.relay.handlers
+        self.stats = self.relay.stats
         self.names: NameTableHandler | None = None
         self.dns: DnsServer | None = None
         # REDIRECT: the capture rules send the app's DNS queries to 127.0.0.1:<dns port> (what
@@ -136,39 +141,17 @@ class Agent(Lifecycle):
         # and the control plane sends routers no name table to wait for.
         if cfg.dns_port and not cfg.is_router:
             self._setup_dns(cfg)
-        # Workload certificates: signed over the same upstream channel, served to Envoy (and
-        # proxyless clients) as SDS `default` / `ROOTCA` on <workdir>/SDS.
-        self.secrets = SecretManager(
-            CaClient(self.upstream, cfg.token_file),
-            SdsConfig(
-                trust_domain=cfg.trust_domain,
-                namespace=cfg.namespace,
-                service_account=cfg.service_account,
-                key_type=KeyType(cfg.key_type),
-                cert_ttl=cfg.workload_cert_ttl,
-            ),
-            stats=SdsStats(observer=SdsMetricsObserver(self.metrics)),
-            # Gateway certificates (`kubernetes://<name>`): fetched from the control plane on
-            # the same channel, one stream each, for whichever the control plane allows.
-            remote=RemoteSecrets(
-                lambda: self.upstream.ads(delta=False),
-                node_id=cfg.node_id,
-                metadata={**cfg.node_metadata(), "SDS_FETCH": "true"},
-            ),
-        )
-        self.sds = SdsServer(
-            cfg.sds_socket,
-            self.secrets,
+        self.certs = self.launch.certs or WorkloadCerts(
+            cfg,
+            self.upstream,
+            self.metrics,
             owner=self.run_as[0] if self.run_as else None,
             server=self.launch.sds_server,
         )
-        # Proxyless apps read the certificate from files (gRPC has no SDS).
-        self.cert_files: CertFileWriter | None = None
-        if cfg.proxy_only:
-            self.cert_files = CertFileWriter(self.secrets, CertPaths(cfg.grpc_cert_dir))
-        self.downstream = DownstreamServer(
-            cfg.xds_socket, self.upstream, self.handlers, self.stats, self.launch.xds_server
-        )
+        self.secrets = self.certs.secrets
+        self.sds = self.certs.sds
+        self.cert_files = self.certs.cert_files
+        self.downstream = self.relay.downstream
         self.agent_stream = AgentStream(
             self.upstream,
             self.handlers,
@@ -240,19 +223,22 @@ class Agent(Lifecycle):
         and starts the rest. The certificate comes first: Envoy's listeners wait for it."""
         tl = self.timeline
         await self.launch.start()
-        # Key, CSR and the signing call go on in the background from here.
-        await self.secrets.start()
+        # Key, CSR and the signing call go on in the background from here (already, when
+        # the launch started them).
+        await self.certs.start()
         self._timeline_tasks.append(
             asyncio.create_task(self._mark_when(self.secrets.wait_ready(), "csr signed"))
         )
-        # Plug-ins import their modules (file I/O) and may look up message types.
-        loaded = await asyncio.to_thread(self.handlers.load_entry_points)
-        if loaded:
-            logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
-        await self.sds.start()
-        if self.cert_files is not None:
-            await self.cert_files.start()
-        await self.downstream.start()
+        await self.relay.serve()
+        # The agent stream next: readiness waits for its name table, whose round trip then
+        # overlaps the rest of the start.
+        if self.health is not None:
+            await self.health.start()
+        await self.agent_stream.start()
+        if self.names is not None:
+            self._timeline_tasks.append(
+                asyncio.create_task(self._mark_when(self.names.received.wait(), "name table"))
+            )
         if self.als is not None:
             await self.als.start()
         tl.mark("serving")
@@ -261,13 +247,6 @@ class Agent(Lifecycle):
             text = json.dumps(grpc_bootstrap(self.cfg), indent=2)
             await asyncio.to_thread(_write_atomic, path, text)
             logger.info("proxy-only: gRPC bootstrap at %s", path)
-        if self.health is not None:
-            await self.health.start()
-        await self.agent_stream.start()
-        if self.names is not None:
-            self._timeline_tasks.append(
-                asyncio.create_task(self._mark_when(self.names.received.wait(), "name table"))
-            )
         if self.dns is not None:
             await self.dns.start()
         if self.dns_local is not None:

@@ -1,25 +1,33 @@
 """The first part of the agent's start, done before its heavy imports (agent/app.py and all it
 pulls in: cryptography, the protos, DNS, telemetry, metrics).
 
-Envoy is started here, so that its own start (~50 ms of CPU) runs on the other core while
-this process imports the rest. Its sockets (XDS, SDS, ALS) are bound first but served only
-later (agent/unixsocket.py): Envoy's first connections wait in the kernel's queue until the
-servers behind them start, instead of failing into Envoy's reconnect backoff. The upstream
-channel starts connecting here too (TCP and TLS run in gRPC's own threads), so the first CSR
-and the first xDS request find it up.
+Envoy is started here (its launcher, spawned before gRPC was imported, agent/envoystart.py,
+is told to exec it), so that its own start (~50 ms of CPU) runs on the other core while this
+process imports the rest. Its sockets (XDS, SDS, ALS) are bound first but served only later
+(agent/unixsocket.py): Envoy's first connections wait in the kernel's queue until the servers
+behind them start, instead of failing into Envoy's reconnect backoff. The upstream channel
+starts connecting here too (TCP and TLS run in gRPC's own threads), so the first CSR and the
+first xDS request find it up.
 
-Only light modules are imported here: grpc (which every part of the agent needs) and the
-agent's own small ones. tests/unit/test_agent_launch.py keeps it so.
+Then, still before the rest is imported, the parts Envoy asks for first are started, in the
+order it asks: the xDS relay (`start_relay`, agent/relaystart.py), then the workload
+certificate and SDS (`start_certs`, agent/certstart.py); their modules are imported in a
+thread, so the event loop keeps relaying meanwhile.
+
+Only light modules are imported by this module itself: grpc (which every part of the agent
+needs) and the agent's own small ones. tests/unit/test_agent_launch.py keeps it so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
+from agent.envoystart import admin_url, envoy_run_as, envoy_supervisor
 from agent.startup import StartupTimeline
 from agent.unixsocket import (
     UnixGrpcServer,
@@ -32,7 +40,11 @@ from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
+    from agent.certstart import WorkloadCerts
     from agent.envoy.process import EnvoySupervisor
+    from agent.metrics import AgentMetrics
+    from agent.relaystart import LocalRelay
+    from agent.sds.firstsign import Signed
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +69,9 @@ def upstream_channel(cfg: AgentConfig) -> UpstreamChannel:
     )
 
 
-def admin_url(cfg: AgentConfig) -> str:
-    host = f"[{cfg.ip}]" if ":" in cfg.ip else cfg.ip
-    return f"http://{host}:{cfg.envoy_admin_port}"
+def _import(module: str) -> None:
+    """Import `module` (blocking: run in a thread)."""
+    importlib.import_module(module)
 
 
 class Launch(Lifecycle):
@@ -73,13 +85,14 @@ class Launch(Lifecycle):
         *,
         log_level: str = "info",
         timeline: StartupTimeline | None = None,
+        envoy: EnvoySupervisor | None = None,
     ) -> None:
+        """`envoy`: its supervisor, when `agent/__main__.py` made it (and spawned its
+        launcher) before importing gRPC; otherwise made here (with Envoy)."""
         self.cfg = cfg
         self.timeline = timeline or StartupTimeline()
         # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
-        self.run_as: tuple[int, int] | None = None
-        if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
-            self.run_as = (cfg.proxy_uid, cfg.proxy_gid)
+        self.run_as = envoy_run_as(cfg)
         owner = self.run_as[0] if self.run_as else None
         self.xds_server = xds_socket_server(cfg.xds_socket)
         self.sds_server = sds_socket_server(cfg.sds_socket, owner)
@@ -89,27 +102,17 @@ class Launch(Lifecycle):
             self.als_server = als_socket_server(cfg.als_socket, owner)
         self.upstream = upstream_channel(cfg)
         self.admin_url = admin_url(cfg)
-        self.envoy: EnvoySupervisor | None = None
-        if not cfg.proxy_only:
-            # Only with Envoy (a proxy-only agent never loads them).
-            from agent.envoy.drain import DrainPlan
-            from agent.envoy.process import EnvoySupervisor
-
-            self.envoy = EnvoySupervisor(
-                cfg.envoy_binary,
-                cfg.workdir / "envoy-rev.json",
-                admin_url=self.admin_url,
-                drain_duration=cfg.drain_duration,
-                drain_plan=DrainPlan(
-                    duration=cfg.drain_duration,
-                    exit_on_zero_active_connections=cfg.exit_on_zero_active_connections,
-                    minimum=cfg.minimum_drain_duration,
-                ),
-                log_level="warning" if log_level != "debug" else "info",
-                run_as=self.run_as,
-            )
+        self.envoy = envoy
+        if envoy is None and not cfg.proxy_only:
+            self.envoy = envoy_supervisor(cfg, log_level)
+        # Made by start_relay() and start_certs(), when asked for; `Agent` takes them.
+        self.metrics: AgentMetrics | None = None
+        self.relay: LocalRelay | None = None
+        self.certs: WorkloadCerts | None = None
         self._started = False
         self._channel_up: asyncio.Task[None] | None = None
+        self._cert_signed: asyncio.Task[None] | None = None
+        self._first_signing: asyncio.Task[Signed] | None = None
 
     @property
     def servers(self) -> list[UnixGrpcServer]:
@@ -143,13 +146,89 @@ class Launch(Lifecycle):
         await self.upstream.channel.channel_ready()
         self.timeline.mark("channel up")
 
+    async def start_relay(self) -> None:
+        """Serve xDS on the XDS socket (agent/relaystart.py): Envoy's first request, waiting
+        in the socket's queue, goes upstream from here (idempotent; after `start()`). Its
+        modules (the xDS protos, the relay) are imported in a thread, as are the next
+        parts', so that the event loop relays meanwhile."""
+        if self.relay is not None:
+            return
+        await asyncio.to_thread(_import, "agent.relaystart")
+        from agent.relaystart import LocalRelay
+
+        self.relay = LocalRelay(
+            self.cfg, self.upstream, self._metrics(), self.timeline, server=self.xds_server
+        )
+        await self.relay.serve()
+
+    async def start_signing(self) -> None:
+        """The first workload certificate's key, CSR and signing call, started (idempotent;
+        after `start()`, whose channel it uses): it needs only cryptography and the CA's
+        protos (agent/sds/firstsign.py), so its round trip runs while the secret manager,
+        SDS and the rest are imported; `start_certs()` hands it to the secret manager."""
+        if self._first_signing is not None:
+            return
+        await asyncio.to_thread(_import, "agent.sds.firstsign")
+        from agent.sds.caclient import CaClient
+        from agent.sds.firstsign import sign_new_key
+        from agent.sds.keys import KeyType, spiffe_id
+
+        cfg = self.cfg
+        identity = spiffe_id(cfg.trust_domain, cfg.namespace, cfg.service_account)
+        self._first_signing = asyncio.create_task(
+            sign_new_key(
+                CaClient(self.upstream, cfg.token_file),
+                identity,
+                KeyType(cfg.key_type),
+                cfg.workload_cert_ttl,
+            ),
+            name="first-signing",
+        )
+
+    async def start_certs(self) -> None:
+        """The workload certificate's parts (agent/certstart.py), started: the key, the CSR
+        and the signing call go on in the background from here, and Envoy's SDS requests
+        are served (idempotent; after `start()`, whose channel they use)."""
+        if self.certs is not None:
+            return
+        await asyncio.to_thread(_import, "agent.certstart")
+        from agent.certstart import WorkloadCerts
+
+        owner = self.run_as[0] if self.run_as else None
+        self.certs = WorkloadCerts(
+            self.cfg,
+            self.upstream,
+            self._metrics(),
+            owner=owner,
+            server=self.sds_server,
+            first=self._first_signing,
+        )
+        await self.certs.start()
+        self._cert_signed = asyncio.create_task(self._mark_cert_signed(), name="cert-signed")
+
+    def _metrics(self) -> AgentMetrics:
+        if self.metrics is None:
+            from agent.metrics import AgentMetrics
+
+            self.metrics = AgentMetrics()
+        return self.metrics
+
+    async def _mark_cert_signed(self) -> None:
+        assert self.certs is not None
+        await self.certs.secrets.wait_ready()
+        self.timeline.mark("csr signed")
+
     async def close(self) -> None:
         if self.envoy is not None:
             await self.envoy.close()
-        if self._channel_up is not None:
-            self._channel_up.cancel()
-            await asyncio.gather(self._channel_up, return_exceptions=True)
-            self._channel_up = None
+        # The first signing too: the secret manager, when it took it, awaits it no longer.
+        for task in (self._channel_up, self._cert_signed, self._first_signing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._channel_up = self._cert_signed = self._first_signing = None
+        if self.certs is not None:
+            await self.certs.close()  # idempotent: `Agent` closes them first when it took them
         for server in self.servers:
             await server.close(0.5)
         await self.upstream.close()

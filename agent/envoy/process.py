@@ -58,10 +58,15 @@ _LINE_LIMIT = 1 << 20
 # (interception mode REDIRECT: Envoy runs as the proxy UID the capture rules exclude), because
 # a change of credentials clears the parent-death signal. If the agent died before prctl took
 # effect, the launcher's parent is no longer the agent and it exits instead.
+#
+# The launcher can be spawned ahead (`EnvoySupervisor.spawn`), before the agent has bound
+# Envoy's sockets and written its bootstrap: its interpreter then starts while the agent
+# imports gRPC, and it execs Envoy when `start()` writes "go" to the pipe it was given (it
+# exits without starting Envoy when the pipe closes first: the agent gave up).
 _PR_SET_PDEATHSIG = 1
 _LAUNCHER = f"""
 import ctypes, os, signal, sys
-parent, uid, gid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+parent, uid, gid, go = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 if uid != "-":
     os.setgroups([]); os.setgid(int(gid)); os.setuid(int(uid))
 if sys.platform.startswith("linux"):
@@ -69,15 +74,23 @@ if sys.platform.startswith("linux"):
         sys.exit("cannot set the parent-death signal: " + os.strerror(ctypes.get_errno()))
     if os.getppid() != parent:
         sys.exit("the agent exited before Envoy started")
-os.execvp(sys.argv[4], sys.argv[4:])
+if go != "-":
+    if os.read(int(go), 2) != b"go":
+        sys.exit(0)
+    os.close(int(go))
+os.execvp(sys.argv[5], sys.argv[5:])
 """
 
 
-def launcher(cmd: Sequence[str], run_as: tuple[int, int] | None = None) -> list[str]:
+def launcher(
+    cmd: Sequence[str], run_as: tuple[int, int] | None = None, go: int | None = None
+) -> list[str]:
     """`cmd` run so that it is killed when this process dies (Linux), as user `run_as`
-    (uid, gid) when given (needs root)."""
+    (uid, gid) when given (needs root); with `go` (the read end of a pipe the launcher
+    inherits), only once "go" is written to that pipe."""
     uid, gid = (str(run_as[0]), str(run_as[1])) if run_as is not None else ("-", "-")
-    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), uid, gid, *cmd]
+    wait = "-" if go is None else str(go)
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), uid, gid, wait, *cmd]
 
 
 class EnvoyError(RuntimeError):
@@ -127,6 +140,8 @@ class EnvoySupervisor(Lifecycle):
         self.stopping = False
         self._proc: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # The write end of the spawned launcher's pipe until `start()` says "go".
+        self._go: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -162,17 +177,21 @@ class EnvoySupervisor(Lifecycle):
             *self.extra_args,
         ]
 
-    async def start(self) -> None:
+    async def spawn(self) -> None:
+        """Start the launcher, which waits for `start()` before it execs Envoy, so that its
+        interpreter's start overlaps the agent's own (idempotent). A missing binary fails
+        here already."""
         if self._proc is not None:
-            raise RuntimeError("Envoy was already started")
+            return
         cmd = self.command()
         # The wrapper execs Envoy, so a missing binary would only show as an early exit:
         # check first, to say what is wrong.
         if await asyncio.to_thread(shutil.which, cmd[0]) is None:
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: not an executable file")
+        read, write = os.pipe()
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *launcher(cmd, self.run_as),
+                *launcher(cmd, self.run_as, go=read),
                 stdin=asyncio.subprocess.DEVNULL,
                 # Envoy logs to stderr, read below; its stdout is the agent's, as in Istio,
                 # so access logs to /dev/stdout reach the container log line for line.
@@ -182,16 +201,37 @@ class EnvoySupervisor(Lifecycle):
                 # Its own session: a Ctrl-C in the terminal (SIGINT to the foreground process
                 # group) reaches only the agent, which then drains Envoy before stopping it.
                 start_new_session=True,
+                pass_fds=(read,),
             )
         except OSError as e:
+            os.close(write)
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: {e}") from e
+        finally:
+            os.close(read)
+        self._go = write
+        logger.debug("Envoy's launcher pid %d waits to start Envoy", self._proc.pid)
+        self._watcher = asyncio.create_task(self._watch(self._proc), name="envoy-watch")
+
+    async def start(self) -> None:
+        """Start Envoy (through the launcher `spawn()` started, or starts now)."""
+        if self._go is None:
+            if self._proc is not None:
+                raise RuntimeError("Envoy was already started")
+            await self.spawn()
+        assert self._proc is not None and self._go is not None
+        go, self._go = self._go, None
+        try:
+            os.write(go, b"go")  # two bytes into an empty pipe: never blocks
+        except OSError as e:  # the launcher is gone (its exit is logged by _watch)
+            raise EnvoyError(f"cannot start Envoy: its launcher exited: {e}") from e
+        finally:
+            os.close(go)
         logger.info(
             "started Envoy pid %d%s: %s",
             self._proc.pid,
             f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
-            " ".join(cmd),
+            " ".join(self.command()),
         )
-        self._watcher = asyncio.create_task(self._watch(self._proc), name="envoy-watch")
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         try:
@@ -309,6 +349,10 @@ class EnvoySupervisor(Lifecycle):
         if proc is None:
             return None
         self.stopping = True
+        if self._go is not None:
+            # Spawned, never started: the launcher exits on its own when its pipe closes.
+            os.close(self._go)
+            self._go = None
         if not self.exited.is_set():
             self._signal(proc, signal.SIGTERM)
             try:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,7 +33,8 @@ from agent.sds.files import (
     parse_file_resource,
     read_contents,
 )
-from agent.sds.keys import KeyType, new_key_and_csr, spiffe_id
+from agent.sds.firstsign import Signed, sign_new_key
+from agent.sds.keys import KeyType, spiffe_id
 from agent.sds.remote import RemoteSecrets
 from agent.sds.resources import (
     ROOT_CERT,
@@ -93,9 +94,11 @@ class SecretManager(Lifecycle):
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         remote: RemoteSecrets | None = None,
+        first: Awaitable[Signed] | None = None,
     ) -> None:
         """`remote`: where `kubernetes://` secrets (gateway certificates) come from; None:
-        they are unknown names."""
+        they are unknown names. `first`: a signing attempt already under way for this
+        identity and key type (agent/sds/firstsign.py), taken as the first attempt."""
         self.config = config or SdsConfig()
         self.identity = self.config.identity  # validates the identity parts up front
         self.stats = stats or SdsStats()
@@ -111,12 +114,16 @@ class SecretManager(Lifecycle):
         self.current: WorkloadCert | None = None
         self.last_error = ""
         self._remote = remote
+        self._first = first
         if remote is not None:
             remote.bind(self._remote_update)
 
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Idempotent: the agent may start it early (agent/launch.py) and again with the rest."""
+        if self._tasks:
+            return
         self._tasks = [
             asyncio.create_task(self._rotation_loop(), name="sds-rotation"),
             asyncio.create_task(self._file_loop(), name="sds-file-watch"),
@@ -285,13 +292,16 @@ class SecretManager(Lifecycle):
             self._wake.clear()
 
     async def _issue(self) -> WorkloadCert:
-        kc = await new_key_and_csr(self.identity, self.config.key_type)
         self.stats.on_attempt()
-        ttl = max(1, round(self.config.cert_ttl))
+        # The attempt started before this manager existed (agent/launch.py), if any: first.
+        attempt, self._first = self._first, None
         async with asyncio.timeout(self.config.sign_timeout):
-            chain = await self._signer.sign(kc.csr_pem, ttl)
+            if attempt is None:
+                cfg = self.config
+                attempt = sign_new_key(self._signer, self.identity, cfg.key_type, cfg.cert_ttl)
+            signed = await attempt
         root_file = self.config.root_cert_file
-        return await asyncio.to_thread(checked_cert, chain, kc.key_pem, root_file)
+        return await asyncio.to_thread(checked_cert, signed.chain, signed.key.key_pem, root_file)
 
     def _install(self, cert: WorkloadCert) -> None:
         first = self.current is None

@@ -44,6 +44,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryResponse, Dis
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+from agent.xdsproxy.pluginscan import may_declare
 from protos.messages import UnknownMessageType, message_class
 
 logger = logging.getLogger(__name__)
@@ -306,8 +307,12 @@ class HandlerRegistry:
         registered before failing is taken back): it must not keep the agent from starting.
         A plug-in that registers a type the agent cannot decode is a configuration error the
         operator has to see: PluginError, one line naming the plug-in and the type."""
-        # Here, not at the top: importlib.metadata (and the email parser it reads package
-        # metadata with) is ~20 ms of the agent's start, and this runs in a thread.
+        # Usually no package declares the group: the agent's start (this is on its critical
+        # path, before Envoy is served) then skips importlib.metadata (~20 ms of CPU, and a
+        # thread holds the GIL for most of it). Imported here, not at the top, for the same
+        # reason.
+        if not may_declare(group):
+            return []
         from importlib import metadata
 
         loaded = []

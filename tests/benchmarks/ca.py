@@ -24,6 +24,9 @@
     started.
 (c) the same with `--proxy-only` (no Envoy): start -> /healthz/ready 200 (cert, certificate
     files, DNS name table) vs the import floor alone (target <= 1.1x).
+For (b) and (c), the agent process's CPU time until ready (Envoy's apart) is printed too,
+beside the import floor's: on a machine busy with other work, wall times stretch with the
+wait for a core and CPU times much less, so they still compare two trees run side by side.
 
 Before the runs, the agent's own packages are compiled to bytecode (`compileall`, what
 installing a wheel does): the floor's libraries are imported from their installed .pyc
@@ -38,10 +41,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import compileall
+import contextlib
 import datetime as dt
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -318,11 +323,27 @@ IMPORT_FLOOR = (
 )
 
 
-def python_run(code: str) -> float:
-    """Seconds from starting `python -c code` (as the agent is started) until it exits."""
+def python_run(code: str) -> tuple[float, float]:
+    """Seconds from starting `python -c code` (as the agent is started) until it exits, and
+    the CPU seconds (user + system) it used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds the running process `pid` has used so far, its threads together (the
+    scheduler's nanoseconds on a CPU, /proc/<pid>/task/*/schedstat; its children, Envoy
+    among them, are not counted)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            total += int(stat.read_text().split()[0])
+    return total / 1e9
 
 
 def phases_of(log: str, started_epoch: float) -> dict[str, float]:
@@ -340,11 +361,12 @@ def phases_of(log: str, started_epoch: float) -> dict[str, float]:
 
 async def agent_run_to_ready(
     workdir: Path, target: str, root: Path, token: str, *, proxy_only: bool = False
-) -> tuple[float, dict[str, float]]:
+) -> tuple[float, float, dict[str, float]]:
     """`python -m agent` with Envoy, over the TLS port with a token: seconds until its
     /healthz/ready is 200, i.e. it holds a workload certificate and Envoy has accepted LDS
-    and CDS (and the DNS name table has arrived), and the phases of its start timeline. The
-    pod is a client of the mesh's backend (outbound listener and clusters to fetch).
+    and CDS (and the DNS name table has arrived), the agent's CPU seconds until then (its own
+    process), and the phases of its start timeline. The pod is a client of the mesh's
+    backend (outbound listener and clusters to fetch).
     PF_BENCH_AGENT_LOG=debug shows more of where the time goes (<workdir>/agent.log), and
     PF_BENCH_CONTROL_LOG=info the control plane's side (<tmp>/control.log)."""
     ip = pod_ip()
@@ -383,12 +405,13 @@ async def agent_run_to_ready(
         )
     try:
         ready = await poll_until(f"http://{ip}:15020/healthz/ready", proc) - t0
+        cpu = cpu_of(proc.pid)
     except RuntimeError:
         print((workdir / "agent.log").read_text()[-3000:], file=sys.stderr)
         raise
     finally:
         stop(proc)
-    return ready, phases_of((workdir / "agent.log").read_text(), started_epoch)
+    return ready, cpu, phases_of((workdir / "agent.log").read_text(), started_epoch)
 
 
 AGENT_PACKAGES = ("agent", "protos", "pilotfish_common")
@@ -453,6 +476,11 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
     proxyless_phases: list[dict[str, float]] = []
     bare: list[float] = []
     floor: list[float] = []
+    # CPU seconds beside the wall times: on a machine busy with other work, wall times stretch
+    # with the wait for a core, CPU times much less.
+    agent_cpu: list[float] = []
+    proxyless_cpu: list[float] = []
+    floor_cpu: list[float] = []
     target = f"127.0.0.1:{secure}"
     try:
         root = state / "root-cert.pem"
@@ -470,16 +498,20 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
         python_run(IMPORT_FLOOR)
         for i in range(runs):
             envoy_times.append(await envoy_start_to_ready(tmp / f"envoy-{i}"))
-            ready, timeline = await agent_run_to_ready(tmp / f"agent-{i}", target, root, token)
+            ready, cpu, timeline = await agent_run_to_ready(tmp / f"agent-{i}", target, root, token)
             agent_times.append(ready)
+            agent_cpu.append(cpu)
             phases.append(timeline)
-            ready, timeline = await agent_run_to_ready(
+            ready, cpu, timeline = await agent_run_to_ready(
                 tmp / f"proxyless-{i}", target, root, token, proxy_only=True
             )
             proxyless_times.append(ready)
+            proxyless_cpu.append(cpu)
             proxyless_phases.append(timeline)
-            bare.append(python_run("pass"))
-            floor.append(python_run(IMPORT_FLOOR))
+            bare.append(python_run("pass")[0])
+            wall, cpu = python_run(IMPORT_FLOOR)
+            floor.append(wall)
+            floor_cpu.append(cpu)
     finally:
         stop(cp)
     agent_p50, envoy_p50 = statistics.median(agent_times), statistics.median(envoy_times)
@@ -519,6 +551,15 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
         "ca (c) agent --proxy-only start timeline, ms since the process was started, p50: "
         + _timeline(proxyless_phases)
     )
+    floor_cpu_p50 = statistics.median(floor_cpu)
+    for label, cpus in (("(b) agent", agent_cpu), ("(c) agent --proxy-only", proxyless_cpu)):
+        cpu_p50 = statistics.median(cpus)
+        print(
+            f"ca {label} CPU until ready (its own process; Envoy not counted), p50 of {runs}:"
+            f" {cpu_p50 * 1000:.0f} ms  (runs: {_runs(cpus)}), the import floor's CPU"
+            f" {floor_cpu_p50 * 1000:.0f} ms, ratio {cpu_p50 / floor_cpu_p50:.2f}x"
+            "  (CPU is less stretched than wall time by other work on the machine)"
+        )
     return {
         "envoy_ready_p50": envoy_p50,
         "agent_ready_p50": agent_p50,
@@ -528,6 +569,9 @@ async def agent_start_to_ready(tmp: Path, runs: int) -> dict[str, float]:
         "agent_proxy_only_ratio": proxyless_p50 / floor_p50,
         "agent_paired_ratio": paired,
         "agent_proxy_only_paired_ratio": paired_proxyless,
+        "agent_cpu_p50": statistics.median(agent_cpu),
+        "agent_proxy_only_cpu_p50": statistics.median(proxyless_cpu),
+        "python_import_floor_cpu_p50": floor_cpu_p50,
     }
 
 

@@ -1,9 +1,10 @@
 """An agent with Envoy, on the control plane's TLS port with a token, logs its start
-timeline once ready, and the timeline shows the start order that keeps it short: Envoy is
-started before the agent's heavy imports (its sockets bound first, agent/launch.py), the
-sockets are served once those imports are done, before the status server, and readiness comes
-after the certificate, the first xDS response and the name table (tests/benchmarks/ca.py
-times the same phases)."""
+timeline once ready, and the timeline shows the start order that keeps it short: Envoy's
+launcher is spawned before gRPC is imported, Envoy is started before the agent's heavy imports
+(its sockets bound first, agent/launch.py), Envoy's xDS socket is served before the rest of
+the agent is imported, the status server once those imports are done, and readiness comes
+after the certificate, the first xDS response and the name table (tests/benchmarks/ca.py times
+the same phases)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,15 @@ async def test_the_start_timeline_is_logged_in_start_order(tmp_path: Path) -> No
     marks = {
         name: float(ms) for name, _, ms in (p.rpartition(" ") for p in line.group(1).split(", "))
     }
-    order = ["envoy spawned", "imports", "serving", "status server", "ready"]
+    order = [
+        "envoy launcher",
+        "envoy spawned",
+        "xds served",
+        "imports",
+        "serving",
+        "status server",
+        "ready",
+    ]
     assert [n for n in marks if n in order] == order, marks
     for later in ("csr signed", "first xds response", "name table"):
         assert marks["envoy spawned"] < marks[later] <= marks["ready"], (later, marks)

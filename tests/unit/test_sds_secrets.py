@@ -14,6 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.sds.files import FileSecretError
+from agent.sds.firstsign import Signed, sign_new_key
 from agent.sds.keys import KeyType
 from agent.sds.resources import ROOT_CERT, WORKLOAD_CERT
 from agent.sds.rotation import RotationPolicy
@@ -352,3 +353,37 @@ async def test_close_while_the_certificate_arrives_stops_the_manager() -> None:
     closing = asyncio.ensure_future(manager.close())  # ... and close() cancels, same moment
     done, _ = await asyncio.wait([closing], timeout=10)
     assert closing in done, "close() did not return: the rotation loop swallowed its cancellation"
+
+
+async def test_an_attempt_started_before_the_manager_is_its_first() -> None:
+    """agent/launch.py starts the first key, CSR and signing call before the manager exists;
+    the manager installs that outcome as its first attempt, and signs nothing more."""
+    ca = TestCA()
+    first = asyncio.create_task(sign_new_key(ca, ID, KeyType.EC_P256, 3600))
+    await asyncio.wait_for(asyncio.shield(first), 10)  # done before the manager starts
+    manager = SecretManager(ca, config(cert_ttl=7200), first=first)
+    async with manager:
+        assert await manager.wait_ready(10)
+        assert ca.calls == 1 and ca.ttls == [3600]
+        assert manager.stats.sign_attempts == 1 and manager.stats.certs_issued == 1
+        default = manager.get(WORKLOAD_CERT)
+        assert default is not None
+        assert (
+            default.secret().tls_certificate.private_key.inline_bytes == first.result().key.key_pem
+        )
+        # Renewals are the manager's own, with its own lifetime.
+        manager.rotate_now()
+        await eventually(lambda: ca.calls == 2, what="rotation")
+        assert ca.ttls == [3600, 7200]
+
+
+async def test_a_failed_first_attempt_is_retried_by_the_manager() -> None:
+    ca = TestCA()
+
+    async def refused() -> Signed:
+        raise SigningError("CA unavailable")
+
+    async with SecretManager(ca, config(), first=refused()) as manager:
+        assert await manager.wait_ready(10)
+        assert ca.calls == 1
+        assert manager.stats.signing_failures == 1 and manager.stats.sign_attempts == 2

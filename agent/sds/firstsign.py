@@ -1,0 +1,29 @@
+"""One signing attempt: a fresh key and CSR, signed by a `CertificateSigner`.
+
+A module of its own so that the agent's first attempt can start before the secret manager
+and SDS are imported (agent/launch.py, `Launch.start_signing`): signing needs cryptography
+and the CA's protos only, a part of what the rest of agent/sds imports, and its round trip
+then runs while the rest is imported. The `SecretManager` takes that attempt as its first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.sds.keys import KeyAndCsr, KeyType, new_key_and_csr
+from agent.sds.signer import CertificateSigner
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    key: KeyAndCsr
+    chain: list[str]  # PEM, leaf first, root last
+
+
+async def sign_new_key(
+    signer: CertificateSigner, identity: str, key_type: KeyType, ttl: float
+) -> Signed:
+    """A new key (generated off the event loop) and its CSR for `identity`, signed for about
+    `ttl` seconds."""
+    kc = await new_key_and_csr(identity, key_type)
+    return Signed(kc, await signer.sign(kc.csr_pem, max(1, round(ttl))))
