@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks import envoy_static, gateway_config
-from tests.benchmarks.telemetry import cpu_seconds
+from tests.benchmarks.telemetry import cpu_seconds, envoy_pid
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
 from tests.support.mesh import mesh_agent
@@ -305,15 +305,6 @@ def agent_entries(ip: str) -> float:
         text = r.read().decode()
     name = "pilotfish_agent_metrics_entries_total "
     return sum(float(line[len(name) :]) for line in text.splitlines() if line.startswith(name))
-
-
-def envoy_pid(agent_pid: int) -> int:
-    """The agent's Envoy: its child process named envoy."""
-    for task in Path(f"/proc/{agent_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
-                return int(child)
-    raise SystemExit(f"agent {agent_pid} has no Envoy child")
 
 
 def _medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
