@@ -306,8 +306,11 @@ async def main() -> int:
                         pair.rates.append(rate)
                         pair.p99s.append(p99)
                 counted = sample(scrape(on.backend_ip), "istio_requests_total")
+                # Entries Envoy's gRPC logger dropped (TCP now) and HTTP records the agent
+                # could not read.
                 dropped = {
                     k: envoy_stat(ip, "access_logs.grpc_access_log.logs_dropped")
+                    + sample(scrape(ip), "pilotfish_agent_metrics_records_dropped_total")
                     for k, ip in (("client", on.client_ip), ("backend", on.backend_ip))
                 }
                 uris = tmp / "uris.txt"
@@ -345,8 +348,9 @@ async def main() -> int:
         )
     print(
         f"telemetry requests counted by the backend agent: {counted:.0f} "
-        f"(>= {total + 2000}: rounds and warm-up); Envoy dropped {dropped['client']:.0f} "
-        f"client-side and {dropped['backend']:.0f} backend-side entries"
+        f"(>= {total + 2000}: rounds and warm-up); dropped (by Envoy's gRPC logger, or "
+        f"records the agent could not read): {dropped['client']:.0f} client-side and "
+        f"{dropped['backend']:.0f} backend-side"
     )
     growth = max(rss1[k] - rss0[k] for k in rss0)
     print(
