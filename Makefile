@@ -67,6 +67,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/ca.py
 	$(BIN)/python tests/benchmarks/translate.py
 	$(BIN)/python tests/benchmarks/telemetry.py $(TELEMETRY_BENCH_ARGS)
+	$(BIN)/python tests/benchmarks/access_loggers.py
 	$(BIN)/python tests/benchmarks/ui.py
 
 # 30 minutes of churn at 200 proxies; after the warm-up, RSS and fd slopes over the last 20

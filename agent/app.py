@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
     from agent.health.checker import HealthChecker
     from agent.telemetry.als import AccessLogServer
+    from agent.telemetry.records import RecordFeed
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,12 @@ def mode_modules(cfg: AgentConfig) -> list[str]:
     them in its thread with this module, not on the event loop when the agent is made."""
     modules = []
     if cfg.standard_metrics and not cfg.proxy_only:
-        modules += ["agent.telemetry.aggregator", "agent.telemetry.als", "agent.telemetry.peers"]
+        modules += [
+            "agent.telemetry.aggregator",
+            "agent.telemetry.als",
+            "agent.telemetry.peers",
+            "agent.telemetry.records",
+        ]
     if cfg.workload_group:
         modules.append("agent.health.checker")
     return modules
@@ -172,13 +178,16 @@ class Agent(Lifecycle):
                 cfg.ip, lambda h: stream.report_health(None if h.healthy else h.reason)
             )
             self.handlers.register(WORKLOAD_PROBE, self.health)
-        # Istio's standard metrics, from the access log stream of Envoy's generated loggers;
-        # served with the agent's own metrics.
+        # Istio's standard metrics, from Envoy's generated loggers (HTTP records on the
+        # metrics FIFO, TCP entries on the access log stream); served with the agent's own
+        # metrics.
         self.als: AccessLogServer | None = None
+        self.records: RecordFeed | None = None
         if self.launch.als_server is not None:
             from agent.telemetry.aggregator import MetricsAggregator
             from agent.telemetry.als import AccessLogServer
             from agent.telemetry.peers import PeerDirectory
+            from agent.telemetry.records import RecordFeed
 
             # The mesh's workloads by address, from the control plane: who a TCP caller is.
             peers = PeerDirectory()
@@ -189,6 +198,7 @@ class Agent(Lifecycle):
             self.als = AccessLogServer(
                 cfg.als_socket, aggregator, owner=owner, server=self.launch.als_server
             )
+            self.records = RecordFeed(aggregator)
         self.envoy: EnvoySupervisor | None = self.launch.envoy
         admin = self._admin = self.launch.admin_url
         # The app's own probes, rewritten by the injector to come through here.
@@ -241,6 +251,8 @@ class Agent(Lifecycle):
             )
         if self.als is not None:
             await self.als.start()
+        if self.records is not None and self.launch.metrics_fifo is not None:
+            self.launch.metrics_fifo.start(self.records)
         tl.mark("serving")
         if self.envoy is None:
             path = self.cfg.workdir / "grpc-bootstrap.json"

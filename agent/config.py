@@ -25,7 +25,7 @@ from agent.health.appprobers import ENV as APP_PROBERS_ENV
 from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
 from pilotfish_common import logsetup
 from protos.nodeid import node_id
-from protos.telemetry import ALS_NODE_METADATA
+from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
 # the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
@@ -126,6 +126,11 @@ class AgentConfig:
         return self.workdir / "ALS"
 
     @property
+    def metrics_fifo(self) -> Path:
+        """Envoy's HTTP metrics records (agent/telemetry/fifo.py)."""
+        return self.workdir / "METRICS"
+
+    @property
     def grpc_cert_dir(self) -> Path:
         """Proxy-only: the workload certificate as files, for gRPC's certificate provider."""
         return self.workdir / "certs"
@@ -158,6 +163,7 @@ class AgentConfig:
         elif self.standard_metrics:
             # Envoy's bootstrap has the access log cluster (agent/envoy/bootstrap.py).
             meta[ALS_NODE_METADATA] = "true"
+            meta[LOG_NODE_METADATA] = str(self.metrics_fifo.absolute())
         if self.status_port and self.status_port != 15020:
             # Where the control plane's dashboard reads this pod's metrics (Istio's 15020
             # goes without saying).

@@ -5,9 +5,10 @@ Envoy is started here (its launcher, spawned before gRPC was imported, agent/env
 is told to exec it), so that its own start (~50 ms of CPU) runs on the other core while this
 process imports the rest. Its sockets (XDS, SDS, ALS) are bound first but served only later
 (agent/unixsocket.py): Envoy's first connections wait in the kernel's queue until the servers
-behind them start, instead of failing into Envoy's reconnect backoff. The upstream channel
-starts connecting here too (TCP and TLS run in gRPC's own threads), so the first CSR and the
-first xDS request find it up.
+behind them start, instead of failing into Envoy's reconnect backoff. The metrics FIFO is
+opened first too: Envoy's open of it for writing would block until it has a reader. The
+upstream channel starts connecting here too (TCP and TLS run in gRPC's own threads), so the
+first CSR and the first xDS request find it up.
 
 Then, still before the rest is imported, the parts Envoy asks for first are started, in the
 order it asks: the xDS relay (`start_relay`, agent/relaystart.py), then the workload
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 from agent.config import AgentConfig
 from agent.envoystart import admin_url, envoy_run_as, envoy_supervisor
 from agent.startup import StartupTimeline
+from agent.telemetry.fifo import MetricsFifo
 from agent.unixsocket import (
     UnixGrpcServer,
     als_socket_server,
@@ -98,8 +100,10 @@ class Launch(Lifecycle):
         self.sds_server = sds_socket_server(cfg.sds_socket, owner)
         # Istio's standard metrics come from Envoy's access log stream.
         self.als_server: UnixGrpcServer | None = None
+        self.metrics_fifo: MetricsFifo | None = None
         if cfg.standard_metrics and not cfg.proxy_only:
             self.als_server = als_socket_server(cfg.als_socket, owner)
+            self.metrics_fifo = MetricsFifo(cfg.metrics_fifo, owner)
         self.upstream = upstream_channel(cfg)
         self.admin_url = admin_url(cfg)
         self.envoy = envoy
@@ -127,6 +131,8 @@ class Launch(Lifecycle):
         await asyncio.to_thread(make_workdir, cfg.workdir)
         for server in self.servers:
             server.bind()
+        if self.metrics_fifo is not None:
+            self.metrics_fifo.open()
         if self.run_as is not None:
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, cfg.xds_socket, -1, self.run_as[1])
@@ -231,4 +237,6 @@ class Launch(Lifecycle):
             await self.certs.close()  # idempotent: `Agent` closes them first when it took them
         for server in self.servers:
             await server.close(0.5)
+        if self.metrics_fifo is not None:
+            await self.metrics_fifo.close()
         await self.upstream.close()

@@ -20,6 +20,30 @@ agree on these names; neither imports the other, so they live here:
   labels removed per metric) travel as one more literal tag, `TAG_OVERRIDES`, value
   `encode_overrides(...)`; absent when nothing is overridden. A logger's config is what
   changes when a Telemetry does, so connected proxies get the change with their listeners.
+
+HTTP requests are counted from a record per request instead of an ALS entry (Envoy's gRPC
+logger cost ~18 us of Envoy CPU per request over HTTP, ~35 us over HTTPS; its file logger with
+a short text format a small fraction of that: tests/benchmarks/access_loggers.py):
+
+- The agent creates a FIFO (0600, owned by Envoy's user) and holds it open before Envoy starts
+  (Envoy opens a logger's path for writing; a FIFO without a reader would block it), and says
+  where in node metadata `LOG_NODE_METADATA: <absolute path>`. Only then does the control plane
+  give HTTP connection managers Envoy's file logger (`envoy.access_loggers.file`) on that path
+  with the format `record_format(tags)`; a proxy that announces no path (an older agent) gets
+  the `http_grpc` logger to `ALS_CLUSTER` as before, with the same tags.
+- A record is one line: fields separated by `RECORD_SEPARATOR` (0x1f, a byte Envoy's codecs
+  refuse in header values, so no request can add a field; a line whose field count is wrong
+  is dropped and counted anyway), ending in a newline (which no value can hold either):
+  `RECORD_VERSION`, the literal tags in `RECORD_TAGS` order (escaped by `record_literal`: `%`
+  doubled, control bytes replaced by `_`; "" when absent), then the `RECORD_LABEL_FIELDS`,
+  then the `RECORD_VALUE_FIELDS` (Envoy format commands; Envoy writes `-` for a missing value).
+  Labels come from the tags and label fields only, so the agent caches them keyed by the line
+  up to the value fields. Fields a caller controls are truncated by Envoy (the `:N` suffix),
+  so a record stays under `MAX_RECORD` bytes; a longer line is dropped and counted.
+- Envoy writes records from its file flush thread, every second (the agent starts Envoy
+  with `--file-flush-interval-msec 1000`) or when 64 KiB are buffered.
+- TCP proxies keep the `tcp_grpc` logger to `ALS_CLUSTER` (one entry per connection and per
+  5 s, not per request), and so do the agent's other ALS users.
 """
 
 from __future__ import annotations
@@ -69,6 +93,53 @@ PEER_FIELDS: Final = (TAG_WORKLOAD, TAG_NAMESPACE, TAG_APP, TAG_VERSION)
 
 # A longer header value is not decoded (a flood of bytes buys nothing).
 MAX_PEER_VALUE: Final = 1024
+
+# The HTTP metrics record (see the module doc).
+LOG_NODE_METADATA: Final = "PILOTFISH_METRICS_LOG"
+MAX_LOG_PATH: Final = 1024
+RECORD_VERSION: Final = "pf1"
+RECORD_SEPARATOR: Final = "\x1f"
+RECORD_TAGS: Final = (
+    TAG_REPORTER,
+    TAG_WORKLOAD,
+    TAG_NAMESPACE,
+    TAG_APP,
+    TAG_VERSION,
+    TAG_PRINCIPAL,
+    TAG_CLUSTER_DOMAIN,
+    TAG_OVERRIDES,
+)
+# (name, Envoy format command). A peer value one byte over MAX_PEER_VALUE still reads as
+# oversized (not decoded), as an untruncated one would.
+RECORD_LABEL_FIELDS: Final = (
+    ("peer", f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_PEER}):{MAX_PEER_VALUE + 1}%"),
+    (
+        "upstream_principal",
+        f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_UPSTREAM_PRINCIPAL}):1024%",
+    ),
+    ("peer_uri_san", "%DOWNSTREAM_PEER_URI_SAN%"),
+    ("local_uri_san", "%DOWNSTREAM_LOCAL_URI_SAN%"),
+    ("upstream_cluster", "%UPSTREAM_CLUSTER%"),
+    ("response_flags", "%RESPONSE_FLAGS%"),
+    ("authority", "%REQ(:AUTHORITY):1024%"),
+    ("content_type", "%REQ(CONTENT-TYPE):64%"),
+    ("response_code", "%RESPONSE_CODE%"),
+    ("grpc_status_header", "%RESP(GRPC-STATUS):16%"),
+    ("grpc_status_trailer", "%TRAILER(GRPC-STATUS):16%"),
+)
+# Durations: microseconds from the first byte received to the last sent when Envoy has both
+# (what the ALS entry's duration measures, to the microsecond), else Envoy's milliseconds.
+RECORD_VALUE_FIELDS: Final = (
+    ("duration_us", "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%"),
+    ("duration_ms", "%DURATION%"),
+    ("request_headers_bytes", "%REQUEST_HEADERS_BYTES%"),
+    ("request_body_bytes", "%BYTES_RECEIVED%"),
+    ("response_headers_bytes", "%RESPONSE_HEADERS_BYTES%"),
+    ("response_body_bytes", "%BYTES_SENT%"),
+)
+MAX_RECORD: Final = 16384
+
+_RECORD_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # What a label value may hold (Kubernetes' rule); anything else is replaced by `_`, so the
@@ -127,3 +198,29 @@ def decode_overrides(value: str) -> tuple[frozenset[str], dict[str, frozenset[st
         if metric in STANDARD_METRICS:
             out[metric] = frozenset(tags)
     return frozenset(m for m in disabled if m in STANDARD_METRICS), out
+
+
+def record_literal(value: str) -> str:
+    """`value` as literal text in an Envoy format string that cannot end a field or a line."""
+    return _RECORD_UNSAFE.sub("_", value).replace("%", "%%")
+
+
+def record_format(tags: Mapping[str, str]) -> str:
+    """The file logger's format: one record per request (see the module doc)."""
+    fields = [
+        RECORD_VERSION,
+        *(record_literal(tags.get(k, "")) for k in RECORD_TAGS),
+        *(command for _, command in RECORD_LABEL_FIELDS + RECORD_VALUE_FIELDS),
+    ]
+    return RECORD_SEPARATOR.join(fields) + "\n"
+
+
+def valid_log_path(path: str) -> bool:
+    """Whether a `LOG_NODE_METADATA` value may become a logger's path: absolute, bounded, and
+    nothing Envoy would read as a command (`%`) or a line end."""
+    return (
+        path.startswith("/")
+        and len(path) <= MAX_LOG_PATH
+        and "%" not in path
+        and not _RECORD_UNSAFE.search(path)
+    )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from protos.nodeid import node_id
-from protos.telemetry import ALS_CLUSTER, ALS_NODE_METADATA
+from protos.telemetry import ALS_CLUSTER, ALS_NODE_METADATA, LOG_NODE_METADATA
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
@@ -67,6 +67,9 @@ class BootstrapOptions:
     # The agent's access log service socket, for the standard metrics (protos/telemetry.py);
     # None: no `pilotfish-als` cluster, and the control plane generates no metrics loggers.
     als_address: str | None = None
+    # The agent's FIFO for HTTP metrics records (agent/telemetry/fifo.py), an absolute path;
+    # None: HTTP connection managers log to the ALS cluster too.
+    metrics_log: str | None = None
     # The agent's status server port on `ip`; None: no readiness listener.
     status_port: int | None = None
     readiness_port: int = 15021
@@ -105,6 +108,7 @@ def from_agent_config(cfg: AgentConfig) -> BootstrapOptions:
         interception_mode=cfg.interception_mode,
         sds_address=str(cfg.sds_socket.absolute()),
         als_address=str(cfg.als_socket.absolute()) if cfg.standard_metrics else None,
+        metrics_log=str(cfg.metrics_fifo.absolute()) if cfg.standard_metrics else None,
         status_port=cfg.status_port,
     )
 
@@ -141,6 +145,8 @@ def node_metadata(opts: BootstrapOptions) -> dict[str, Any]:
         meta["SDS"] = "true"
     if opts.als_address is not None:
         meta[ALS_NODE_METADATA] = "true"
+        if opts.metrics_log is not None:
+            meta[LOG_NODE_METADATA] = opts.metrics_log
     meta.update(opts.extra_metadata)
     return meta
 

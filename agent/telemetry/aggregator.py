@@ -140,6 +140,8 @@ class MetricsAggregator:
         self.entries = 0
         self.overflow = 0
         self.evicted = 0
+        # HTTP metrics records that were not lines of the format (records.py).
+        self.records_dropped = 0
 
     @property
     def series(self) -> int:
@@ -305,6 +307,11 @@ class MetricsAggregator:
             "pilotfish_agent_metrics_connections_evicted",
             "Open TCP connections forgotten because too many were tracked.",
             value=self.evicted,
+        )
+        yield CounterMetricFamily(
+            "pilotfish_agent_metrics_records_dropped",
+            "HTTP metrics records from Envoy dropped as over-long or malformed.",
+            value=self.records_dropped,
         )
         yield GaugeMetricFamily(
             "pilotfish_agent_metrics_series",

@@ -99,6 +99,8 @@ _FLAG_CODES: Final = (
 
 _FLAG_ORDER: Final = {field: i for i, (field, _) in enumerate(_FLAG_CODES)}
 _FLAG_CODE: Final = {**dict(_FLAG_CODES), "unauthorized_details": "UAEX"}
+# Envoy's short code to the ALS field (records.py reads codes from Envoy's text).
+FLAG_FIELDS: Final = {code: name for name, code in _FLAG_CODE.items()}
 
 
 def response_flags(flags: ResponseFlags) -> str:
@@ -298,6 +300,7 @@ def _is_ip(host: str) -> bool:
 
 
 __all__ = [
+    "FLAG_FIELDS",
     "HTTP_LABELS",
     "TCP_LABELS",
     "UNKNOWN",

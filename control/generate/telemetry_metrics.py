@@ -2,9 +2,11 @@
 proxy of a sidecar (or router) adds so that its agent can count `istio_requests_total` and
 the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and the why).
 
-- A gRPC access logger (`http_grpc` on an HCM, `tcp_grpc` on a TCP proxy, flushed
-  periodically so long TCP connections move the byte counters) to the agent's `ALS_CLUSTER`,
-  with this proxy's workload as literal tags: what a workload is comes from the control
+- On an HCM, Envoy's file logger writing one record per request (`record_format`) to the
+  FIFO the agent announced in node metadata (an agent that announced none gets the
+  `http_grpc` logger to its `ALS_CLUSTER`, as before); on a TCP proxy a `tcp_grpc` logger to
+  `ALS_CLUSTER`, flushed periodically so long TCP connections move the byte counters. Both
+  carry this proxy's workload as literal tags: what a workload is comes from the control
   plane's registry (the WorkloadGroup a registered workload was made from) or the proxy's own
   node, never from a peer.
 - The Telemetry API's metrics settings: without a prometheus provider the proxy gets no
@@ -27,11 +29,18 @@ from dataclasses import dataclass
 
 from envoy.config.accesslog.v3.accesslog_pb2 import AccessLog
 from envoy.config.common.mutation_rules.v3.mutation_rules_pb2 import HeaderMutation as Mutation
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption, TrafficDirection
+from envoy.config.core.v3.base_pb2 import (
+    DataSource,
+    HeaderValue,
+    HeaderValueOption,
+    TrafficDirection,
+)
 from envoy.config.core.v3.config_source_pb2 import ApiVersion
 from envoy.config.core.v3.grpc_service_pb2 import GrpcService
+from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.config.listener.v3.listener_components_pb2 import FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
 from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
     CommonGrpcAccessLogConfig,
     HttpGrpcAccessLogConfig,
@@ -53,7 +62,7 @@ from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
 
-from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
+from control.generate.access_logs import FILE_LOGGER, HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.wire import pack
@@ -89,11 +98,19 @@ class WorkloadTelemetry:
     reported: bool = True
     client: SideMetrics = NO_METRIC_OVERRIDES
     server: SideMetrics = NO_METRIC_OVERRIDES
+    # The agent's metrics FIFO (Proxy.metrics_log); "": HTTP entries go to the ALS too.
+    log_path: str = ""
 
     def side(self, reporter: str) -> SideMetrics:
         return self.server if reporter == t.REPORTER_DESTINATION else self.client
 
     def tags(self, reporter: str) -> list[CustomTag]:
+        return [
+            CustomTag(tag=k, literal=CustomTag.Literal(value=v))
+            for k, v in self.tag_values(reporter).items()
+        ]
+
+    def tag_values(self, reporter: str) -> dict[str, str]:
         values = {
             t.TAG_REPORTER: reporter,
             t.TAG_WORKLOAD: self.workload,
@@ -107,7 +124,7 @@ class WorkloadTelemetry:
         overrides = t.encode_overrides(side.disabled, dict(side.removed))
         if overrides:
             values[t.TAG_OVERRIDES] = overrides
-        return [CustomTag(tag=k, literal=CustomTag.Literal(value=v)) for k, v in values.items()]
+        return values
 
     def peer_value(self) -> str:
         return t.encode_peer(
@@ -144,6 +161,7 @@ def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | Non
         reported=metrics.prometheus,
         client=metrics.side(WorkloadMode.CLIENT) if metrics.prometheus else NO_METRIC_OVERRIDES,
         server=metrics.side(WorkloadMode.SERVER) if metrics.prometheus else NO_METRIC_OVERRIDES,
+        log_path=proxy.metrics_log,
     )
 
 
@@ -206,6 +224,17 @@ def _instrument_hcm(
     for i, f in enumerate(filters):
         hcm.http_filters.insert(i, f)
     if not telemetry.reported or telemetry.side(reporter).http_off:
+        return
+    if telemetry.log_path:
+        record = FileAccessLog(
+            path=telemetry.log_path,
+            log_format=SubstitutionFormatString(
+                text_format_source=DataSource(
+                    inline_string=t.record_format(telemetry.tag_values(reporter))
+                )
+            ),
+        )
+        hcm.access_log.append(AccessLog(name=FILE_LOGGER, typed_config=pack(record)))
         return
     config = HttpGrpcAccessLogConfig(
         common_config=_common(telemetry, reporter),

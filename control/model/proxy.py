@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from control.model.types import Labels, SourceRef, Workload, labels_of
-from protos.telemetry import ALS_NODE_METADATA
+from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA, valid_log_path
 
 # The certificate provider instance proxyless config names, as Istio's agent names it in the
 # gRPC bootstrap; its certificate names are `default` (chain and key) and `ROOTCA`.
@@ -53,6 +53,10 @@ class Proxy:
     # The proxy's bootstrap has the cluster to its agent's access log service (node metadata
     # PILOTFISH_ALS): only then may its listeners log there (protos/telemetry.py).
     als: bool = False
+    # Where its agent reads HTTP metrics records (node metadata PILOTFISH_METRICS_LOG, an
+    # absolute path, checked: it becomes a logger's path); "": none, and HTTP connection
+    # managers log to the ALS cluster instead, as agents before it expect.
+    metrics_log: str = ""
     # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
     # 15020. The dashboard reads the agent's metrics there.
     status_port: int = 0
@@ -137,8 +141,13 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         cert_provider=_str(metadata, "CERTIFICATE_PROVIDER") == CERTIFICATE_PROVIDER,
         istio_version=intern(_str(metadata, "ISTIO_VERSION")[:64]),
         als=_str(metadata, ALS_NODE_METADATA).lower() == "true",
+        metrics_log=_log_path(_str(metadata, LOG_NODE_METADATA)),
         status_port=_port(metadata.get("STATUS_PORT")),
     )
+
+
+def _log_path(value: str) -> str:
+    return value if valid_log_path(value) else ""
 
 
 def _port(value: object) -> int:

@@ -11,14 +11,17 @@ static bootstrap (tests/benchmarks/envoy_static.py) for a second Envoy on anothe
 Same listeners, filters, routes, clusters, endpoints, certificates, access loggers, node; the
 only differences are xDS-delivered vs static, and the agent beside ours.
 
-Both Envoys' access loggers point at the same receiver: the agent's ALS socket, so both feed
-the same aggregator (they take turns: rounds alternate). That is the equivalent of the real
-thing, not an approximation: a static Envoy must log to something, and a second receiver
-(another aggregator process) would be one more process competing for the machine's two cores
-during the floor's rounds only, while a sink that does not count would make the floor's
-logging cheaper than ours. With one receiver, per-request work outside Envoy is the same code
-on the same process for both sides. Both Envoys run with the agent's `--concurrency 2` and
-send to the same backend (a third Envoy answering every request itself).
+Both Envoys' access loggers point at the same receiver: the agent's metrics FIFO (HTTP
+records) and ALS socket (TCP), so both feed the same aggregator (they take turns: rounds
+alternate; a record a side flushes just after its round can interleave with the next side's
+in the FIFO and be dropped as malformed, which costs the count below, not the figures).
+That is the equivalent of the real thing, not an approximation: a static Envoy must log to
+something, and a second receiver (another aggregator process) would be one more process
+competing for the machine's two cores during the floor's rounds only, while a sink that does
+not count would make the floor's logging cheaper than ours. With one receiver, per-request
+work outside Envoy is the same code on the same process for both sides. Both Envoys run with
+the agent's `--concurrency 2` and send to the same backend (a third Envoy answering every
+request itself).
 
 h2load drives each side in alternating rounds; figures are medians over rounds: throughput
 ratio (target >= 0.95) and p99 latency ratio (target <= 1.1), ours / floor; and each Envoy's
@@ -58,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks import envoy_static, gateway_config
-from tests.benchmarks.telemetry import cpu_seconds
+from tests.benchmarks.telemetry import cpu_seconds, envoy_pid
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
 from tests.support.mesh import mesh_agent
@@ -222,6 +225,10 @@ def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subproce
             "2",
             "--log-level",
             "warning",
+            # As the agent runs its Envoy: the metrics records reach the agent's FIFO (which
+            # the static copies write to as well) within a second, not Envoy's default 10 s.
+            "--file-flush-interval-msec",
+            "1000",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -298,15 +305,6 @@ def agent_entries(ip: str) -> float:
         text = r.read().decode()
     name = "pilotfish_agent_metrics_entries_total "
     return sum(float(line[len(name) :]) for line in text.splitlines() if line.startswith(name))
-
-
-def envoy_pid(agent_pid: int) -> int:
-    """The agent's Envoy: its child process named envoy."""
-    for task in Path(f"/proc/{agent_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
-                return int(child)
-    raise SystemExit(f"agent {agent_pid} has no Envoy child")
 
 
 def _medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:

@@ -6,7 +6,9 @@ itself (so the app is never the bottleneck). h2load drives the client's sidecar;
 measures it twice, with `--standard-metrics off` (the floor) and on:
 
 (a) throughput with metrics / without (target >= 0.85) and p99 latency with / without (<= 1.3);
-(b) agent CPU per 10,000 requests with metrics on (client and backend agents);
+(b) agent CPU per 10,000 requests with metrics on (client and backend agents), and the two
+    sidecars' Envoy CPU per request with metrics and without (what a busy shared machine
+    disturbs far less than the rates: read it beside (a));
 (c) agent RSS before and after `--paths-requests` requests across 5,000 distinct paths: the
     label sets do not grow with paths, so neither does memory (target: series unchanged,
     RSS growth <= 20 MB).
@@ -104,6 +106,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def envoy_pid(agent_pid: int) -> int:
+    """The agent's Envoy: its child process named envoy."""
+    for task in Path(f"/proc/{agent_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
+                return int(child)
+    raise SystemExit(f"agent {agent_pid} has no Envoy child")
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -185,6 +196,7 @@ class Pair:
         self.url = f"http://{self.client_ip}:9080/bench"
         self.agents: list[AgentProcess] = []
         self.cpu = {"client": 0.0, "backend": 0.0}
+        self.envoy_cpu = {"client": 0.0, "backend": 0.0}
         self.rates: list[float] = []
         self.p99s: list[float] = []
 
@@ -216,6 +228,9 @@ class Pair:
     def pids(self) -> dict[str, int]:
         assert self.client.proc is not None and self.backend.proc is not None
         return {"client": self.client.proc.pid, "backend": self.backend.proc.pid}
+
+    def envoy_pids(self) -> dict[str, int]:
+        return {k: envoy_pid(pid) for k, pid in self.pids().items()}
 
     def reachable(self) -> bool:
         try:
@@ -277,6 +292,8 @@ async def main() -> int:
                     # Which side goes first alternates too (no position advantage).
                     for pair in (off, on) if r % 2 == 0 else (on, off):
                         before = {k: cpu_seconds(pid) for k, pid in pair.pids().items()}
+                        envoys = pair.envoy_pids()
+                        envoy_before = {k: cpu_seconds(pid) for k, pid in envoys.items()}
                         rate, p99 = await asyncio.to_thread(
                             pair.load, args.requests, tmp / f"{pair.name}-{r}.log", args
                         )
@@ -284,11 +301,16 @@ async def main() -> int:
                         await asyncio.sleep(1.5)
                         for k, pid in pair.pids().items():
                             pair.cpu[k] += cpu_seconds(pid) - before[k]
+                        for k, pid in envoys.items():
+                            pair.envoy_cpu[k] += cpu_seconds(pid) - envoy_before[k]
                         pair.rates.append(rate)
                         pair.p99s.append(p99)
                 counted = sample(scrape(on.backend_ip), "istio_requests_total")
+                # Entries Envoy's gRPC logger dropped (TCP now) and HTTP records the agent
+                # could not read.
                 dropped = {
                     k: envoy_stat(ip, "access_logs.grpc_access_log.logs_dropped")
+                    + sample(scrape(ip), "pilotfish_agent_metrics_records_dropped_total")
                     for k, ip in (("client", on.client_ip), ("backend", on.backend_ip))
                 }
                 uris = tmp / "uris.txt"
@@ -318,10 +340,17 @@ async def main() -> int:
             f"telemetry agent CPU ({side}): {on.cpu[side] / total * 10_000:.3f} s per 10,000 "
             f"requests with metrics ({off.cpu[side] / total * 10_000:.3f} s without)"
         )
+    for side in ("client", "backend"):
+        e_on, e_off = (p.envoy_cpu[side] / total * 1e6 for p in (on, off))
+        print(
+            f"telemetry Envoy CPU ({side} sidecar): {e_on:.1f} us per request with metrics vs"
+            f" {e_off:.1f} us without = {e_on / e_off:.2f} (+{e_on - e_off:.1f} us)"
+        )
     print(
         f"telemetry requests counted by the backend agent: {counted:.0f} "
-        f"(>= {total + 2000}: rounds and warm-up); Envoy dropped {dropped['client']:.0f} "
-        f"client-side and {dropped['backend']:.0f} backend-side entries"
+        f"(>= {total + 2000}: rounds and warm-up); dropped (by Envoy's gRPC logger, or "
+        f"records the agent could not read): {dropped['client']:.0f} client-side and "
+        f"{dropped['backend']:.0f} backend-side"
     )
     growth = max(rss1[k] - rss0[k] for k in rss0)
     print(

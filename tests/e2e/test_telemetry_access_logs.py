@@ -29,7 +29,7 @@ from control.app import ControlPlane
 from tests.support.agentproc import AgentProcess
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoyadmin import draining, dynamic_listeners, status_of
+from tests.support.envoyadmin import draining, dynamic_listeners, file_loggers, status_of
 from tests.support.mesh import backend_yaml, mesh_agent
 from tests.support.net import pod_ip
 
@@ -73,9 +73,7 @@ async def listener_loggers(ip: str) -> int:
     dump = await dynamic_listeners(ip)
     if dump is None:
         return -1
-    return dump.count("access_loggers.file.v3.FileAccessLog") + dump.count(
-        "access_loggers.stream.v3.StdoutAccessLog"
-    )
+    return file_loggers(dump) + dump.count("access_loggers.stream.v3.StdoutAccessLog")
 
 
 async def settled(ip: str, logging_on: bool) -> bool:

@@ -21,7 +21,12 @@ from tests.e2e.test_gateway_telemetry import metrics
 from tests.e2e.test_telemetry_access_logs import Pods, get, pods_dir, start_pods, write
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoyadmin import draining, dynamic_listeners
+from tests.support.envoyadmin import (
+    draining,
+    dynamic_listeners,
+    metric_overrides,
+    metrics_loggers,
+)
 from tests.support.net import pod_ip
 from tests.support.promtext import Exposition
 
@@ -60,9 +65,9 @@ async def metrics_logger(ip: str) -> str | None:
     dump = await dynamic_listeners(ip)
     if dump is None or await draining(ip) != 0:
         return None
-    if "http_grpc" not in dump:
+    if not metrics_loggers(dump):
         return "off"
-    return "on+overrides" if "metric_overrides" in dump else "on"
+    return "on+overrides" if metric_overrides(dump) else "on"
 
 
 async def settled(ip: str, want: str) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
 from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
     HttpGrpcAccessLogConfig,
     TcpGrpcAccessLogConfig,
@@ -43,8 +44,11 @@ from tests.unit.test_telemetry import TRACED
 pytestmark = pytest.mark.envoy
 
 
-def _generate(mode: str, als: bool) -> dict[str, ResourceSet]:
-    proxy = router(mode=mode, als=als)
+LOG_PATH = "/var/run/pilotfish/METRICS"
+
+
+def _generate(mode: str, als: bool, log: str = LOG_PATH) -> dict[str, ResourceSet]:
+    proxy = router(mode=mode, als=als, log=log)
     index = MeshIndex(mesh_config(GATEWAY_MESH), [], mesh=parse_mesh_config(TRACED, "mesh.yaml"))
     ctx = GenContext(index, ResourceCache())
     return {type_: gen(ctx, proxy) for type_, gen in ROUTER_GENERATORS.items()}
@@ -73,10 +77,14 @@ def test_router_listeners_carry_logs_tracing_and_metrics(mode: str) -> None:
                     f.typed_config.Unpack(hcm)
                     assert hcm.tracing.provider.name == ZIPKIN_TRACER
                     names = [a.name for a in hcm.access_log]
-                    assert names == [FILE_LOGGER, HTTP_GRPC_LOGGER]
-                    config = HttpGrpcAccessLogConfig()
-                    hcm.access_log[1].typed_config.Unpack(config)
-                    _check_tags(config.common_config.custom_tags)
+                    # The user's log (MeshConfig), then the metrics records.
+                    assert names == [FILE_LOGGER, FILE_LOGGER]
+                    record = FileAccessLog()
+                    hcm.access_log[1].typed_config.Unpack(record)
+                    assert record.path == LOG_PATH
+                    fmt = record.log_format.text_format_source.inline_string
+                    fields = fmt.split(t.RECORD_SEPARATOR)[1 : 1 + len(t.RECORD_TAGS)]
+                    _check_tags(dict(zip(t.RECORD_TAGS, fields, strict=True)))
                     # Client side: send the router's metadata, read the backend's.
                     first = [h.name for h in hcm.http_filters[:2]]
                     assert first == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
@@ -88,13 +96,28 @@ def test_router_listeners_carry_logs_tracing_and_metrics(mode: str) -> None:
                     assert [a.name for a in tcp.access_log] == [FILE_LOGGER, TCP_GRPC_LOGGER]
                     tcp_config = TcpGrpcAccessLogConfig()
                     tcp.access_log[1].typed_config.Unpack(tcp_config)
-                    _check_tags(tcp_config.common_config.custom_tags)
+                    custom = tcp_config.common_config.custom_tags
+                    _check_tags({tag.tag: tag.literal.value for tag in custom})
     # GATEWAY_MESH: HTTP, HTTPS and MUTUAL (HCMs), PASSTHROUGH and TCP (TCP proxies).
     assert hcms >= 3 and tcps >= 2
 
 
-def _check_tags(custom_tags: object) -> None:
-    tags = {tag.tag: tag.literal.value for tag in custom_tags}  # type: ignore[attr-defined]
+def test_router_of_an_older_agent_logs_http_to_the_als_cluster() -> None:
+    """An agent that announces no metrics FIFO gets the gRPC logger, with the same tags."""
+    for listener in _listeners(_generate("NONE", als=True, log="")):
+        for chain in listener.filter_chains:
+            for f in chain.filters:
+                if f.name == HCM_FILTER:
+                    hcm = HttpConnectionManager()
+                    f.typed_config.Unpack(hcm)
+                    assert [a.name for a in hcm.access_log] == [FILE_LOGGER, HTTP_GRPC_LOGGER]
+                    config = HttpGrpcAccessLogConfig()
+                    hcm.access_log[1].typed_config.Unpack(config)
+                    custom = config.common_config.custom_tags
+                    _check_tags({tag.tag: tag.literal.value for tag in custom})
+
+
+def _check_tags(tags: dict[str, str]) -> None:
     assert tags[t.TAG_REPORTER] == t.REPORTER_SOURCE
     assert tags[t.TAG_WORKLOAD] == "ingress"
     assert tags[t.TAG_NAMESPACE] == "edge"
@@ -105,13 +128,15 @@ def test_router_without_als_cluster_gets_no_metrics_loggers() -> None:
     sets = _generate("NONE", als=False)
     text = b"".join(r.any_bytes for r in sets[LISTENER_TYPE].values())
     assert t.ALS_CLUSTER.encode() not in text
+    assert LOG_PATH.encode() not in text
     assert FILE_LOGGER.encode() in text
 
 
 @pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
 def test_envoy_accepts_router_telemetry(tmp_path: Path, mode: str) -> None:
-    sets = _generate(mode, als=True)
-    bootstrap = static_bootstrap(router(mode=mode, als=True), sets)
+    log = str(tmp_path / "METRICS")
+    sets = _generate(mode, als=True, log=log)
+    bootstrap = static_bootstrap(router(mode=mode, als=True, log=log), sets)
     bootstrap.static_resources.clusters.append(sds_cluster(tmp_path / "SDS"))
     als = sds_cluster(tmp_path / "ALS")
     als.name = als.load_assignment.cluster_name = t.ALS_CLUSTER

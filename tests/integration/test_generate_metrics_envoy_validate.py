@@ -1,8 +1,9 @@
-"""The standard-metrics config on generated listeners: every HCM and TCP proxy of a proxy
-whose bootstrap has the access log cluster logs to it, with the proxy's own workload as tags
-(from its WorkloadGroup when registered) and the peer-metadata filters on the right side;
-none of it for a proxy without the cluster; and real Envoy accepts it in modes NONE and
-REDIRECT."""
+"""The standard-metrics config on generated listeners: every HCM of a proxy whose bootstrap
+has the access log cluster writes records to its agent's metrics FIFO (or, when the agent
+announced none, logs to the cluster) and every TCP proxy logs to the cluster, with the
+proxy's own workload as tags (from its WorkloadGroup when registered) and the peer-metadata
+filters on the right side; none of it for a proxy without the cluster; and real Envoy
+accepts it in modes NONE and REDIRECT."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from envoy.config.listener.v3.listener_pb2 import Listener
+from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
 from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
     HttpGrpcAccessLogConfig,
     TcpGrpcAccessLogConfig,
@@ -24,6 +26,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
 
 from control.generate import GENERATORS
+from control.generate.access_logs import FILE_LOGGER
 from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.resource_names import LISTENER_TYPE
@@ -44,15 +47,22 @@ from tests.integration.test_generate_security_envoy_validate import sds_cluster,
 pytestmark = pytest.mark.envoy
 
 
-def _proxy(app: str, mode: str, *, als: bool = True) -> Proxy:
+LOG_PATH = "/var/run/pilotfish/METRICS"
+
+
+def _proxy(
+    app: str, mode: str, *, als: bool = True, log: str = LOG_PATH, version: str = "v3"
+) -> Proxy:
     meta: dict[str, object] = {
-        "LABELS": {"app": app, "version": "v3"},
+        "LABELS": {"app": app, "version": version},
         "INTERCEPTION_MODE": mode,
         "SERVICE_ACCOUNT": app,
         "SDS": "true",
     }
     if als:
         meta[t.ALS_NODE_METADATA] = "true"
+    if log:
+        meta[t.LOG_NODE_METADATA] = log
     return proxy_from_node(f"sidecar~127.0.1.1~{app}-7.default~default.svc.cluster.local", meta)
 
 
@@ -74,9 +84,10 @@ def _chains(listener: Listener) -> list:  # type: ignore[type-arg]
     return chains
 
 
+@pytest.mark.parametrize("log_path", [LOG_PATH, ""], ids=["records", "older-agent"])
 @pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
-def test_every_hcm_and_tcp_proxy_reports(mode: str) -> None:
-    proxy = _proxy("reviews", mode)
+def test_every_hcm_and_tcp_proxy_reports(mode: str, log_path: str) -> None:
+    proxy = _proxy("reviews", mode, log=log_path)
     # Registered through a WorkloadGroup: the group names the workload and gives its labels.
     registered = Workload(
         name="reviews-7",
@@ -97,7 +108,7 @@ def test_every_hcm_and_tcp_proxy_reports(mode: str) -> None:
                     hcms += 1
                     hcm = HttpConnectionManager()
                     f.typed_config.Unpack(hcm)
-                    _check_hcm(hcm, inbound=inbound, mtls=mtls)
+                    _check_hcm(hcm, inbound=inbound, mtls=mtls, log=log_path)
                 elif f.name == TCP_PROXY_FILTER:
                     tcps += 1
                     tcp = TcpProxy()
@@ -112,11 +123,29 @@ def test_every_hcm_and_tcp_proxy_reports(mode: str) -> None:
     assert hcms and tcps
 
 
-def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool) -> None:
-    [log] = [a for a in hcm.access_log if a.name == HTTP_GRPC_LOGGER]
+def _metrics_tags(hcm: HttpConnectionManager, log: str) -> dict[str, str]:
+    """The literal tags of the HCM's one metrics logger: the record format's when the agent
+    announced a FIFO (`log`), else the gRPC logger's."""
+    if log:
+        assert HTTP_GRPC_LOGGER not in [a.name for a in hcm.access_log]
+        [logger] = [a for a in hcm.access_log if a.name == FILE_LOGGER]
+        record = FileAccessLog()
+        logger.typed_config.Unpack(record)
+        assert record.path == log
+        fmt = record.log_format.text_format_source.inline_string
+        fields = fmt.split(t.RECORD_SEPARATOR)
+        assert fields[0] == t.RECORD_VERSION
+        tags = {k: v for k, v in zip(t.RECORD_TAGS, fields[1:], strict=False) if v}
+        assert fmt == t.record_format(tags)
+        return tags
+    [logger] = [a for a in hcm.access_log if a.name == HTTP_GRPC_LOGGER]
     cfg = HttpGrpcAccessLogConfig()
-    log.typed_config.Unpack(cfg)
-    tags = {tag.tag: tag.literal.value for tag in cfg.common_config.custom_tags}
+    logger.typed_config.Unpack(cfg)
+    return {tag.tag: tag.literal.value for tag in cfg.common_config.custom_tags}
+
+
+def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool, log: str) -> None:
+    tags = _metrics_tags(hcm, log)
     assert tags == {
         t.TAG_REPORTER: t.REPORTER_DESTINATION if inbound else t.REPORTER_SOURCE,
         t.TAG_WORKLOAD: "reviews-group",
@@ -167,6 +196,7 @@ def test_no_metrics_config_without_the_access_log_cluster(mode: str) -> None:
     for listener in _listeners(proxy, [proxy.as_workload()], MtlsMode.PERMISSIVE):
         text = listener.SerializeToString()
         assert t.ALS_CLUSTER.encode() not in text
+        assert LOG_PATH.encode() not in text
         assert t.PEER_HEADER.encode() not in text
 
 
@@ -180,7 +210,8 @@ def test_no_metrics_config_without_the_access_log_cluster(mode: str) -> None:
     ],
 )
 def test_envoy_accepts_metrics_config(tmp_path: Path, app: str, mode: str, mtls: MtlsMode) -> None:
-    proxy = _proxy(app, mode)
+    # A tag holding Envoy's command character (`%`) and a field separator stays literal text.
+    proxy = _proxy(app, mode, log=str(tmp_path / "METRICS"), version="v3%DURATION%\x1f")
     index = MeshIndex(secured_mesh(mtls, with_rbac=True), [proxy.as_workload()])
     sets = {t_: gen(GenContext(index, ResourceCache()), proxy) for t_, gen in GENERATORS.items()}
     bootstrap = static_bootstrap(proxy, sets)
@@ -188,7 +219,9 @@ def test_envoy_accepts_metrics_config(tmp_path: Path, app: str, mode: str, mtls:
     als = sds_cluster(tmp_path / "ALS")
     als.name = als.load_assignment.cluster_name = t.ALS_CLUSTER
     bootstrap.static_resources.clusters.append(als)
-    assert t.ALS_CLUSTER.encode() in b"".join(r.any_bytes for r in sets[LISTENER_TYPE].values())
+    listeners = b"".join(r.any_bytes for r in sets[LISTENER_TYPE].values())
+    assert t.ALS_CLUSTER.encode() in listeners
+    assert str(tmp_path / "METRICS").encode() in listeners
     result = validate(bootstrap, tmp_path / "envoy.json")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output

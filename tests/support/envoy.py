@@ -44,8 +44,15 @@ async def wait_admin(envoy: EnvoySupervisor, timeout: float = 20.0) -> None:
 class EnvoyProcess:
     """An Envoy subprocess with its own bootstrap file, log file and admin address."""
 
-    def __init__(self, bootstrap: dict[str, Any], workdir: Path, name: str = "envoy") -> None:
+    def __init__(
+        self,
+        bootstrap: dict[str, Any],
+        workdir: Path,
+        name: str = "envoy",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.bootstrap = bootstrap
+        self.extra_args = extra_args
         self.workdir = workdir
         self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
@@ -70,6 +77,7 @@ class EnvoyProcess:
                 os.environ.get("ENVOY_LOG_LEVEL", "warning"),
                 "--drain-time-s",
                 "1",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -3,9 +3,33 @@ tests that wait until a config change has really taken effect in Envoy."""
 
 from __future__ import annotations
 
+import re
+
 import aiohttp
 
 ADMIN_PORT = 15000
+# The standard metrics' HTTP logger is Envoy's file logger too, on the agent's metrics FIFO
+# (`<workdir>/METRICS`): in a config dump, its path's end.
+_METRICS_LOG = '/METRICS"'
+_FILE_LOGGER = "access_loggers.file.v3.FileAccessLog"
+
+
+def metrics_loggers(dump: str) -> int:
+    """The standard metrics' HTTP loggers in a config dump."""
+    return dump.count(_METRICS_LOG)
+
+
+def metric_overrides(dump: str) -> bool:
+    """Whether a config dump's metrics loggers carry Telemetry overrides: the TCP loggers'
+    tag, or its value (JSON, quoted once more in the dump) inside an HTTP record format."""
+    return re.search(r'"tag":\s*"metric_overrides"', dump) is not None or any(
+        key in dump for key in ('\\"disabled\\":[', '\\"removed\\":{')
+    )
+
+
+def file_loggers(dump: str) -> int:
+    """File access loggers in a config dump other than the standard metrics' (a user's)."""
+    return dump.count(_FILE_LOGGER) - metrics_loggers(dump)
 
 
 async def admin_text(ip: str, path: str) -> str | None:

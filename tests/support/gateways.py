@@ -19,7 +19,7 @@ from cryptography import x509
 
 from control.app import ControlPlane
 from control.model.proxy import Proxy, proxy_from_node
-from protos.telemetry import ALS_NODE_METADATA
+from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA
 from tests.support.agentproc import AgentProcess
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
@@ -35,6 +35,7 @@ def router(
     namespace: str = "edge",
     mode: str = "NONE",
     als: bool = False,
+    log: str = "",
 ) -> Proxy:
     meta: dict[str, object] = {
         "LABELS": dict(labels or {"istio": "ingressgateway"}),
@@ -44,6 +45,8 @@ def router(
     }
     if als:
         meta[ALS_NODE_METADATA] = "true"
+    if log:
+        meta[LOG_NODE_METADATA] = log
     return proxy_from_node(f"router~{ip}~ingress.{namespace}~{namespace}.svc.cluster.local", meta)
 
 
