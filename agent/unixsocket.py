@@ -91,6 +91,20 @@ async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
         logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)
 
 
+# Envoy pings the agent every 30 s on its ADS, SDS and ALS connections (the bootstrap's
+# `connection_keepalive`), through streams that are idle for as long as nothing changes. A gRPC
+# server's default ping policy (a ping without data at most every 5 minutes, hang up on the
+# third sooner) answered the fourth ping with GOAWAY `too_many_pings`: Envoy's ADS and SDS
+# connections were cut every ~2 minutes and it fetched every resource again. The policy guards
+# a server against remote clients flooding it with pings; these sockets are private to the pod
+# and their one client is its Envoy, whose ping interval the user may change, so a ping is
+# never a reason to hang up.
+_PING_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.http2.max_ping_strikes", 0),  # 0: no limit
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
 class UnixGrpcServer:
     """A grpc.aio server on one private Unix socket: `start(handler)`, `close()`. The socket
     file is removed on close.
@@ -111,7 +125,7 @@ class UnixGrpcServer:
         self.path = path
         self._mode = mode
         self._owner = owner
-        self._options = list(options)
+        self._options = [*_PING_OPTIONS, *options]
         self._server: grpc.aio.Server | None = None
         self._started = False
 

@@ -26,6 +26,9 @@ request itself).
 h2load drives each side in alternating rounds; figures are medians over rounds: throughput
 ratio (target >= 0.95) and p99 latency ratio (target <= 1.1), ours / floor; and each Envoy's
 CPU per request (user + system), which a busy machine disturbs far less than the rates.
+Our Envoy's stats are read before and after the rounds: a config update, a cluster or
+listener rebuilt, or an xDS/SDS connection opened again in between is printed (a difference
+between the sides other than xDS delivery itself; all 0 is the expected line).
 
 Two more sides are measured the same way, for information:
 - a twin: a second static Envoy from the same dump; its ratio to the floor is the run's
@@ -307,6 +310,36 @@ def agent_entries(ip: str) -> float:
     return sum(float(line[len(name) :]) for line in text.splitlines() if line.startswith(name))
 
 
+# What in our Envoy's stats says its config moved during the rounds: an xDS or SDS connection
+# opened again (each re-fetches every resource), an update accepted, a cluster or listener
+# rebuilt (which drains its connections). The floor has none of these, so any of them is a
+# difference between the sides besides the one the benchmark is about.
+_CHURN = {
+    "xDS/SDS connections opened": re.compile(r"cluster\.(xds|sds)-grpc\.upstream_cx_total"),
+    # CDS, LDS, RDS, SDS and each cluster's EDS.
+    "updates accepted": re.compile(r"\.update_success$"),
+    "clusters added, modified or updated": re.compile(
+        r"cluster_manager\.cluster_(added|modified|updated)"
+    ),
+    "listeners added or modified": re.compile(
+        r"listener_manager\.listener_(added|modified|in_place_updated)"
+    ),
+}
+
+
+def config_churn(admin: str) -> dict[str, int]:
+    """Counters of `_CHURN` in the Envoy at `admin` (host:port), summed by kind."""
+    with urllib.request.urlopen(f"http://{admin}/stats", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    out = dict.fromkeys(_CHURN, 0)
+    for line in lines:
+        name, _, value = line.partition(": ")
+        for kind, pattern in _CHURN.items():
+            if value.isdigit() and pattern.search(name):
+                out[kind] += int(value)
+    return out
+
+
 def _medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     return (
         statistics.median(x[0] for x in runs),
@@ -428,6 +461,7 @@ async def main() -> None:
                 "minimal": procs[1].pid,
             }
             results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+            churn_before = await asyncio.to_thread(config_churn, f"{gateway_ip}:15000")
             for r in range(args.rounds):
                 for scheme, port in (("http", HTTP_PORT), ("https", HTTPS_PORT)):
                     url = f"{scheme}://{HOST}:{port}/"
@@ -438,9 +472,16 @@ async def main() -> None:
                         rps, p99 = measured(url, ips[side], port, args.requests, log)
                         cpu = (cpu_seconds(pids[side]) - before) / args.requests
                         results.setdefault((scheme, side), []).append((rps, p99, cpu))
+            churn_after = await asyncio.to_thread(config_churn, f"{gateway_ip}:15000")
             summary: dict[str, float] = dict(config)
             for scheme in ("http", "https"):
                 summary.update(report(scheme, results))
+            churn = {kind: churn_after[kind] - churn_before[kind] for kind in _CHURN}
+            print(
+                "gateway ours' Envoy during the rounds (all 0 when its config stood still): "
+                + ", ".join(f"{kind} {n}" for kind, n in churn.items())
+            )
+            summary["ours_config_churn"] = sum(churn.values())
             # The last batches reach the agent within the loggers' flush interval.
             await asyncio.sleep(2)
             counted = await asyncio.to_thread(agent_entries, gateway_ip)
