@@ -242,13 +242,14 @@ def h2load_rate(
         check=True,
     ).stdout
     issued, failed = (b - a for a, b in zip(before, issued_counts(metrics_url), strict=True))
-    m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    # h2load prints the elapsed time in s or ms (below a second); only the rate is used.
+    m = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
     done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
     if m is None or done is None or not int(done.group(1)):
         raise RuntimeError(f"h2load did not report a rate:\n{out}")
     if failed or issued < int(done.group(1)):
         raise RuntimeError(f"{failed:.0f} calls failed, {issued:.0f} certificates for {done[1]}")
-    return float(m.group(2))
+    return float(m.group(1))
 
 
 AGENT_MESH = """\
