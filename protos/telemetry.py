@@ -13,9 +13,11 @@ agree on these names; neither imports the other, so they live here:
   and response header (server → client), value `encode_peer(...)`: an
   `application/x-www-form-urlencoded` list of the `PEER_FIELDS`. The receiving sidecar moves
   it into dynamic metadata `METADATA_NAMESPACE`/`METADATA_PEER` and strips it, so apps never
-  see it and cannot set it. On the client side, `UPSTREAM_PEER_HEADER` (set by Envoy from the
-  upstream's certificate, stripped at once) carries the upstream's SPIFFE ID into
-  `METADATA_UPSTREAM_PRINCIPAL`: without it the response's peer metadata is not trusted.
+  see it and cannot set it. On the client side of the ALS path, `UPSTREAM_PEER_HEADER` (set
+  by Envoy from the upstream's certificate, stripped at once) carries the upstream's SPIFFE ID
+  into `METADATA_UPSTREAM_PRINCIPAL` (an ALS entry has no upstream TLS properties); a record
+  has Envoy's `%UPSTREAM_PEER_URI_SAN%` instead. Without it the response's peer metadata is
+  not trusted.
 - The Telemetry API's metric overrides for the side a logger reports (metrics not exported,
   labels removed per metric) travel as one more literal tag, `TAG_OVERRIDES`, value
   `encode_overrides(...)`; absent when nothing is overridden. A logger's config is what
@@ -36,7 +38,8 @@ a short text format a small fraction of that: tests/benchmarks/access_loggers.py
   is dropped and counted anyway), ending in a newline (which no value can hold either):
   `RECORD_VERSION`, the literal tags in `RECORD_TAGS` order (escaped by `record_literal`: `%`
   doubled, control bytes replaced by `_`; "" when absent), then the `RECORD_LABEL_FIELDS`,
-  then the `RECORD_VALUE_FIELDS` (Envoy format commands; Envoy writes `-` for a missing value).
+  then the `RECORD_VALUE_FIELDS` (Envoy format commands; Envoy writes `-` for a missing value;
+  a label field the reporter's labels never read, `RECORD_UNREAD_FIELDS`, is a literal `-`).
   Labels come from the tags and label fields only, so the agent caches them keyed by the line
   up to the value fields. Fields a caller controls are truncated by Envoy (the `:N` suffix),
   so a record stays under `MAX_RECORD` bytes; a longer line is dropped and counted.
@@ -110,13 +113,14 @@ RECORD_TAGS: Final = (
     TAG_OVERRIDES,
 )
 # (name, Envoy format command). A peer value one byte over MAX_PEER_VALUE still reads as
-# oversized (not decoded), as an untruncated one would.
+# oversized (not decoded), as an untruncated one would. `upstream_principal` is the upstream
+# certificate's URI SANs, read by Envoy at log time: what the ALS path has Envoy copy into a
+# response header and from there into metadata, without that round trip. Envoy cannot
+# truncate it (the command takes no length), but a caller does not choose it: the upstream's
+# certificate does, and a record that a huge one made over-long is dropped and counted.
 RECORD_LABEL_FIELDS: Final = (
     ("peer", f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_PEER}):{MAX_PEER_VALUE + 1}%"),
-    (
-        "upstream_principal",
-        f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_UPSTREAM_PRINCIPAL}):1024%",
-    ),
+    ("upstream_principal", "%UPSTREAM_PEER_URI_SAN%"),
     ("peer_uri_san", "%DOWNSTREAM_PEER_URI_SAN%"),
     ("local_uri_san", "%DOWNSTREAM_LOCAL_URI_SAN%"),
     ("upstream_cluster", "%UPSTREAM_CLUSTER%"),
@@ -127,6 +131,14 @@ RECORD_LABEL_FIELDS: Final = (
     ("grpc_status_header", "%RESP(GRPC-STATUS):16%"),
     ("grpc_status_trailer", "%TRAILER(GRPC-STATUS):16%"),
 )
+# The label fields a reporter's labels never read (agent/telemetry/labels.py): a record has
+# the literal `-` there instead, so Envoy does not look them up per request. The client side
+# judges neither the caller's certificate nor its own; the server side names the service from
+# the authority, and its caller from the downstream certificate.
+RECORD_UNREAD_FIELDS: Final = {
+    REPORTER_SOURCE: frozenset({"peer_uri_san", "local_uri_san"}),
+    REPORTER_DESTINATION: frozenset({"upstream_principal", "upstream_cluster"}),
+}
 # Durations: microseconds from the first byte received to the last sent when Envoy has both
 # (what the ALS entry's duration measures, to the microsecond), else Envoy's milliseconds.
 RECORD_VALUE_FIELDS: Final = (
@@ -206,11 +218,14 @@ def record_literal(value: str) -> str:
 
 
 def record_format(tags: Mapping[str, str]) -> str:
-    """The file logger's format: one record per request (see the module doc)."""
+    """The file logger's format: one record per request (see the module doc), for the side
+    `tags` names as the reporter."""
+    unread = RECORD_UNREAD_FIELDS.get(tags.get(TAG_REPORTER, ""), frozenset())
     fields = [
         RECORD_VERSION,
         *(record_literal(tags.get(k, "")) for k in RECORD_TAGS),
-        *(command for _, command in RECORD_LABEL_FIELDS + RECORD_VALUE_FIELDS),
+        *("-" if name in unread else command for name, command in RECORD_LABEL_FIELDS),
+        *(command for _, command in RECORD_VALUE_FIELDS),
     ]
     return RECORD_SEPARATOR.join(fields) + "\n"
 

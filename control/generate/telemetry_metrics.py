@@ -16,8 +16,9 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
   the proxy's peers still count their side of the traffic.
 - Peer metadata: the client side sends its own in a request header and reads the server's
   from the response; the server side reads the client's (mTLS chains only: a plaintext
-  caller's claim is stripped unread) and answers with its own (mTLS chains only). Both strip
-  the headers at the app boundary, so an app can neither read nor forge them.
+  caller's claim is stripped unread) and answers with its own (mTLS chains only). A side
+  without an HTTP logger reads nothing (nothing would use it). Both strip the headers at the
+  app boundary, so an app can neither read nor forge them.
 
 `instrument_listener` is the one entry point: listener builders (sidecar modes NONE and
 REDIRECT, gateways) hand it a finished listener and the proxy's `WorkloadTelemetry`.
@@ -82,6 +83,9 @@ LOG_BUFFER = UInt32Value(value=1024 * 1024)
 # every 5 s too).
 TCP_FLUSH = Duration(seconds=5)
 UNKNOWN = "unknown"
+# Which metrics logger an HCM side gets: records on the agent's FIFO, ALS entries (an agent
+# that announced no FIFO), or none (no metrics exported for that side).
+_RECORDS, _ALS, _NONE = "records", "als", "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,17 +219,19 @@ def instrument_listener(listener: Listener, telemetry: WorkloadTelemetry | None)
 def _instrument_hcm(
     hcm: HttpConnectionManager, telemetry: WorkloadTelemetry, reporter: str, *, mtls: bool
 ) -> None:
+    logged = telemetry.reported and not telemetry.side(reporter).http_off
+    logger = (_RECORDS if telemetry.log_path else _ALS) if logged else _NONE
     if reporter == t.REPORTER_SOURCE:
-        filters = _client_filters(telemetry)
+        filters = _client_filters(telemetry, logger)
     else:
-        filters = _server_filters(telemetry, mtls=mtls)
+        filters = _server_filters(telemetry, logger, mtls=mtls)
     # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
     # the router see them, and responses are read after every other filter wrote them.
     for i, f in enumerate(filters):
         hcm.http_filters.insert(i, f)
-    if not telemetry.reported or telemetry.side(reporter).http_off:
+    if logger == _NONE:
         return
-    if telemetry.log_path:
+    if logger == _RECORDS:
         record = FileAccessLog(
             path=telemetry.log_path,
             log_format=SubstitutionFormatString(
@@ -268,43 +274,47 @@ def _common(telemetry: WorkloadTelemetry, reporter: str) -> CommonGrpcAccessLogC
     )
 
 
-def _client_filters(telemetry: WorkloadTelemetry) -> list[HttpFilter]:
-    """Outbound: send our metadata; from the response take the server's metadata and the
-    upstream certificate's SPIFFE ID (which Envoy writes into a header, since an access log
-    entry has no upstream TLS properties), then strip both."""
-    read = HeaderToMetadata(
-        response_rules=[
-            _to_metadata(t.PEER_HEADER, t.METADATA_PEER),
-            _to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL),
-        ]
-    )
-    write = Mutations(
-        request_mutations=[
-            _remove(t.UPSTREAM_PEER_HEADER),
-            _set(t.PEER_HEADER, telemetry.peer_value()),
-        ],
-        # Removed first: when the upstream presented no certificate the value is empty, and
-        # a header the server forged must not survive that.
-        response_mutations=[
-            _remove(t.UPSTREAM_PEER_HEADER),
-            _set(t.UPSTREAM_PEER_HEADER, "%UPSTREAM_PEER_URI_SAN%"),
-        ],
-    )
+def _client_filters(telemetry: WorkloadTelemetry, logger: str) -> list[HttpFilter]:
+    """Outbound: send our metadata; take the server's from the response and strip it.
+
+    Only a logger reads the metadata: without one the response's header is just stripped, by
+    the one filter that sends ours. The ALS path also needs the upstream certificate's SPIFFE
+    ID, which Envoy writes into a header (an access log entry has no upstream TLS properties)
+    for the metadata filter to read; a record reads it from Envoy directly."""
+    request = [_set(t.PEER_HEADER, telemetry.peer_value())]
+    if logger == _NONE:
+        write = Mutations(request_mutations=request, response_mutations=[_remove(t.PEER_HEADER)])
+        return [_mutation_filter(write)]
+    rules = [_to_metadata(t.PEER_HEADER, t.METADATA_PEER)]
+    write = Mutations(request_mutations=request)
+    if logger == _ALS:
+        rules.append(_to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL))
+        write = Mutations(
+            request_mutations=[_remove(t.UPSTREAM_PEER_HEADER), *request],
+            # Removed first: when the upstream presented no certificate the value is empty,
+            # and a header the server forged must not survive that.
+            response_mutations=[
+                _remove(t.UPSTREAM_PEER_HEADER),
+                _set(t.UPSTREAM_PEER_HEADER, "%UPSTREAM_PEER_URI_SAN%"),
+            ],
+        )
+    read = HeaderToMetadata(response_rules=rules)
     # Order matters on the way back: responses pass filters last to first, so the mutation
     # (second) writes the header before the metadata filter (first) reads it.
     return [
         HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)),
-        HttpFilter(name=HEADER_MUTATION_FILTER, typed_config=pack(HeaderMutation(mutations=write))),
+        _mutation_filter(write),
     ]
 
 
-def _server_filters(telemetry: WorkloadTelemetry, *, mtls: bool) -> list[HttpFilter]:
-    """Inbound: on an mTLS chain read the client's metadata and answer with ours; on a
-    plaintext chain only strip what a caller claims (it is never read)."""
+def _server_filters(telemetry: WorkloadTelemetry, logger: str, *, mtls: bool) -> list[HttpFilter]:
+    """Inbound: on an mTLS chain read the client's metadata (when a logger will) and answer
+    with ours; on a plaintext chain only strip what a caller claims (it is never read)."""
     filters: list[HttpFilter] = []
     if mtls:
-        read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
-        filters.append(HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)))
+        if logger != _NONE:
+            read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
+            filters.append(HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)))
         response = [_remove(t.UPSTREAM_PEER_HEADER), _set(t.PEER_HEADER, telemetry.peer_value())]
     else:
         response = [_remove(t.UPSTREAM_PEER_HEADER), _remove(t.PEER_HEADER)]
@@ -312,10 +322,14 @@ def _server_filters(telemetry: WorkloadTelemetry, *, mtls: bool) -> list[HttpFil
         request_mutations=[_remove(t.PEER_HEADER), _remove(t.UPSTREAM_PEER_HEADER)],
         response_mutations=response,
     )
-    filters.append(
-        HttpFilter(name=HEADER_MUTATION_FILTER, typed_config=pack(HeaderMutation(mutations=write)))
-    )
+    filters.append(_mutation_filter(write))
     return filters
+
+
+def _mutation_filter(mutations: Mutations) -> HttpFilter:
+    return HttpFilter(
+        name=HEADER_MUTATION_FILTER, typed_config=pack(HeaderMutation(mutations=mutations))
+    )
 
 
 def _to_metadata(header: str, key: str) -> HeaderToMetadata.Rule:

@@ -12,7 +12,13 @@ backend Envoy (a direct response), identical but for the access logger on their 
   read, separated by 0x1f) written to a FIFO that the agent's reader drains and counts
   (agent/telemetry/fifo.py) — how the standard metrics are read now;
 - `fluentd`: Envoy's fluentd logger (msgpack over TCP) with the same fields, to a sink that
-  only drains the socket (so its figure is Envoy's cost alone, receiver not counted).
+  only drains the socket (so its figure is Envoy's cost alone, receiver not counted);
+- `client`, `server`: what the control plane gives a sidecar's outbound (client) and inbound
+  (server) HCMs for the standard metrics on the records path, filters and logger, from
+  `instrument_listener` itself. The server's peer-metadata read and answer apply on its mTLS
+  chain only, so read its `https` line (h2load sends no peer header: the read finds none).
+  With `--baseline ROOT` the same two come also from the checkout at ROOT, as `client@base`
+  and `server@base`, in the same rounds: a change's cost or saving against the same floor.
 
 The receivers run in one child process (`--sink`), so their CPU is measured apart from this
 driver's: per variant, the receiver CPU per request is the child's CPU during that variant's
@@ -53,7 +59,8 @@ from tests.support.testca import TestCA
 
 HOST = "bench.example.com"
 HTTP_PORT, HTTPS_PORT, BACKEND_PORT = 8080, 8443, 8080
-VARIANTS = ("none", "grpc", "fifo", "fluentd")
+VARIANTS = ("none", "grpc", "fifo", "fluentd", "client", "server")
+SIDES = {"client": "OUTBOUND", "server": "INBOUND"}
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
@@ -142,6 +149,48 @@ def logger(variant: str, workdir: Path, fluentd: tuple[str, int]) -> tuple[list[
         }
         return [{"name": "envoy.access_loggers.fluentd", "typed_config": config}], [cluster]
     raise ValueError(variant)
+
+
+# Run in a checkout (its own code first on sys.path): a listener's JSON on stdin, the same
+# listener with that checkout's metrics instrumentation on stdout.
+_INSTRUMENT = """
+import json, sys
+from google.protobuf.json_format import MessageToDict, ParseDict
+import envoy.extensions.filters.http.router.v3.router_pb2
+import envoy.extensions.transport_sockets.tls.v3.tls_pb2
+from envoy.config.listener.v3.listener_pb2 import Listener
+from control.generate.telemetry_metrics import WorkloadTelemetry, instrument_listener
+args = json.loads(sys.argv[1])
+telemetry = WorkloadTelemetry(
+    workload=args["workload"], namespace=args["workload_namespace"], app=args["app"],
+    version=args["version"], principal=args["principal"],
+    cluster_domain=args["cluster_domain"], log_path=args["log"],
+)
+listener = ParseDict(json.load(sys.stdin), Listener())
+print(json.dumps(MessageToDict(instrument_listener(listener, telemetry))))
+"""
+
+
+def instrumented(
+    bootstrap: dict[str, Any], side: str, log: Path, root: Path = ROOT
+) -> dict[str, Any]:
+    """`bootstrap` with its listeners as the control plane at `root` instruments a sidecar's
+    `side` (client or server) HCMs."""
+    args = json.dumps({**TAGS, "log": str(log)})
+    listeners = []
+    for listener in bootstrap["static_resources"]["listeners"]:
+        listener = {**listener, "traffic_direction": SIDES[side]}
+        out = subprocess.run(
+            [sys.executable, "-c", _INSTRUMENT, args],
+            input=json.dumps(listener),
+            capture_output=True,
+            text=True,
+            cwd=root,
+            check=True,
+        ).stdout
+        listeners.append(json.loads(out))
+    bootstrap["static_resources"]["listeners"] = listeners
+    return bootstrap
 
 
 def proxy_bootstrap(
@@ -298,6 +347,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20000, help="per round, variant and scheme")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--no-https", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="a checkout to compare client and server with")
     ap.add_argument("--sink", nargs=3, metavar=("WORKDIR", "IP", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.sink:
@@ -308,6 +358,10 @@ def main() -> int:
     variants = [v for v in args.variants.split(",") if v]
     if "none" not in variants or not set(variants) <= set(VARIANTS):
         raise SystemExit(f"--variants: a subset of {','.join(VARIANTS)} that holds none")
+    if args.baseline is not None:
+        if not (args.baseline / "control/generate/telemetry_metrics.py").is_file():
+            raise SystemExit(f"--baseline: no Pilotfish checkout at {args.baseline}")
+        variants += [f"{v}@base" for v in variants if v in SIDES]
     schemes = [("http", HTTP_PORT)] + ([] if args.no_https else [("https", HTTPS_PORT)])
     tmp = Path(tempfile.mkdtemp(prefix="pf-loggers-"))
     # A sidecar's kind of certificate (a SPIFFE URI SAN): Envoy caches a connection's SANs
@@ -331,10 +385,13 @@ def main() -> int:
             raise SystemExit("receiver did not start")
         procs.append(start_envoy(backend_bootstrap(backend_ip), tmp, "backend"))
         for v in variants:
-            logs, extra = logger(v, tmp, fluentd)
-            procs.append(
-                start_envoy(proxy_bootstrap(ips[v], backend_ip, cert, key, logs, extra), tmp, v)
-            )
+            side, _, base = v.partition("@")
+            logs, extra = logger("none" if side in SIDES else v, tmp, fluentd)
+            bootstrap = proxy_bootstrap(ips[v], backend_ip, cert, key, logs, extra)
+            if side in SIDES:
+                root = args.baseline if base else ROOT
+                bootstrap = instrumented(bootstrap, side, tmp / "METRICS", root)
+            procs.append(start_envoy(bootstrap, tmp, v))
         pids = {v: p.pid for v, p in zip(variants, procs[1:], strict=True)}
         _wait_ready([*ips.values()], tmp)
         # Warm-up: connections to the backend and the receivers, first allocations.

@@ -39,6 +39,10 @@ pytestmark = pytest.mark.envoy
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 UPSTREAM = "outbound|8080||web.shop.svc.cluster.local"
 GONE = "outbound|9090||gone.shop.svc.cluster.local"
+# A plaintext upstream outside the mesh that forges both peer headers in its responses.
+FORGER = "outbound|7070||forger.shop.svc.cluster.local"
+FORGED_PEER = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
+FORGED_PRINCIPAL = "spiffe://cluster.local/ns/kube-system/sa/admin"
 TELEMETRY = WorkloadTelemetry(
     workload="client-7",
     namespace="shop",
@@ -76,6 +80,21 @@ def _listener(
     ours.access_log.extend(theirs.access_log)
     with_file.filter_chains[0].filters[0].typed_config.CopyFrom(pack(ours))
     return with_file
+
+
+def _plain_listener(name: str, ip: str, port: int, routes: list[Any]) -> Listener:
+    """A listener without metrics: an upstream outside the mesh."""
+    hcm = HttpConnectionManager(stat_prefix=name)
+    hcm.route_config.name = name
+    vhost = hcm.route_config.virtual_hosts.add(name=name, domains=["*"])
+    for route in routes:
+        vhost.routes.add().MergeFrom(route)
+    hcm.http_filters.add(name="envoy.filters.http.router").typed_config.type_url = _ROUTER
+    listener = Listener(name=name)
+    listener.address.socket_address.address = ip
+    listener.address.socket_address.port_value = port
+    listener.filter_chains.add().filters.add(name=HCM_FILTER, typed_config=pack(hcm))
+    return listener
 
 
 def _route(prefix: str, **action: Any) -> Any:
@@ -117,12 +136,21 @@ def _bootstrap(ip: str, ports: dict[str, int], workdir: Path) -> dict[str, Any]:
         _route("/a", status=200),
         _route("/b", status=200),
     ]
+    forger = [
+        _route(
+            "/",
+            status=200,
+            headers={t.PEER_HEADER: FORGED_PEER, t.UPSTREAM_PEER_HEADER: FORGED_PRINCIPAL},
+        )
+    ]
     outbound = [
         _route("/gone", cluster=GONE),
+        _route("/forged", cluster=FORGER),
         _route("/local", status=418),
         _route("/", cluster=UPSTREAM),
     ]
     listeners = [
+        _plain_listener("forger", ip, ports["forger"], forger),
         _listener("backend", ip, ports["backend"], backend, inbound=True, fifo=workdir / "METRICS"),
         _listener(
             "outbound", ip, ports["outbound"], outbound, inbound=False, fifo=workdir / "METRICS"
@@ -145,6 +173,7 @@ def _bootstrap(ip: str, ports: dict[str, int], workdir: Path) -> dict[str, Any]:
             "clusters": [
                 _cluster(UPSTREAM, ip, ports["backend"]),
                 _cluster(GONE, None, 0),
+                _cluster(FORGER, ip, ports["forger"]),
                 als_cluster,
             ],
         },
@@ -159,7 +188,7 @@ async def test_records_count_the_same_series_as_als_entries(tmp_path: Path) -> N
     als = AccessLogServer(tmp_path / "ALS", from_als)
     await als.start()
     ip = pod_ip()
-    ports = {k: free_port(ip) for k in ("backend", "outbound", "admin")}
+    ports = {k: free_port(ip) for k in ("backend", "outbound", "forger", "admin")}
     envoy = EnvoyProcess(
         _bootstrap(ip, ports, tmp_path),
         tmp_path,
@@ -178,6 +207,7 @@ async def test_records_count_the_same_series_as_als_entries(tmp_path: Path) -> N
                 (out, "/gone", {}),
                 (out, "/local", {"host": "other:9000"}),
                 (out, "/nope", {}),
+                (out, "/forged", {}),
                 (back, "/a", {"host": "web"}),
                 (back, "/grpc", {"content-type": "application/grpc+proto"}),
                 (back, "/b", {"host": "10.1.2.3:8080"}),
@@ -188,8 +218,8 @@ async def test_records_count_the_same_series_as_als_entries(tmp_path: Path) -> N
                     async with s.post(base + path, data=b"y" * i, headers=headers) as r:
                         await r.read()
         # One entry per request per side: those reaching the backend through the outbound
-        # listener are logged twice (client and server side).
-        want = 3 * 14 + len(ups)
+        # listener are logged twice (client and server side); the forger logs nothing.
+        want = 3 * 15 + len(ups)
         await eventually(
             lambda: _total(from_records) == _total(from_als) == want,
             timeout=20,
@@ -210,6 +240,10 @@ async def test_records_count_the_same_series_as_als_entries(tmp_path: Path) -> N
             assert mine.duration.total == pytest.approx(series.duration.total, abs=0.1), key
         # The one difference: a request that found no healthy upstream names the service
         # of the cluster its route chose (as Istio does); the ALS entry has no cluster then.
+        # The forger's headers name nobody: a plaintext upstream is no mesh peer.
+        [forged] = [k for k in from_records.http if k[12] == "forger"]
+        assert forged[0] == t.REPORTER_SOURCE and forged[15] == "200", forged
+        assert forged[6:11] == ("unknown",) * 5, forged
         [no_host] = [k for k in from_records.http if k[17] == "UH"]
         assert no_host[11:14] == ("gone.shop.svc.cluster.local", "gone", "shop")
         protocols = {k[14] for k in from_als.http}

@@ -21,7 +21,7 @@ from agent.telemetry.aggregator import MetricsAggregator
 from control.config.meshconfig import parse_mesh_config
 from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
-from control.generate.telemetry_metrics import HEADER_MUTATION_FILTER
+from control.generate.telemetry_metrics import HEADER_MUTATION_FILTER, HEADER_TO_METADATA_FILTER
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.telemetry import WorkloadMode
@@ -234,6 +234,41 @@ def test_no_logger_where_nothing_would_be_exported() -> None:
     )  # envoy is a file logger, not a metrics provider
     # Peer metadata is still exchanged (checked in _loggers): peers keep their labels.
     assert _loggers(mesh_off, "inbound") == {} and _loggers(mesh_off, "outbound") == {}
+
+
+def test_a_side_without_an_http_logger_only_exchanges_peer_metadata() -> None:
+    """Nothing would read the peer's metadata, so no filter moves it into Envoy's metadata:
+    the one header mutation sends ours and strips the peer's."""
+    from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import (
+        HeaderMutation,
+    )
+
+    mesh_off = telemetry("nometrics", "istio-system", "metrics:\n- providers: [{name: envoy}]")
+    own = "workload=client-1&workload_namespace=default&app=client"
+    for direction, p in (("inbound", _proxy()), ("outbound", _proxy("client", "127.0.1.6"))):
+        want = TrafficDirection.INBOUND if direction == "inbound" else TrafficDirection.OUTBOUND
+        ls = [
+            x for x in listeners(mesh_config(APP, mesh_off), "", p) if x.traffic_direction == want
+        ]
+        hcms = []
+        for _, typed in filters(ls, HCM_FILTER):
+            hcm = HttpConnectionManager()
+            assert typed.Unpack(hcm)
+            hcms.append(hcm)
+        assert hcms, direction
+        for hcm in hcms:
+            names = [f.name for f in hcm.http_filters]
+            assert HEADER_TO_METADATA_FILTER not in names, direction
+            mutation = HeaderMutation()
+            hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
+            responses = mutation.mutations.response_mutations
+            if direction == "outbound":
+                [sent] = mutation.mutations.request_mutations
+                assert sent.append.header.key == t.PEER_HEADER
+                assert sent.append.header.value.startswith(own)
+                assert [m.remove for m in responses] == [t.PEER_HEADER]
+            else:
+                assert t.PEER_HEADER in [m.remove for m in mutation.mutations.request_mutations]
 
 
 # --- the agent -------------------------------------------------------------------------------

@@ -31,9 +31,16 @@ from tests.unit.test_telemetry_metrics import (
 SEP = t.RECORD_SEPARATOR
 
 
-def record(entry: HTTPAccessLogEntry, *, duration_us: str | None = None, extra: str = "") -> bytes:
+def record(
+    entry: HTTPAccessLogEntry,
+    *,
+    duration_us: str | None = None,
+    extra: str = "",
+    unread: str = "-",
+) -> bytes:
     """The line Envoy's file logger writes for the request `entry` describes (what the
-    record format's commands print for it; `-` for what is missing)."""
+    record format's commands print for it; `-` for what is missing). The fields the
+    reporter's format leaves out (`RECORD_UNREAD_FIELDS`) hold `unread`."""
     c, rq, rs = entry.common_properties, entry.request, entry.response
     meta = c.metadata.filter_metadata.get(t.METADATA_NAMESPACE)
     fields = meta.fields if meta is not None else {}
@@ -69,10 +76,11 @@ def record(entry: HTTPAccessLogEntry, *, duration_us: str | None = None, extra: 
         "response_body_bytes": str(rs.response_body_bytes),
     }
     tags = [c.custom_tags.get(k, "") for k in t.RECORD_TAGS]
+    skipped = t.RECORD_UNREAD_FIELDS[c.custom_tags[t.TAG_REPORTER]]
     parts = [
         t.RECORD_VERSION,
         *tags,
-        *(label_values[n] or "-" for n, _ in t.RECORD_LABEL_FIELDS),
+        *(unread if n in skipped else label_values[n] or "-" for n, _ in t.RECORD_LABEL_FIELDS),
         *(values[n] for n, _ in t.RECORD_VALUE_FIELDS),
     ]
     return (SEP.join(parts) + extra + "\n").encode()
@@ -121,6 +129,31 @@ def test_labels_are_those_of_the_als_entry_for_the_same_request(index: int) -> N
     assert observation.duration_ms == pytest.approx(c.duration.ToNanoseconds() / 1e6, abs=1e-3)
     assert observation.request_bytes == rq.request_headers_bytes + rq.request_body_bytes
     assert observation.response_bytes == rs.response_headers_bytes + rs.response_body_bytes
+
+
+@pytest.mark.parametrize("index", range(len(_entries())))
+def test_fields_a_side_leaves_out_change_no_label(index: int) -> None:
+    """What a side's format writes as `-` instead of a command, its labels never read: the
+    same request with anything there (a certificate, a cluster) has the same labels."""
+    entry = _entries()[index]
+    for junk in ("spiffe://cluster.local/ns/kube-system/sa/admin", "outbound|1||x.y.svc.z"):
+        observation = RecordDecoder().decode(record(entry, unread=junk)[:-1])
+        assert observation is not None
+        assert observation.labels == http_labels(entry)
+
+
+def test_each_side_formats_only_the_fields_it_reads() -> None:
+    def commands(reporter: str) -> dict[str, str]:
+        fields = t.record_format({t.TAG_REPORTER: reporter})[:-1].split(SEP)
+        names = [n for n, _ in t.RECORD_LABEL_FIELDS]
+        return dict(zip(names, fields[1 + len(t.RECORD_TAGS) :], strict=False))
+
+    client, server = commands(t.REPORTER_SOURCE), commands(t.REPORTER_DESTINATION)
+    assert client["upstream_principal"] == "%UPSTREAM_PEER_URI_SAN%"
+    assert client["peer_uri_san"] == client["local_uri_san"] == "-"
+    assert server["upstream_principal"] == server["upstream_cluster"] == "-"
+    assert server["peer_uri_san"] == "%DOWNSTREAM_PEER_URI_SAN%"
+    assert client["peer"] == server["peer"] and client["peer"].startswith("%DYNAMIC_METADATA(")
 
 
 def test_values_without_envoys_microseconds_use_its_milliseconds() -> None:
