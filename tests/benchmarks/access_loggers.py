@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from control.generate.access_logs import ISTIO_TEXT_FORMAT
 from protos import telemetry as t
 from tests.benchmarks.gateway import _address, backend_bootstrap, h2load
 from tests.benchmarks.telemetry import cpu_seconds
@@ -59,8 +60,10 @@ from tests.support.testca import TestCA
 
 HOST = "bench.example.com"
 HTTP_PORT, HTTPS_PORT, BACKEND_PORT = 8080, 8443, 8080
-VARIANTS = ("none", "grpc", "fifo", "fluentd", "client", "server")
+VARIANTS = ("none", "grpc", "fifo", "fluentd", "text", "client", "server")
 SIDES = {"client": "OUTBOUND", "server": "INBOUND"}
+# A side with a user's access log too (Istio's TEXT format to a file): `client+text`.
+WITH_TEXT = "+text"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
@@ -105,7 +108,7 @@ def logger(variant: str, workdir: Path, fluentd: tuple[str, int]) -> tuple[list[
     if variant == "none":
         return [], []
     if variant == "grpc":
-        config = {
+        config: dict[str, Any] = {
             "@type": f"{_LOGGERS}.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {
                 "log_name": "pilotfish-metrics",
@@ -126,6 +129,13 @@ def logger(variant: str, workdir: Path, fluentd: tuple[str, int]) -> tuple[list[
             "@type": f"{_LOGGERS}.file.v3.FileAccessLog",
             "path": str(workdir / "METRICS"),
             "log_format": {"text_format_source": {"inline_string": t.record_format(TAGS)}},
+        }
+        return [{"name": "envoy.access_loggers.file", "typed_config": config}], []
+    if variant == "text":
+        config = {
+            "@type": f"{_LOGGERS}.file.v3.FileAccessLog",
+            "path": str(workdir / "access.log"),
+            "log_format": {"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}},
         }
         return [{"name": "envoy.access_loggers.file", "typed_config": config}], []
     if variant == "fluentd":
@@ -260,7 +270,9 @@ def proxy_bootstrap(
     }
 
 
-def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+def start_envoy(
+    bootstrap: dict[str, Any], workdir: Path, name: str, flush_min_kb: int = 0
+) -> subprocess.Popen[bytes]:
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(bootstrap))
     log = (workdir / f"{name}.log").open("wb")
@@ -277,6 +289,7 @@ def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subproce
             # The agent's Envoy flushes file logs this often (Envoy's default is 10 s).
             "--file-flush-interval-msec",
             "1000",
+            *(["--file-flush-min-size-kb", str(flush_min_kb)] if flush_min_kb else []),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -347,6 +360,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20000, help="per round, variant and scheme")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--no-https", action="store_true")
+    ap.add_argument(
+        "--flush-min-kb",
+        type=int,
+        default=0,
+        help="Envoy's --file-flush-min-size-kb (0: its default)",
+    )
     ap.add_argument("--baseline", type=Path, help="a checkout to compare client and server with")
     ap.add_argument("--sink", nargs=3, metavar=("WORKDIR", "IP", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -356,12 +375,16 @@ def main() -> int:
         uvloop.run(sink(Path(args.sink[0]), args.sink[1], int(args.sink[2])))
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    if "none" not in variants or not set(variants) <= set(VARIANTS):
-        raise SystemExit(f"--variants: a subset of {','.join(VARIANTS)} that holds none")
+    bases = {v.removesuffix(WITH_TEXT) for v in variants}
+    if "none" not in variants or not bases <= set(VARIANTS):
+        raise SystemExit(
+            f"--variants: a subset of {','.join(VARIANTS)} that holds none (client and server"
+            f" also as client{WITH_TEXT} and server{WITH_TEXT})"
+        )
     if args.baseline is not None:
         if not (args.baseline / "control/generate/telemetry_metrics.py").is_file():
             raise SystemExit(f"--baseline: no Pilotfish checkout at {args.baseline}")
-        variants += [f"{v}@base" for v in variants if v in SIDES]
+        variants += [f"{v}@base" for v in variants if v.removesuffix(WITH_TEXT) in SIDES]
     schemes = [("http", HTTP_PORT)] + ([] if args.no_https else [("https", HTTPS_PORT)])
     tmp = Path(tempfile.mkdtemp(prefix="pf-loggers-"))
     # A sidecar's kind of certificate (a SPIFFE URI SAN): Envoy caches a connection's SANs
@@ -386,12 +409,14 @@ def main() -> int:
         procs.append(start_envoy(backend_bootstrap(backend_ip), tmp, "backend"))
         for v in variants:
             side, _, base = v.partition("@")
-            logs, extra = logger("none" if side in SIDES else v, tmp, fluentd)
+            text = side.endswith(WITH_TEXT)
+            side = side.removesuffix(WITH_TEXT)
+            logs, extra = logger("text" if text else "none" if side in SIDES else v, tmp, fluentd)
             bootstrap = proxy_bootstrap(ips[v], backend_ip, cert, key, logs, extra)
             if side in SIDES:
                 root = args.baseline if base else ROOT
                 bootstrap = instrumented(bootstrap, side, tmp / "METRICS", root)
-            procs.append(start_envoy(bootstrap, tmp, v))
+            procs.append(start_envoy(bootstrap, tmp, v, args.flush_min_kb))
         pids = {v: p.pid for v, p in zip(variants, procs[1:], strict=True)}
         _wait_ready([*ips.values()], tmp)
         # Warm-up: connections to the backend and the receivers, first allocations.
