@@ -37,6 +37,7 @@ from envoy.config.core.v3.base_pb2 import (
     TrafficDirection,
 )
 from envoy.config.core.v3.config_source_pb2 import ApiVersion
+from envoy.config.core.v3.extension_pb2 import TypedExtensionConfig
 from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.config.listener.v3.listener_components_pb2 import FilterChain
@@ -59,6 +60,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+from envoy.extensions.http.early_header_mutation.header_mutation.v3.header_mutation_pb2 import (
+    HeaderMutation as EarlyHeaderMutation,
+)
 from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
@@ -74,6 +78,7 @@ from protos import telemetry as t
 
 HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
+EARLY_HEADER_MUTATION = "envoy.http.early_header_mutation.header_mutation"
 # Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until
 # this many bytes. Large batches: while a worker's stream to the agent is still connecting,
 # Envoy drops every batch after the first, so the first should hold a burst.
@@ -223,6 +228,13 @@ def _instrument_hcm(
     logger = (_RECORDS if telemetry.log_path else _ALS) if logged else _NONE
     if reporter == t.REPORTER_SOURCE:
         filters = _client_filters(telemetry, logger)
+        if logger == _RECORDS:
+            # The HCM sets our header before any filter runs: no filter instance per request
+            # for it (the response's header is read and stripped by the metadata filter).
+            early = EarlyHeaderMutation(mutations=[_set(t.PEER_HEADER, telemetry.peer_value())])
+            hcm.early_header_mutation_extensions.append(
+                TypedExtensionConfig(name=EARLY_HEADER_MUTATION, typed_config=pack(early))
+            )
     else:
         filters = _server_filters(telemetry, logger, mtls=mtls)
     # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
@@ -286,6 +298,9 @@ def _client_filters(telemetry: WorkloadTelemetry, logger: str) -> list[HttpFilte
         write = Mutations(request_mutations=request, response_mutations=[_remove(t.PEER_HEADER)])
         return [_mutation_filter(write)]
     rules = [_to_metadata(t.PEER_HEADER, t.METADATA_PEER)]
+    read = HeaderToMetadata(response_rules=rules)
+    if logger == _RECORDS:  # our header is the HCM's early mutation (_instrument_hcm)
+        return [HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read))]
     write = Mutations(request_mutations=request)
     if logger == _ALS:
         rules.append(_to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL))

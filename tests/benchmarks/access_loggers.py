@@ -64,6 +64,8 @@ VARIANTS = ("none", "grpc", "fifo", "fluentd", "text", "client", "server")
 SIDES = {"client": "OUTBOUND", "server": "INBOUND"}
 # A side with a user's access log too (Istio's TEXT format to a file): `client+text`.
 WITH_TEXT = "+text"
+# A variant run with another --file-flush-min-size-kb: `client+text~1024`.
+FLUSH = "~"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
@@ -375,11 +377,11 @@ def main() -> int:
         uvloop.run(sink(Path(args.sink[0]), args.sink[1], int(args.sink[2])))
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    bases = {v.removesuffix(WITH_TEXT) for v in variants}
+    bases = {v.partition(FLUSH)[0].removesuffix(WITH_TEXT) for v in variants}
     if "none" not in variants or not bases <= set(VARIANTS):
         raise SystemExit(
             f"--variants: a subset of {','.join(VARIANTS)} that holds none (client and server"
-            f" also as client{WITH_TEXT} and server{WITH_TEXT})"
+            f" also as client{WITH_TEXT} and server{WITH_TEXT}; any with ~KB, its flush size)"
         )
     if args.baseline is not None:
         if not (args.baseline / "control/generate/telemetry_metrics.py").is_file():
@@ -409,6 +411,7 @@ def main() -> int:
         procs.append(start_envoy(backend_bootstrap(backend_ip), tmp, "backend"))
         for v in variants:
             side, _, base = v.partition("@")
+            side, _, flush_kb = side.partition(FLUSH)
             text = side.endswith(WITH_TEXT)
             side = side.removesuffix(WITH_TEXT)
             logs, extra = logger("text" if text else "none" if side in SIDES else v, tmp, fluentd)
@@ -416,7 +419,7 @@ def main() -> int:
             if side in SIDES:
                 root = args.baseline if base else ROOT
                 bootstrap = instrumented(bootstrap, side, tmp / "METRICS", root)
-            procs.append(start_envoy(bootstrap, tmp, v, args.flush_min_kb))
+            procs.append(start_envoy(bootstrap, tmp, v, int(flush_kb or args.flush_min_kb)))
         pids = {v: p.pid for v, p in zip(variants, procs[1:], strict=True)}
         _wait_ready([*ips.values()], tmp)
         # Warm-up: connections to the backend and the receivers, first allocations.
