@@ -3,11 +3,12 @@ Envoy's records, and access logs) on traffic between two pods.
 
 Two pods (agent + Envoy each, mTLS between them), the backend app a plain Envoy answering 200
 itself (so the app is never the bottleneck). h2load drives the client's sidecar; the same run
-measures two such pairs: one with all telemetry off (the floor: `--standard-metrics off`, and
-a Telemetry selecting its pods turns access logging off) and one with the standard metrics
-and access logs on, as an Istio user turns them on: MeshConfig `accessLogFile` (a file in the
-temp dir, Istio's default TEXT format). The run fails unless every request of the "on" pair
-is in the file, from both sidecars, and none of the "off" pair's.
+measures two such pairs: one with all telemetry off (the floor: `--standard-metrics off`, no
+access log) and one with the standard metrics and access logs on, as an Istio user turns
+access logs on for some workloads: an `envoyFileAccessLog` provider in the mesh config (a
+file in the temp dir per pod, as each pod has its own; Istio's default TEXT format) and a
+Telemetry selecting the pod names it. The run fails unless each of the "on" pair's two files
+holds every request of that pair, and none of the "off" pair's.
 
 (a) throughput with telemetry / without (target >= 0.85) and p99 latency with / without
     (<= 1.3);
@@ -49,16 +50,23 @@ metadata: {name: default, namespace: default}
 spec: {mtls: {mode: STRICT}}
 """
 
-# Pods without access logs carry this label (the "off" pair's; the "on" pair's too with
-# `--on metrics`); the mesh config's access log is off for them.
-NO_LOG_LABEL = "access-log=off"
-NO_ACCESS_LOG = """apiVersion: telemetry.istio.io/v1
+# Pods with access logs carry the label `access-log: <role>`; a Telemetry per role selects
+# them and names the provider of the role's file.
+ROLES = ("client", "backend")
+ACCESS_LOG = """apiVersion: telemetry.istio.io/v1
 kind: Telemetry
-metadata: {name: no-access-log, namespace: default}
+metadata: {{name: {role}-log, namespace: default}}
 spec:
-  selector: {matchLabels: {access-log: "off"}}
-  accessLogging: [{disabled: true}]
+  selector: {{matchLabels: {{access-log: {role}}}}}
+  accessLogging: [{{providers: [{{name: {role}-log}}]}}]
 """
+
+
+def mesh_config(logs: dict[str, Path]) -> str:
+    return "extensionProviders:\n" + "".join(
+        f"- name: {role}-log\n  envoyFileAccessLog: {{path: {path}}}\n"
+        for role, path in logs.items()
+    )
 
 
 def direct_app(ip: str, port: int, workdir: Path) -> EnvoyProcess:
@@ -238,8 +246,8 @@ class Pair:
     def start(self, cp: object, tmp: Path) -> None:
         self.app.start()
         flag = ("--standard-metrics", "on" if self.metrics else "off")
-        off = "" if self.logs else f",{NO_LOG_LABEL}"
-        labels = f"app={self.host}{off}"
+        logs = {r: f",access-log={r}" if self.logs else "" for r in ROLES}
+        labels = f"app={self.host}{logs['backend']}"
         self.backend = mesh_agent(
             cp,  # type: ignore[arg-type]
             tmp,
@@ -254,7 +262,7 @@ class Pair:
             tmp,
             self.client_ip,
             f"client-{self.name}",
-            f"app=client{off}",
+            f"app=client{logs['client']}",
             *flag,
         )
         self.agents = [self.backend, self.client]
@@ -320,15 +328,20 @@ async def main() -> int:
         cfg.mkdir()
         (cfg / "mesh.yaml").write_text(
             "---\n".join(
-                [backend_yaml("backend-off"), backend_yaml("backend-on"), STRICT, NO_ACCESS_LOG]
+                [
+                    backend_yaml("backend-off"),
+                    backend_yaml("backend-on"),
+                    STRICT,
+                    *(ACCESS_LOG.format(role=r) for r in ROLES),
+                ]
             )
         )
-        access_log = tmp / "access.log"
-        mesh_config = tmp / "meshconfig.yaml"
-        mesh_config.write_text(f"accessLogFile: {access_log}\n")
+        access_logs = {r: tmp / f"access-{r}-on.log" for r in ROLES}
+        mesh_file = tmp / "meshconfig.yaml"
+        mesh_file.write_text(mesh_config(access_logs))
         on_metrics, on_logs = "metrics" in args.on, "logs" in args.on
         off, on = Pair("off", False, False, tmp), Pair("on", on_metrics, on_logs, tmp)
-        async with running_control_plane(cfg, mesh_config=mesh_config) as cp:
+        async with running_control_plane(cfg, mesh_config=mesh_file) as cp:
             try:
                 for pair in (off, on):
                     pair.start(cp, tmp)
@@ -362,7 +375,10 @@ async def main() -> int:
                     loads.append(load_average())
                 counted = sample(scrape(on.backend_ip), "istio_requests_total")
                 # Envoy flushed its file within the 1.5 s the last round waited.
-                logged = await asyncio.to_thread(access_log_lines, access_log)
+                logged = {
+                    r: await asyncio.to_thread(access_log_lines, path)
+                    for r, path in access_logs.items()
+                }
                 # Entries Envoy's gRPC logger dropped (TCP now) and HTTP records the agent
                 # could not read.
                 dropped = {
@@ -386,16 +402,20 @@ async def main() -> int:
         "telemetry load average (1/5/15 min) at the start and after each round: "
         + " | ".join(loads)
     )
-    # Each request of the "on" pair once per sidecar (the readiness probes may add a few).
-    want = 2 * (total + 2000) if on.logs else 0
-    lines_on, lines_off = logged.pop(on.host, 0), logged.pop(off.host, 0)
-    print(
-        f"telemetry access log: {lines_on} lines for {on.host} (>= {want}: rounds and "
-        f"warm-up, client and backend sidecar), {lines_off} for {off.host} (0), "
-        f"{sum(logged.values())} other"
-    )
-    if lines_on < want or lines_off or (lines_on and not on.logs):
-        raise SystemExit(f"telemetry: the access log {access_log} is not what was asked for")
+    # Each request of the "on" pair once in each sidecar's file (the readiness probes may add
+    # a few); a line of the "off" pair's, or one not in Istio's format, is a failure.
+    want = total + 2000 if on.logs else 0
+    for role, counts in logged.items():
+        lines_on, lines_off = counts.pop(on.host, 0), counts.pop(off.host, 0)
+        print(
+            f"telemetry access log ({role} sidecar): {lines_on} lines for {on.host} (>= "
+            f"{want}: rounds and warm-up), {lines_off} for {off.host} (0), "
+            f"{sum(counts.values())} other (0)"
+        )
+        if lines_on < want or lines_off or sum(counts.values()) or (lines_on and not on.logs):
+            raise SystemExit(
+                f"telemetry: the access log {access_logs[role]} is not what was asked for"
+            )
     what = " + ".join(
         name for name, on_ in (("metrics", on.metrics), ("access logs", on.logs)) if on_
     )
