@@ -14,7 +14,8 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
   that family; the rest of the overrides travel as one more literal tag (`TAG_OVERRIDES`,
   applied by the agent: agent/telemetry/overrides.py). Peer metadata is exchanged either way:
   the proxy's peers still count their side of the traffic.
-- Peer metadata: the client side sends its own in a request header and reads the server's
+- Peer metadata: the client side sends its own in a request header (on the records path by
+  the HCM's early header mutation: no filter instance per request) and reads the server's
   from the response; the server side reads the client's (mTLS chains only: a plaintext
   caller's claim is stripped unread) and answers with its own (mTLS chains only). A side
   without an HTTP logger reads nothing (nothing would use it). Both strip the headers at the

@@ -13,12 +13,16 @@ backend Envoy (a direct response), identical but for the access logger on their 
   (agent/telemetry/fifo.py) — how the standard metrics are read now;
 - `fluentd`: Envoy's fluentd logger (msgpack over TCP) with the same fields, to a sink that
   only drains the socket (so its figure is Envoy's cost alone, receiver not counted);
+- `text`: Envoy's file logger with Istio's default TEXT format to a file (a user's access log);
 - `client`, `server`: what the control plane gives a sidecar's outbound (client) and inbound
   (server) HCMs for the standard metrics on the records path, filters and logger, from
   `instrument_listener` itself. The server's peer-metadata read and answer apply on its mTLS
   chain only, so read its `https` line (h2load sends no peer header: the read finds none).
   With `--baseline ROOT` the same two come also from the checkout at ROOT, as `client@base`
   and `server@base`, in the same rounds: a change's cost or saving against the same floor.
+  `client+text` and `server+text` add the `text` logger (a sidecar with access logs on); a
+  `~KB` suffix (`client+text~1024`) runs that variant's Envoy with another
+  `--file-flush-min-size-kb`.
 
 The receivers run in one child process (`--sink`), so their CPU is measured apart from this
 driver's: per variant, the receiver CPU per request is the child's CPU during that variant's
@@ -50,10 +54,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from control.generate.access_logs import ISTIO_TEXT_FORMAT
-from protos import telemetry as t
 from tests.benchmarks.gateway import _address, backend_bootstrap, h2load
-from tests.benchmarks.telemetry import cpu_seconds
+from tests.benchmarks.logger_configs import SIDES, TAGS, instrumented, logger
+from tests.benchmarks.procstat import cpu_seconds, load_average
 from tests.support.envoy import envoy_binary
 from tests.support.net import free_port, pod_ip
 from tests.support.testca import TestCA
@@ -61,7 +64,6 @@ from tests.support.testca import TestCA
 HOST = "bench.example.com"
 HTTP_PORT, HTTPS_PORT, BACKEND_PORT = 8080, 8443, 8080
 VARIANTS = ("none", "grpc", "fifo", "fluentd", "text", "client", "server")
-SIDES = {"client": "OUTBOUND", "server": "INBOUND"}
 # A side with a user's access log too (Istio's TEXT format to a file): `client+text`.
 WITH_TEXT = "+text"
 # A variant run with another --file-flush-min-size-kb: `client+text~1024`.
@@ -69,140 +71,6 @@ FLUSH = "~"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
-_LOGGERS = "type.googleapis.com/envoy.extensions.access_loggers"
-_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-# The workload tags a sidecar's logger carries (what the control plane writes).
-TAGS = {
-    "reporter": "destination",
-    "workload": "backend-0",
-    "workload_namespace": "default",
-    "app": "backend",
-    "version": "v1",
-    "principal": "spiffe://cluster.local/ns/default/sa/backend",
-    "cluster_domain": "cluster.local",
-}
-# The per-request fields the standard metrics read, as Envoy format commands.
-FIELDS = dict(t.RECORD_LABEL_FIELDS + t.RECORD_VALUE_FIELDS)
-
-
-def _pipe_cluster(name: str, path: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": str(path)}}}}]}
-            ],
-        },
-        "typed_extension_protocol_options": {
-            _HTTP_OPTIONS: {
-                "@type": f"type.googleapis.com/{_HTTP_OPTIONS}",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-    }
-
-
-def logger(variant: str, workdir: Path, fluentd: tuple[str, int]) -> tuple[list[Any], list[Any]]:
-    """(access_log entries for an HCM, extra clusters) for one variant."""
-    if variant == "none":
-        return [], []
-    if variant == "grpc":
-        config: dict[str, Any] = {
-            "@type": f"{_LOGGERS}.grpc.v3.HttpGrpcAccessLogConfig",
-            "common_config": {
-                "log_name": "pilotfish-metrics",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "pilotfish-als"}},
-                "transport_api_version": "V3",
-                "buffer_flush_interval": "1s",
-                "buffer_size_bytes": 1024 * 1024,
-                "custom_tags": [{"tag": k, "literal": {"value": v}} for k, v in TAGS.items()],
-            },
-            "additional_request_headers_to_log": ["content-type"],
-            "additional_response_headers_to_log": ["grpc-status"],
-            "additional_response_trailers_to_log": ["grpc-status"],
-        }
-        cluster = _pipe_cluster("pilotfish-als", str(workdir / "ALS"))
-        return [{"name": "envoy.access_loggers.http_grpc", "typed_config": config}], [cluster]
-    if variant == "fifo":
-        config = {
-            "@type": f"{_LOGGERS}.file.v3.FileAccessLog",
-            "path": str(workdir / "METRICS"),
-            "log_format": {"text_format_source": {"inline_string": t.record_format(TAGS)}},
-        }
-        return [{"name": "envoy.access_loggers.file", "typed_config": config}], []
-    if variant == "text":
-        config = {
-            "@type": f"{_LOGGERS}.file.v3.FileAccessLog",
-            "path": str(workdir / "access.log"),
-            "log_format": {"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}},
-        }
-        return [{"name": "envoy.access_loggers.file", "typed_config": config}], []
-    if variant == "fluentd":
-        config = {
-            "@type": f"{_LOGGERS}.fluentd.v3.FluentdAccessLogConfig",
-            "cluster": "fluentd",
-            "tag": "pilotfish",
-            "stat_prefix": "fluentd",
-            "buffer_flush_interval": "1s",
-            "buffer_size_bytes": 1024 * 1024,
-            "record": {**TAGS, **FIELDS},
-        }
-        cluster = {
-            "name": "fluentd",
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {
-                "cluster_name": "fluentd",
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(*fluentd)}}]}],
-            },
-        }
-        return [{"name": "envoy.access_loggers.fluentd", "typed_config": config}], [cluster]
-    raise ValueError(variant)
-
-
-# Run in a checkout (its own code first on sys.path): a listener's JSON on stdin, the same
-# listener with that checkout's metrics instrumentation on stdout.
-_INSTRUMENT = """
-import json, sys
-from google.protobuf.json_format import MessageToDict, ParseDict
-import envoy.extensions.filters.http.router.v3.router_pb2
-import envoy.extensions.transport_sockets.tls.v3.tls_pb2
-from envoy.config.listener.v3.listener_pb2 import Listener
-from control.generate.telemetry_metrics import WorkloadTelemetry, instrument_listener
-args = json.loads(sys.argv[1])
-telemetry = WorkloadTelemetry(
-    workload=args["workload"], namespace=args["workload_namespace"], app=args["app"],
-    version=args["version"], principal=args["principal"],
-    cluster_domain=args["cluster_domain"], log_path=args["log"],
-)
-listener = ParseDict(json.load(sys.stdin), Listener())
-print(json.dumps(MessageToDict(instrument_listener(listener, telemetry))))
-"""
-
-
-def instrumented(
-    bootstrap: dict[str, Any], side: str, log: Path, root: Path = ROOT
-) -> dict[str, Any]:
-    """`bootstrap` with its listeners as the control plane at `root` instruments a sidecar's
-    `side` (client or server) HCMs."""
-    args = json.dumps({**TAGS, "log": str(log)})
-    listeners = []
-    for listener in bootstrap["static_resources"]["listeners"]:
-        listener = {**listener, "traffic_direction": SIDES[side]}
-        out = subprocess.run(
-            [sys.executable, "-c", _INSTRUMENT, args],
-            input=json.dumps(listener),
-            capture_output=True,
-            text=True,
-            cwd=root,
-            check=True,
-        ).stdout
-        listeners.append(json.loads(out))
-    bootstrap["static_resources"]["listeners"] = listeners
-    return bootstrap
 
 
 def proxy_bootstrap(
@@ -350,10 +218,6 @@ async def sink(workdir: Path, fluentd_ip: str, fluentd_port: int) -> None:
 
 
 # --- the driver -----------------------------------------------------------------------------
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.procstat import cpu_seconds, envoy_pid, load_average, rss_mb
 from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
@@ -121,34 +121,6 @@ def direct_app(ip: str, port: int, workdir: Path) -> EnvoyProcess:
         },
     }
     return EnvoyProcess(bootstrap, workdir, name="app")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its waited-for children (the agent, not Envoy)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def envoy_pid(agent_pid: int) -> int:
-    """The agent's Envoy: its child process named envoy."""
-    for task in Path(f"/proc/{agent_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
-                return int(child)
-    raise SystemExit(f"agent {agent_pid} has no Envoy child")
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def h2load(
