@@ -14,6 +14,7 @@ from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
     AuthorizationPolicy,
     ConfigWarning,
+    MeshObjects,
     PeerAuthentication,
     Service,
     SidecarScope,
@@ -24,24 +25,14 @@ from control.model.workloadgroup import WorkloadGroup
 
 
 @dataclass(frozen=True, slots=True)
-class ConfigObject:
+class ConfigObject(MeshObjects):
     """One loaded config object: where it came from, the raw object, what it became."""
 
     source: SourceRef
     raw: Mapping[str, Any] = field(compare=False)
-    services: tuple[Service, ...] = ()
     workloads: tuple[Workload, ...] = ()
-    sidecars: tuple[SidecarScope, ...] = ()
-    peer_authentications: tuple[PeerAuthentication, ...] = ()
-    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
-    virtual_services: tuple[VirtualService, ...] = ()
-    destination_rules: tuple[DestinationRule, ...] = ()
-    workload_groups: tuple[WorkloadGroup, ...] = ()
-    gateways: tuple[Gateway, ...] = ()
     # Gateway API objects, translated once all are merged (control/gatewayapi/translate.py).
     gateway_api: tuple[GatewayApiObject, ...] = ()
-    telemetries: tuple[Telemetry, ...] = ()
-    secrets: tuple[TlsSecret, ...] = ()
     # Identity for duplicate detection: (kind, namespace, name). A kind outside the core and
     # Istio groups is qualified by its group (`Gateway.gateway.networking.k8s.io`), so an
     # Istio Gateway and a Gateway API Gateway of the same name are two objects. Worked out
