@@ -339,8 +339,30 @@ class ResourceCache:
         if entry is not None and entry.key == key:
             entry.generation = self.generation
             return entry.resource
-        msg = build()
-        value = msg.SerializeToString(deterministic=True)
+        return self._store(slot, entry, key, build().SerializeToString(deterministic=True))
+
+    def get_encoded(
+        self,
+        type_url: str,
+        name: str,
+        key: Hashable,
+        encode: Callable[[], bytes],
+        variant: Hashable = None,
+    ) -> Resource:
+        """`get` for a resource whose generator writes its bytes itself (a route table joined
+        from its virtual hosts' encodings): `encode()` must give what serializing the message
+        deterministically would."""
+        slot = (type_url, name, variant)
+        entry = self._entries.get(slot)
+        if entry is not None and entry.key == key:
+            entry.generation = self.generation
+            return entry.resource
+        return self._store(slot, entry, key, encode())
+
+    def _store(
+        self, slot: tuple[str, str, Hashable], entry: _Entry | None, key: Hashable, value: bytes
+    ) -> Resource:
+        type_url, name, _ = slot
         self.serializations += 1
         # Interned: streams record the versions they sent, and a resource rebuilt with the
         # same bytes (after a sweep) then shares the string.

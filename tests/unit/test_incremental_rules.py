@@ -458,13 +458,20 @@ def test_an_index_after_a_route_change_shares_every_part_the_change_leaves_alone
     assert new._endpoints is index._endpoints
     assert new._visibility is index._visibility
     assert new._security is index._security
-    assert new._traffic is not index._traffic and new._gateways is not index._gateways
-    # An equal snapshot made of other objects (the files parsed again) is no change at all.
+    # The route is bound to a gateway only: sidecars' traffic rules are the same.
+    assert new._traffic is index._traffic and new._gateways is not index._gateways
+    # An equal snapshot made of other objects (the files parsed again) is no change at all,
+    # and the new index holds the objects of the one before.
     again = MeshIndex(mesh_config(MESH))
     same = again.next(mesh_config(MESH), version=2)
     assert same.change_since(again) == IndexChange(frozenset(), frozenset())
     assert same.changed_since(again) == frozenset()
     assert same._traffic is again._traffic and same._gateways is again._gateways
+    assert same.config.virtual_services is again.config.virtual_services
+    # A route sidecars see: their traffic rules are made again.
+    i, mesh_vs = _vs(again.config, "reviews-mesh")
+    edited = _with_vs(again.config, i, dataclasses.replace(mesh_vs, http=mesh_vs.http[1:]))
+    assert same.next(edited, version=3)._traffic is not same._traffic
     # Not derived from it: anything may differ.
     assert MeshIndex(cfg).change_since(index) is None
 
