@@ -501,3 +501,24 @@ def test_what_is_carried_does_not_keep_old_pushes_or_objects_alive() -> None:
         if isinstance(o, VirtualService) and o.name == "route-5"
     ]
     assert sorted(alive) == [2.0, 3.0]
+
+
+def test_what_pushes_reuse_stays_in_the_cache() -> None:
+    """Resources a push serves again without asking the cache (clusters and assignments
+    of a plan it patched) are still marked in use, over route edits and an endpoint move
+    in between: a fresh build over the same cache after the sweeps serializes nothing."""
+    rng = random.Random(5)
+    ps = proxies()
+    cfg = mesh_config(MESH)
+    cache = ResourceCache()
+    ctx = GenContext(MeshIndex(cfg), cache)
+    generate(ctx, ps)
+    for edit in (edit_route, move_endpoint, edit_route, edit_route, edit_route, edit_route):
+        cfg = edit(cfg, rng)
+        ctx = next_context(ctx, ctx.index.next(cfg, version=ctx.index.version + 1))
+        generate(ctx, ps)
+    cache.next_generation()
+    cache.sweep()
+    before = cache.serializations
+    generate(GenContext(ctx.index, cache), ps)
+    assert cache.serializations == before
