@@ -334,12 +334,9 @@ class ResourceCache:
         client's namespace): each variant has its own slot, so proxies that alternate do not
         evict each other's bytes.
         """
-        slot = (type_url, name, variant)
-        entry = self._entries.get(slot)
-        if entry is not None and entry.key == key:
-            entry.generation = self.generation
-            return entry.resource
-        return self._store(slot, entry, key, build().SerializeToString(deterministic=True))
+        return self.get_encoded(
+            type_url, name, key, lambda: build().SerializeToString(deterministic=True), variant
+        )
 
     def get_encoded(
         self,
@@ -357,12 +354,7 @@ class ResourceCache:
         if entry is not None and entry.key == key:
             entry.generation = self.generation
             return entry.resource
-        return self._store(slot, entry, key, encode())
-
-    def _store(
-        self, slot: tuple[str, str, Hashable], entry: _Entry | None, key: Hashable, value: bytes
-    ) -> Resource:
-        type_url, name, _ = slot
+        value = encode()
         self.serializations += 1
         # Interned: streams record the versions they sent, and a resource rebuilt with the
         # same bytes (after a sweep) then shares the string.
