@@ -119,6 +119,24 @@ def edit_route(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
     return dataclasses.replace(cfg, virtual_services=_replace_one(vss, i, new))
 
 
+def edit_binding(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
+    """A VirtualService replaced in place that serves other hosts or other gateways: what
+    is bound where, and the order of virtual hosts, may change."""
+    vss = cfg.virtual_services
+    i = rng.randrange(len(vss))
+    vs = vss[i]
+    if rng.random() < 0.5:
+        extra = "extra.example.com"
+        hosts = (
+            tuple(h for h in vs.hosts if h != extra) if extra in vs.hosts else (extra, *vs.hosts)
+        )
+        new = dataclasses.replace(vs, hosts=hosts)
+    else:
+        gateways = vs.gateways[:-1] if len(vs.gateways) > 1 else (*vs.gateways, "edge/b")
+        new = dataclasses.replace(vs, gateways=gateways)
+    return dataclasses.replace(cfg, virtual_services=_replace_one(vss, i, new))
+
+
 def edit_rule(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
     drs = cfg.destination_rules
     i = rng.randrange(len(drs))
@@ -198,6 +216,7 @@ def test_incremental_generation_after_rule_changes_equals_a_fresh_build() -> Non
         edit_route,
         edit_route,
         edit_route,
+        edit_binding,
         edit_rule,
         edit_rule,
         edit_service,
