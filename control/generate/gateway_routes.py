@@ -11,7 +11,11 @@ a host nothing serves gets Envoy's 404; a server with `httpsRedirect` answers 30
 
 A push after one VirtualService changed costs that VirtualService: each table's translations
 and virtual host bytes are carried from push to push (route_tables.renew_vs_routes) and the
-table is assembled from its hosts' bytes.
+table's bytes are joined from its hosts' encodings. When VirtualServices were only replaced
+in place (an edited route: same name, same hosts) the carried table is patched: those are
+translated again and the hosts they serve rebuilt, without looking at the others; anything
+else (a route added or removed, hosts or gateways changed, services or DestinationRules
+changed) walks every binding, reusing what still holds.
 """
 
 from __future__ import annotations
