@@ -24,7 +24,7 @@ from agent.dns.forwarder import parse_upstream
 from agent.health.appprobers import ENV as APP_PROBERS_ENV
 from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
 from pilotfish_common import logsetup
-from protos.nodeid import node_id
+from protos.nodeid import identity_metadata, node_id
 from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
@@ -144,17 +144,9 @@ class AgentConfig:
 
     def node_metadata(self) -> dict[str, object]:
         """Node metadata as Istio's agent sends it (keys the control plane reads)."""
-        meta: dict[str, object] = {
-            "NAME": self.pod_name,
-            "NAMESPACE": self.namespace,
-            "INSTANCE_IPS": ",".join(self.instance_ips or (self.ip,)),
-            "SERVICE_ACCOUNT": self.service_account,
-            "LABELS": dict(self.labels),
-            "INTERCEPTION_MODE": self.interception_mode,
-            "CLUSTER_ID": "Kubernetes",
-            # The agent serves SDS: the control plane may give this proxy mTLS config.
-            "SDS": "true",
-        }
+        meta = identity_metadata(self)
+        # The agent serves SDS: the control plane may give this proxy mTLS config.
+        meta["SDS"] = "true"
         if self.proxy_only:
             meta["GENERATOR"] = "grpc"
             # The gRPC bootstrap names the certificate files as provider `default`: config

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protos.nodeid import node_id
+from protos.nodeid import identity_metadata, node_id
 from protos.telemetry import ALS_CLUSTER, ALS_NODE_METADATA, LOG_NODE_METADATA
 
 if TYPE_CHECKING:
@@ -128,16 +128,8 @@ def _address(target: str) -> dict[str, Any]:
     return _socket(host.strip("[]"), int(port))
 
 
-def node_metadata(opts: BootstrapOptions) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "NAME": opts.pod_name,
-        "NAMESPACE": opts.namespace,
-        "INSTANCE_IPS": ",".join(opts.instance_ips or (opts.ip,)),
-        "SERVICE_ACCOUNT": opts.service_account,
-        "LABELS": dict(opts.labels),
-        "INTERCEPTION_MODE": opts.interception_mode,
-        "CLUSTER_ID": "Kubernetes",
-    }
+def node_metadata(opts: BootstrapOptions) -> dict[str, object]:
+    meta = identity_metadata(opts)
     if opts.sds_address is not None:
         # The sds-grpc cluster reaches the agent's SDS server: the control plane may send
         # mTLS config that takes its certificates from there (without it, such config would

@@ -45,6 +45,7 @@ _LEVELS = {
 }
 # Envoy can log very long lines at debug level (whole resources); beyond this a line is cut.
 _LINE_LIMIT = 1 << 20
+_DRAIN_PATH = "/drain_listeners?graceful"
 
 
 # Envoy must not outlive the agent. In a pod they die together (one container); on a host an
@@ -277,9 +278,20 @@ class EnvoySupervisor(Lifecycle):
         assert code is not None
         return code
 
-    async def _admin_post(self, path: str, timeout: float = 5.0) -> int:
-        status, _ = await fetch(self.admin_url + path, "POST", timeout)
-        return status
+    async def _admin(
+        self, failed: str, path: str, method: str = "GET", timeout: float = 5.0
+    ) -> bytes | None:
+        """The body of an admin request Envoy answered with 200; None, logged as `failed`,
+        when it could not be asked or answered otherwise."""
+        try:
+            status, body = await fetch(self.admin_url + path, method, timeout)
+        except (HttpClientError, TimeoutError, OSError) as e:
+            logger.warning("%s: %s", failed, e)
+            return None
+        if status != 200:
+            logger.warning("%s: HTTP %d", failed, status)
+            return None
+        return body
 
     async def start_drain(self) -> bool:
         """Ask Envoy to drain its listeners gracefully; returns at once. False if Envoy could
@@ -293,13 +305,8 @@ class EnvoySupervisor(Lifecycle):
         """
         if not self.running:
             return False
-        try:
-            status = await self._admin_post("/drain_listeners?graceful")
-        except (HttpClientError, TimeoutError, OSError) as e:
-            logger.warning("could not ask Envoy to drain: %s", e)
-            return False
-        if status != 200:
-            logger.warning("Envoy refused to drain: HTTP %d", status)
+        asked = await self._admin("could not ask Envoy to drain", _DRAIN_PATH, "POST")
+        if asked is None:
             return False
         if self.drain_plan.exit_on_zero_active_connections:
             logger.info(
@@ -313,15 +320,9 @@ class EnvoySupervisor(Lifecycle):
     async def active_connections(self) -> int | None:
         """Envoy's active downstream connections (agent/envoy/drain.py); None when its
         admin cannot say."""
-        try:
-            status, body = await fetch(self.admin_url + ACTIVE_CONNECTIONS_PATH, timeout=2.0)
-        except (HttpClientError, TimeoutError, OSError) as e:
-            logger.warning("cannot read Envoy's active connections: %s", e)
-            return None
-        if status != 200:
-            logger.warning("cannot read Envoy's active connections: HTTP %d", status)
-            return None
-        return active_connections(body.decode(errors="replace"))
+        failed = "cannot read Envoy's active connections"
+        body = await self._admin(failed, ACTIVE_CONNECTIONS_PATH, timeout=2.0)
+        return None if body is None else active_connections(body.decode(errors="replace"))
 
     async def drain(self) -> None:
         """Drain listeners, then wait as `drain_plan` says (the drain duration, or with

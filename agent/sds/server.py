@@ -34,7 +34,6 @@ from protos import typeurls
 logger = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
-# The longest path a Unix socket address holds (sun_path, with its terminating NUL).
 
 
 class SdsServer(Lifecycle):

@@ -23,7 +23,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.labels import FLAG_FIELDS, LabelValues, http_labels
 from agent.telemetry.overrides import SideOverrides, of_entry
-from agent.telemetry.wire import DEFAULT_MAX_CACHED, MAX_KEY_BYTES, HttpObservation
+from agent.telemetry.wire import DEFAULT_MAX_CACHED, HttpObservation, LabelCache
 from protos import telemetry as t
 
 logger = logging.getLogger(__name__)
@@ -71,21 +71,13 @@ class LineSplitter:
         return lines
 
 
-class RecordDecoder:
-    """Lines to observations, with the label tuples cached (at most `max_cached` keys of at
-    most MAX_KEY_BYTES; past that the oldest key is forgotten)."""
+class RecordDecoder(LabelCache):
+    """Lines to observations, with the label tuples cached (LabelCache)."""
 
     def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
-        self.max_cached = max_cached
-        self._labels: dict[bytes, tuple[LabelValues, SideOverrides]] = {}
+        super().__init__(max_cached)
         self.lines = 0
         self.malformed = 0
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def cached(self) -> int:
-        return len(self._labels)
 
     def decode(self, line: bytes) -> HttpObservation | None:
         """The line's observation; None (counted in `malformed`) when it is not a record."""
@@ -102,10 +94,7 @@ class RecordDecoder:
                 self.malformed += 1
                 return None
             self.misses += 1
-            if len(head) <= MAX_KEY_BYTES:
-                if len(self._labels) >= self.max_cached:
-                    del self._labels[next(iter(self._labels))]
-                self._labels[head] = cached
+            self._remember(head, cached)
         else:
             self.hits += 1
         _, us, ms, rq_headers, rq_body, rs_headers, rs_body = parts

@@ -153,13 +153,13 @@ class HttpObservation(NamedTuple):
     response_bytes: int
 
 
-class HttpDecoder:
-    """HTTP entries (bytes) to observations, with the label tuples cached (at most
-    `max_cached` keys of at most MAX_KEY_BYTES; past that the oldest key is forgotten)."""
+class LabelCache:
+    """Label tuples (and the overrides that go with them) by the bytes they were decoded
+    from: at most `max_cached` keys of at most MAX_KEY_BYTES; past that the oldest key is
+    forgotten. The decoders count their own hits and misses on their hot path."""
 
     def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
         self.max_cached = max_cached
-        # The overrides come from a custom tag, which is part of the key.
         self._labels: dict[bytes, tuple[LabelValues, SideOverrides]] = {}
         self.hits = 0
         self.misses = 0
@@ -167,6 +167,17 @@ class HttpDecoder:
     @property
     def cached(self) -> int:
         return len(self._labels)
+
+    def _remember(self, key: bytes, value: tuple[LabelValues, SideOverrides]) -> None:
+        if len(key) <= MAX_KEY_BYTES:
+            if len(self._labels) >= self.max_cached:
+                del self._labels[next(iter(self._labels))]
+            self._labels[key] = value
+
+
+class HttpDecoder(LabelCache):
+    """HTTP entries (bytes) to observations, with the label tuples cached (LabelCache; the
+    overrides come from a custom tag, which is part of the key)."""
 
     def decode(self, raw: bytes) -> HttpObservation:
         """DecodeError when `raw` is not an entry."""
@@ -178,10 +189,7 @@ class HttpDecoder:
             self.misses += 1
             entry = HTTPAccessLogEntry.FromString(raw)
             cached = (http_labels(entry), of_entry(entry.common_properties))
-            if len(key) <= MAX_KEY_BYTES:
-                if len(self._labels) >= self.max_cached:
-                    del self._labels[next(iter(self._labels))]
-                self._labels[key] = cached
+            self._remember(key, cached)
         else:
             self.hits += 1
         v: Any = _HttpValuesView.FromString(raw)

@@ -3,45 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from control.model.gateway import Gateway
 from control.model.gatewayapi import GatewayApiObject
-from control.model.secret import TlsSecret
-from control.model.telemetry import Telemetry
-from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
-    AuthorizationPolicy,
     ConfigWarning,
-    PeerAuthentication,
-    Service,
-    SidecarScope,
+    MeshObjects,
     SourceRef,
     Workload,
 )
-from control.model.workloadgroup import WorkloadGroup
 
 
 @dataclass(frozen=True, slots=True)
-class ConfigObject:
+class ConfigObject(MeshObjects):
     """One loaded config object: where it came from, the raw object, what it became."""
 
     source: SourceRef
     raw: Mapping[str, Any] = field(compare=False)
-    services: tuple[Service, ...] = ()
     workloads: tuple[Workload, ...] = ()
-    sidecars: tuple[SidecarScope, ...] = ()
-    peer_authentications: tuple[PeerAuthentication, ...] = ()
-    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
-    virtual_services: tuple[VirtualService, ...] = ()
-    destination_rules: tuple[DestinationRule, ...] = ()
-    workload_groups: tuple[WorkloadGroup, ...] = ()
-    gateways: tuple[Gateway, ...] = ()
     # Gateway API objects, translated once all are merged (control/gatewayapi/translate.py).
     gateway_api: tuple[GatewayApiObject, ...] = ()
-    telemetries: tuple[Telemetry, ...] = ()
-    secrets: tuple[TlsSecret, ...] = ()
     # Identity for duplicate detection: (kind, namespace, name). A kind outside the core and
     # Istio groups is qualified by its group (`Gateway.gateway.networking.k8s.io`), so an
     # Istio Gateway and a Gateway API Gateway of the same name are two objects. Worked out
@@ -86,7 +68,7 @@ class FileConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MergeParts:
+class MergeParts(MeshObjects):
     """Objects in (file, line) order, split by what they hold, with their duplicate keys.
 
     `file` is the one file every object came from, or "" when they came from several (then
@@ -96,42 +78,26 @@ class MergeParts:
     objects: tuple[ConfigObject, ...]
     keys: frozenset[tuple[str, str, str]]
     raw: tuple[tuple[SourceRef, Mapping[str, Any]], ...]
-    services: tuple[Service, ...]
     workloads: tuple[Workload, ...]
-    sidecars: tuple[SidecarScope, ...]
-    peer_authentications: tuple[PeerAuthentication, ...]
-    authorization_policies: tuple[AuthorizationPolicy, ...]
-    virtual_services: tuple[VirtualService, ...]
-    destination_rules: tuple[DestinationRule, ...]
-    workload_groups: tuple[WorkloadGroup, ...]
-    gateways: tuple[Gateway, ...]
     gateway_api: tuple[GatewayApiObject, ...]
-    telemetries: tuple[Telemetry, ...]
-    secrets: tuple[TlsSecret, ...]
 
     @classmethod
     def of(cls, objects: Iterable[ConfigObject], file: str = "") -> MergeParts:
         ordered = tuple(sorted(objects, key=_position))
         if any(o.source.file != file for o in ordered):
             file = ""
+        per_kind = {name: tuple(x for o in ordered for x in getattr(o, name)) for name in _PER_KIND}
         return cls(
             file=file,
             objects=ordered,
             keys=frozenset(o.key for o in ordered),
             raw=tuple([(o.source, o.raw) for o in ordered]),
-            services=tuple(x for o in ordered for x in o.services),
-            workloads=tuple(x for o in ordered for x in o.workloads),
-            sidecars=tuple(x for o in ordered for x in o.sidecars),
-            peer_authentications=tuple(x for o in ordered for x in o.peer_authentications),
-            authorization_policies=tuple(x for o in ordered for x in o.authorization_policies),
-            virtual_services=tuple(x for o in ordered for x in o.virtual_services),
-            destination_rules=tuple(x for o in ordered for x in o.destination_rules),
-            workload_groups=tuple(x for o in ordered for x in o.workload_groups),
-            gateways=tuple(x for o in ordered for x in o.gateways),
-            gateway_api=tuple(x for o in ordered for x in o.gateway_api),
-            telemetries=tuple(x for o in ordered for x in o.telemetries),
-            secrets=tuple(x for o in ordered for x in o.secrets),
+            **per_kind,
         )
+
+
+# The tuples a ConfigObject holds per kind; MergeParts puts each end to end over its objects.
+_PER_KIND = (*(f.name for f in fields(MeshObjects)), "workloads", "gateway_api")
 
 
 def _position(obj: ConfigObject) -> tuple[str, int]:

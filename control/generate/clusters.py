@@ -119,10 +119,19 @@ def _patched_outbound(
     old = ctx.previous_memo(key, depends=frozenset())
     if plan.rebuilt is None or not isinstance(old, tuple):
         return None
-    # The reused clusters are served again without asking the cache for them.
-    reused: list[tuple[str, Hashable]] = [(r.name, None) for r in old[:_FIXED]]
+    # The reused clusters are served again without asking the cache for them. With none
+    # rebuilt, they are all of them: the list of their slots is kept for the next push.
     rebuilt = {id(c) for c in plan.rebuilt}
-    reused += [(c.name, (mtls, c.policy)) for c in plan.all_clusters if id(c) not in rebuilt]
+    kept_key = ("cds-kept", key)
+    found = ctx.previous_memo(kept_key, depends=frozenset()) if not rebuilt else None
+    reused: list[tuple[str, Hashable]]
+    if isinstance(found, list):
+        reused = found
+    else:
+        reused = [(r.name, None) for r in old[:_FIXED]]
+        reused += [(c.name, (mtls, c.policy)) for c in plan.all_clusters if id(c) not in rebuilt]
+    if not rebuilt:
+        ctx.memo(kept_key, lambda: reused)
     ctx.cache.keep_slots(CLUSTER_TYPE, reused)
     if not rebuilt:
         return old  # type: ignore[no-any-return]

@@ -11,26 +11,32 @@ a host nothing serves gets Envoy's 404; a server with `httpsRedirect` answers 30
 
 A push after one VirtualService changed costs that VirtualService: each table's translations
 and virtual host bytes are carried from push to push (route_tables.renew_vs_routes) and the
-table is assembled from its hosts' bytes.
+table's bytes are joined from its hosts' encodings. When VirtualServices were only replaced
+in place (an edited route: same name, same hosts) the carried table is patched: those are
+translated again and the hosts they serve rebuilt, without looking at the others; anything
+else (a route added or removed, hosts or gateways changed, services or DestinationRules
+changed) walks every binding, reusing what still holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
+from operator import is_not
 
 from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
-from google.protobuf.wrappers_pb2 import BoolValue
 
-from control.generate.context import GenContext, variant_resource
+from control.generate.context import GenContext
 from control.generate.gateway_listeners import http_route_name, router_listeners
 from control.generate.resource_names import ROUTE_TYPE
 from control.generate.route_tables import ROUTE_SLICES, RoutesEntry, renew_vs_routes
 from control.generate.route_translation import RouteSpec, build_route
-from control.model.gateway_index import BoundServer, PortKind
+from control.model.gateway_index import Binding, BoundServer, PortKind
 from control.model.proxy import Proxy
 from control.model.types import Protocol
 from control.xds.cache import Resource, ResourceSet
+from protos import wire
 
 # (host, https redirect, routes of each VirtualService serving it): everything one virtual
 # host's bytes are made of.
@@ -73,19 +79,33 @@ def _resource(
     )
     vhosts = table.vhosts
     # The finished virtual hosts are the whole content: one changed host is a new key whose
-    # table is assembled from the others' bytes, not rebuilt.
+    # table is joined from the others' bytes, not rebuilt.
     key = (name, vhosts)
-    return variant_resource(ctx, ROUTE_TYPE, name, key, lambda: assemble(name, vhosts))
+    return ctx.cache.get_encoded(ROUTE_TYPE, name, key, lambda: encoded(name, vhosts), key)
+
+
+@dataclass(frozen=True, slots=True)
+class _Host:
+    """One virtual host of a table: where its routes come from, what they are, its bytes."""
+
+    redirect: bool
+    # (server position, binding position) of each VirtualService serving the host, the
+    # first binding of each (namespace, name), in order.
+    members: tuple[tuple[int, int], ...]
+    parts: tuple[tuple[RouteSpec, ...], ...]
+    data: bytes
+    slot: int  # its place in the table's virtual hosts
 
 
 @dataclass(frozen=True, slots=True)
 class _Table:
-    """One route table as a push made it, for the next push to renew: each bound
-    VirtualService's translation by (server position, id of the VirtualService: the entry
-    holds it), each virtual host's parts and bytes by (host, https redirect)."""
+    """One route table as a push made it, for the next push to renew: the bindings of each
+    server as the index gave them, each binding's translation (aligned with them), each
+    virtual host by host, and the virtual hosts' bytes in order."""
 
-    routes: dict[tuple[int, int], RoutesEntry]
-    hosts: dict[tuple[str, bool], tuple[tuple[tuple[RouteSpec, ...], ...], bytes]]
+    bindings: tuple[tuple[Binding, ...], ...]
+    routes: tuple[tuple[RoutesEntry, ...], ...]
+    hosts: dict[str, _Host]
     vhosts: tuple[bytes, ...]
 
 
@@ -96,43 +116,124 @@ def _renew_table(
     namespace: str,
     scope: str,
 ) -> _Table:
+    """The table of this push: `old` patched where only some VirtualServices were replaced
+    in place (same names, same hosts: an edited route), else made again from what `old`
+    holds (_rebuilt_table)."""
+    bindings = tuple(ctx.index.gateway_bindings(bound) for bound in servers)
+    rules_same = ctx.unchanged(ROUTE_SLICES)
+    if old is not None and rules_same:
+        patched = _patched_table(ctx, old, bindings, servers, namespace, scope)
+        if patched is not None:
+            return patched
+    return _rebuilt_table(ctx, old, bindings, servers, namespace, scope, rules_same)
+
+
+def _patched_table(
+    ctx: GenContext,
+    old: _Table,
+    bindings: tuple[tuple[Binding, ...], ...],
+    servers: tuple[BoundServer, ...],
+    namespace: str,
+    scope: str,
+) -> _Table | None:
+    """`old` with the bindings that are new objects translated again and the virtual hosts
+    they serve made again; the rest is taken as it is (services and DestinationRules are
+    unchanged, so an unchanged binding's translation holds). None when a binding was added,
+    removed, or serves other hosts or under another name than the one it replaces: the
+    order of the virtual hosts may then change."""
+    if all(a is b for a, b in zip(old.bindings, bindings, strict=True)):
+        return old
+    routes = list(old.routes)
+    dirty: set[str] = set()
+    for position, (was, now) in enumerate(zip(old.bindings, bindings, strict=True)):
+        if was is now:
+            continue
+        if len(was) != len(now):
+            return None
+        port = servers[position].server.port
+        entries = list(routes[position])
+        for i in compress(range(len(now)), map(is_not, was, now)):
+            (before, served), (vs, serves) = was[i], now[i]
+            if serves != served or vs.key != before.key:
+                return None
+            entries[i] = renew_vs_routes(ctx.index, None, vs, port, namespace, scope, True)
+            dirty.update(serves)
+        routes[position] = tuple(entries)
+    hosts = dict(old.hosts)
+    vhosts = list(old.vhosts)
+    port = servers[0].server.port
+    for host in dirty:
+        was_host = hosts[host]
+        parts = tuple(routes[p][i][2] for p, i in was_host.members)
+        if parts != was_host.parts:
+            data = vhost_bytes(host, port, was_host.redirect, parts)
+            hosts[host] = _Host(was_host.redirect, was_host.members, parts, data, was_host.slot)
+            vhosts[was_host.slot] = data
+    return _Table(bindings, tuple(routes), hosts, tuple(vhosts))
+
+
+def _rebuilt_table(
+    ctx: GenContext,
+    old: _Table | None,
+    bindings: tuple[tuple[Binding, ...], ...],
+    servers: tuple[BoundServer, ...],
+    namespace: str,
+    scope: str,
+    rules_same: bool,
+) -> _Table:
     """Virtual hosts in the order their hosts first appear (servers in precedence order,
     then VirtualServices by namespace/name); a host's routes are every bound
     VirtualService's for it, in that order. What the previous push made (`old`) is reused
     wherever its inputs are the same objects, so one changed VirtualService costs that one
     (plus a look at each of the others)."""
     index = ctx.index
-    old_routes = old.routes if old is not None else {}
-    old_hosts = old.hosts if old is not None else {}
-    rules_same = ctx.unchanged(ROUTE_SLICES)
-    routes: dict[tuple[int, int], RoutesEntry] = {}
-    hosts: dict[str, tuple[bool, list[tuple[RouteSpec, ...]], set[tuple[str, str]]]] = {}
-    for position, bound in enumerate(servers):
+    old_routes: dict[tuple[int, int], RoutesEntry] = {}
+    old_hosts: dict[str, _Host] = {}
+    if old is not None:
+        old_routes = {
+            (position, id(entry[0])): entry
+            for position, entries in enumerate(old.routes)
+            for entry in entries
+        }
+        old_hosts = old.hosts
+    routes: list[tuple[RoutesEntry, ...]] = []
+    found: dict[str, tuple[bool, list[tuple[int, int]], set[tuple[str, str]]]] = {}
+    for position, (bound, bound_here) in enumerate(zip(servers, bindings, strict=True)):
         redirect = bound.server.tls is not None and bound.server.tls.https_redirect
         port = bound.server.port
-        for vs, served in index.gateway_bindings(bound):
-            key = (position, id(vs))
-            entry = renew_vs_routes(
-                index, old_routes.get(key), vs, port, namespace, scope, rules_same
+        entries: list[RoutesEntry] = []
+        for i, (vs, served) in enumerate(bound_here):
+            entries.append(
+                renew_vs_routes(
+                    index,
+                    old_routes.get((position, id(vs))),
+                    vs,
+                    port,
+                    namespace,
+                    scope,
+                    rules_same,
+                )
             )
-            routes[key] = entry
             for host in served:
-                found = hosts.get(host)
-                if found is None:
-                    hosts[host] = (redirect, [entry[2]], {vs.key})
-                elif vs.key not in found[2]:
-                    found[2].add(vs.key)
-                    found[1].append(entry[2])
+                seen = found.get(host)
+                if seen is None:
+                    found[host] = (redirect, [(position, i)], {vs.key})
+                elif vs.key not in seen[2]:
+                    seen[2].add(vs.key)
+                    seen[1].append((position, i))
+        routes.append(tuple(entries))
     port = servers[0].server.port
-    made: dict[tuple[str, bool], tuple[tuple[tuple[RouteSpec, ...], ...], bytes]] = {}
-    for host, (redirect, parts, _) in hosts.items():
-        done = tuple(parts)
-        before = old_hosts.get((host, redirect))
+    hosts: dict[str, _Host] = {}
+    for slot, (host, (redirect, members, _)) in enumerate(found.items()):
+        parts = tuple(routes[p][i][2] for p, i in members)
+        before = old_hosts.get(host)
         # The parts are the carried tuples themselves when unchanged: compared by identity.
-        if before is None or before[0] != done:
-            before = (done, vhost_bytes(host, port, redirect, done))
-        made[(host, redirect)] = before
-    return _Table(routes, made, tuple(v for _, v in made.values()))
+        if before is not None and before.redirect == redirect and before.parts == parts:
+            data = before.data
+        else:
+            data = vhost_bytes(host, port, redirect, parts)
+        hosts[host] = _Host(redirect, tuple(members), parts, data, slot)
+    return _Table(bindings, tuple(routes), hosts, tuple(h.data for h in hosts.values()))
 
 
 def _domains(host: str, port: int) -> list[str]:
@@ -155,12 +256,15 @@ def vhost_bytes(
     return data
 
 
-def assemble(name: str, vhosts: tuple[bytes, ...]) -> RouteConfiguration:
-    config = RouteConfiguration(
-        name=name,
-        # Clusters arrive in their own response; a route may come first (see route_tables).
-        validate_clusters=BoolValue(value=False),
-    )
-    # Parsing appends each piece's virtual host, in order (repeated fields concatenate).
-    config.MergeFromString(b"".join(vhosts))
-    return config
+# `validate_clusters` (field 7) set to an empty BoolValue (false): clusters arrive in their
+# own response and a route may come first (see route_tables).
+_NO_VALIDATION = wire.tag(7) + wire.varint(0)
+
+
+def encoded(name: str, vhosts: tuple[bytes, ...]) -> bytes:
+    """The deterministic serialization of the table: its fields in number order, name (1),
+    the virtual hosts (2: each piece is one encoded element), validate_clusters (7). Joined,
+    not parsed and serialized again: a one-host change to a table of thousands costs the
+    copy of their bytes."""
+    label = name.encode()
+    return b"".join((wire.tag(1), wire.varint(len(label)), label, *vhosts, _NO_VALIDATION))

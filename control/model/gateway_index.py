@@ -24,10 +24,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 
 from control.model.gateway import Gateway, GatewayServer, ServerTlsMode
 from control.model.traffic import VirtualService, bound_to, exported_to
 from control.model.types import Labels, MeshConfig, Protocol, Service
+from control.model.vs_carry import Replaced
 
 
 class PortKind(enum.StrEnum):
@@ -193,12 +195,27 @@ def _admit(
     return BoundServer(candidate.gateway, candidate.server, candidate.position, tuple(hosts))
 
 
-# What binding one VirtualService to one server decided: the VirtualService, its part for
-# the gateway (None: nothing binds) and the hosts it serves through the server.
-_Binding = tuple[VirtualService, VirtualService | None, tuple[str, ...]]
-# Bindings by (gateway ref, gateway namespace, server hosts), then by id() of the
-# VirtualService (the entry holds it, so the id names no other object).
-_Bindings = dict[tuple[str, str, tuple[str, ...]], dict[int, _Binding]]
+# One VirtualService bound to a server: its part for the gateway, and the hosts it serves
+# through the server.
+Binding = tuple[VirtualService, tuple[str, ...]]
+# What binding one VirtualService to one server decided: the VirtualService, and its binding
+# (None: it does not bind). The binding is the very tuple every later index answers while the
+# VirtualService stays, so what is built from it can tell an unchanged one by identity.
+_Decision = tuple[VirtualService, Binding | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Bindings:
+    """The VirtualServices bound to one (gateway, server hosts), in (namespace, name) order;
+    the decision for each VirtualService of the snapshot by its id() (the decision holds the
+    object, so the id names no other), and where each binding is in `found` by its id()."""
+
+    found: tuple[Binding, ...]
+    decided: dict[int, _Decision]
+    at: dict[int, int]
+
+
+_BindingsKey = tuple[str, str, tuple[str, ...]]  # gateway ref, its namespace, server hosts
 
 
 class GatewayIndex:
@@ -206,22 +223,52 @@ class GatewayIndex:
 
     Made with `previous` (the index of the snapshot before), the binding decisions of every
     VirtualService object the two snapshots share are taken over instead of made again, so
-    a snapshot with one VirtualService changed binds that one."""
+    a snapshot with one VirtualService changed binds that one; when `replaced` says the
+    VirtualServices differ from the previous index's only in place (model/vs_carry.py), the
+    previous order and bindings are patched instead of sorted and scanned again."""
 
-    def __init__(self, config: MeshConfig, previous: GatewayIndex | None = None) -> None:
+    def __init__(
+        self,
+        config: MeshConfig,
+        previous: GatewayIndex | None = None,
+        replaced: Replaced | None = None,
+    ) -> None:
         self.gateways = tuple(sorted(config.gateways, key=lambda g: g.key))
-        self._virtual_services = tuple(sorted(config.virtual_services, key=lambda v: v.key))
+        self._replaced = replaced if previous is not None else None
+        ordered = self._patched_order(previous, replaced)
+        if ordered is None:
+            vss = tuple(sorted(config.virtual_services, key=attrgetter("namespace", "name")))
+            ordered = (vss, {id(vs): i for i, vs in enumerate(vss)})
+            self._replaced = None
+        self._virtual_services, self._position = ordered
         self._selecting: dict[tuple[Labels, str], tuple[Gateway, ...]] = {}
         self._listeners: dict[
             tuple[Labels, str, tuple[tuple[int, int], ...], str],
             tuple[tuple[GatewayListener, ...], tuple[ServerConflict, ...]],
         ] = {}
-        self._bound: dict[
-            tuple[str, str, tuple[str, ...]], tuple[tuple[VirtualService, tuple[str, ...]], ...]
-        ] = {}
-        self._bindings: _Bindings = {}
+        self._bound: dict[tuple[str, str, tuple[str, ...]], tuple[Binding, ...]] = {}
+        self._bindings: dict[_BindingsKey, _Bindings] = {}
         # Only the previous index's decisions, never its own previous: no chain of indexes.
-        self._bindings_before: _Bindings = previous._bindings if previous is not None else {}
+        self._bindings_before = previous._bindings if previous is not None else {}
+
+    @staticmethod
+    def _patched_order(
+        previous: GatewayIndex | None, replaced: Replaced | None
+    ) -> tuple[tuple[VirtualService, ...], dict[int, int]] | None:
+        """The previous index's VirtualServices in (namespace, name) order with `replaced`
+        put in place (same names, so the same places), and each one's place by id()."""
+        if previous is None or replaced is None:
+            return None
+        if not replaced.now:
+            return previous._virtual_services, previous._position
+        ordered, position = list(previous._virtual_services), dict(previous._position)
+        for was, vs in zip(replaced.before, replaced.now, strict=True):
+            i = position.pop(id(was), None)
+            if i is None or ordered[i] is not was:
+                return None
+            ordered[i] = vs
+            position[id(vs)] = i
+        return tuple(ordered), position
 
     def selecting(self, labels: Labels, namespace: str = "") -> tuple[Gateway, ...]:
         """Gateways that a router's labels (and namespace) select, oldest first."""
@@ -250,45 +297,77 @@ class GatewayIndex:
             )
         return found
 
-    def bindings(self, bound: BoundServer) -> tuple[tuple[VirtualService, tuple[str, ...]], ...]:
+    def bindings(self, bound: BoundServer) -> tuple[Binding, ...]:
         """The VirtualServices (their parts for this gateway) bound to a server, in
         (namespace, name) order, each with the hosts it serves through the server."""
         gateway = bound.gateway
         key = (gateway.ref, str(bound.server.port), bound.hosts)
         found = self._bound.get(key)
         if found is None:
-            found = self._bound[key] = self._bind(gateway, bound.hosts)
+            triple = (gateway.ref, gateway.namespace, bound.hosts)
+            made = self._bindings.get(triple)
+            if made is None:
+                before = self._bindings_before.get(triple)
+                made = self._patched(before, triple) if before is not None else None
+                if made is None:
+                    made = self._bind(before, triple)
+                self._bindings[triple] = made
+            found = self._bound[key] = made.found
         return found
 
-    def _bind(
-        self, gateway: Gateway, hosts: tuple[str, ...]
-    ) -> tuple[tuple[VirtualService, tuple[str, ...]], ...]:
-        ref, namespace = gateway.ref, gateway.namespace
-        decided = self._bindings.setdefault((ref, namespace, hosts), {})
-        before = self._bindings_before.get((ref, namespace, hosts), {})
-        out: list[tuple[VirtualService, tuple[str, ...]]] = []
+    def _bind(self, before: _Bindings | None, triple: _BindingsKey) -> _Bindings:
+        """Every VirtualService's decision, taken over from `before` for the objects it
+        decided."""
+        decided: dict[int, _Decision] = {}
+        earlier = before.decided if before is not None else {}
+        found: list[Binding] = []
+        at: dict[int, int] = {}
         for vs in self._virtual_services:
-            entry = decided.get(id(vs))
-            if entry is None:
-                entry = before.get(id(vs))
-                if entry is None or entry[0] is not vs:
-                    part = bound_to(vs, ref)
-                    served = (
-                        server_hosts_for(hosts, part)
-                        if part is not None
-                        and exported_to(part.export_to, part.namespace, namespace)
-                        else ()
-                    )
-                    entry = (vs, part, served)
-                decided[id(vs)] = entry
-            if entry[1] is not None and entry[2]:
-                out.append((entry[1], entry[2]))
-        return tuple(out)
+            entry = earlier.get(id(vs))
+            if entry is None or entry[0] is not vs:
+                entry = _decide(vs, *triple)
+            decided[id(vs)] = entry
+            if entry[1] is not None:
+                at[id(entry[1])] = len(found)
+                found.append(entry[1])
+        return _Bindings(tuple(found), decided, at)
+
+    def _patched(self, before: _Bindings, triple: _BindingsKey) -> _Bindings | None:
+        """`before` with the replaced VirtualServices decided again, when each binds as the
+        one it replaces did or not at all (else the bound ones move: None)."""
+        replaced = self._replaced
+        if replaced is None:
+            return None
+        if not replaced.now:
+            return before
+        found, decided, at = list(before.found), dict(before.decided), dict(before.at)
+        for was, vs in zip(replaced.before, replaced.now, strict=True):
+            old = decided.pop(id(was), None)
+            if old is None or old[0] is not was:
+                return None
+            new = decided[id(vs)] = _decide(vs, *triple)
+            if old[1] is None and new[1] is None:
+                continue
+            if old[1] is None or new[1] is None:
+                return None
+            i = at.pop(id(old[1]))
+            found[i] = new[1]
+            at[id(new[1])] = i
+        return _Bindings(tuple(found), decided, at)
 
     def virtual_services(self, bound: BoundServer) -> tuple[VirtualService, ...]:
         """The VirtualServices (their parts for this gateway) bound to a server, in
         (namespace, name) order."""
         return tuple(vs for vs, _ in self.bindings(bound))
+
+
+def _decide(vs: VirtualService, ref: str, namespace: str, hosts: tuple[str, ...]) -> _Decision:
+    """Whether `vs` binds to a server of gateway `ref` (in `namespace`) with `hosts`, and how."""
+    part = bound_to(vs, ref)
+    if part is None or not exported_to(part.export_to, part.namespace, namespace):
+        return (vs, None)
+    served = server_hosts_for(hosts, part)
+    return (vs, (part, served) if served else None)
 
 
 def server_hosts_for(server_hosts: tuple[str, ...], vs: VirtualService) -> tuple[str, ...]:

@@ -25,11 +25,13 @@ which services' endpoints may, so a generator can reuse what depends on neither.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
 from control.model.endpoint_index import EndpointIndex, workload_difference
+from control.model.gateway import MESH_GATEWAY
 from control.model.gateway_index import (
     BoundServer,
     GatewayIndex,
@@ -43,7 +45,7 @@ from control.model.secret import NO_GRANTS, GatewayGrants, ReferenceGrants, Secr
 from control.model.security_index import SecurityIndex
 from control.model.telemetry import ProxyTelemetry
 from control.model.telemetry_index import TelemetryIndex
-from control.model.traffic import DestinationRule, VirtualService
+from control.model.traffic import DestinationRule, VirtualService, bound_to
 from control.model.traffic_index import TrafficIndex
 from control.model.types import (
     AuthorizationPolicy,
@@ -58,6 +60,7 @@ from control.model.types import (
     Workload,
 )
 from control.model.visibility_index import VisibilityIndex
+from control.model.vs_carry import Replaced, carry_over
 
 # The slices of the config that rules_of() names, in its order.
 RULE_SLICES = (
@@ -137,6 +140,15 @@ class MeshIndex:
             or mesh != _parent.mesh
         ):
             _parent = None
+        # VirtualServices equal to the parent's are the parent's objects from here on, so
+        # what generators carry by identity holds for them (model/vs_carry.py).
+        self._replaced: Replaced | None = None
+        if _parent is not None:
+            carried, self._replaced = carry_over(
+                _parent.config.virtual_services, config.virtual_services
+            )
+            if carried is not config.virtual_services:
+                config = dataclasses.replace(config, virtual_services=carried)
         self.config = config
         # Istio's MeshConfig in effect (--mesh-config; flags applied): telemetry reads it.
         self.mesh = mesh
@@ -182,7 +194,10 @@ class MeshIndex:
             self._security = parent._security
         else:
             self._security = SecurityIndex(config)
-        if parent is not None and same("virtual_services", "destination_rules", "services"):
+        if parent is not None and (
+            same("virtual_services", "destination_rules", "services")
+            or (same("destination_rules", "services") and self._mesh_unchanged())
+        ):
             self._traffic = parent._traffic
         else:
             self._traffic = TrafficIndex(config, self.service_by_host)
@@ -195,7 +210,11 @@ class MeshIndex:
         if parent is not None and same("gateways", "virtual_services"):
             self._gateways = parent._gateways
         else:
-            self._gateways = GatewayIndex(config, parent._gateways if parent is not None else None)
+            self._gateways = GatewayIndex(
+                config,
+                parent._gateways if parent is not None else None,
+                self._replaced,
+            )
         if parent is not None and same("telemetries"):
             self._telemetry = parent._telemetry
         else:
@@ -229,6 +248,14 @@ class MeshIndex:
         )
         if parent is not None:
             self._change = IndexChange(change.slices, None)
+
+    def _mesh_unchanged(self) -> bool:
+        """Whether the VirtualServices replaced since the parent are all gateway-only:
+        sidecars' traffic rules (traffic_index) are then the parent's."""
+        replaced = self._replaced
+        return replaced is not None and all(
+            bound_to(vs, MESH_GATEWAY) is None for vs in (*replaced.before, *replaced.now)
+        )
 
     # --- the next push ---------------------------------------------------------------------
 

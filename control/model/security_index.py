@@ -43,17 +43,11 @@ class SecurityIndex:
         mesh = next(
             (p for p in self._peer_by_ns.get(ROOT_NAMESPACE, []) if p.selector is None), None
         )
-        ns = next((p for p in self._peer_by_ns.get(namespace, []) if p.selector is None), None)
-        workload = None
-        if namespace != ROOT_NAMESPACE:
-            workload = next(
-                (
-                    p
-                    for p in self._peer_by_ns.get(namespace, [])
-                    if p.selector and workload_selector_matches(p.selector, labels)
-                ),
-                None,
-            )
+        in_namespace = self._peer_by_ns.get(namespace, [])
+        ns = next((p for p in in_namespace if p.selector is None), None)
+        workload = next(
+            (p for p in in_namespace if p.selector and peer_applies(p, namespace, labels)), None
+        )
         mode = MtlsMode.PERMISSIVE
         for level in (mesh, ns, workload):
             if level is not None and level.mode is not MtlsMode.UNSET:
@@ -86,3 +80,16 @@ class SecurityIndex:
         )
         self._authz[key] = result
         return result
+
+
+def peer_applies(policy: PeerAuthentication, namespace: str, labels: Labels) -> bool:
+    """Whether a PeerAuthentication takes part in a workload's mode: mesh-wide,
+    namespace-wide, or of the workload's namespace and selecting it (a selector in the root
+    namespace selects nothing, as in Istio)."""
+    if policy.selector is None:
+        return policy.namespace in (ROOT_NAMESPACE, namespace)
+    return (
+        bool(policy.selector)
+        and policy.namespace == namespace != ROOT_NAMESPACE
+        and workload_selector_matches(policy.selector, labels)
+    )

@@ -350,12 +350,12 @@ class ConfigWarning:
         return f"{self.source}: {self.message}"
 
 
-@dataclass(frozen=True, slots=True)
-class MeshConfig:
-    """One consistent snapshot of all config objects from every source."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeshObjects:
+    """The model objects by kind, as one loaded config object (config/objects.py) and the
+    merged snapshot both hold them; workloads are not here, each of the two names its own."""
 
     services: tuple[Service, ...] = ()
-    workload_entries: tuple[Workload, ...] = ()
     sidecars: tuple[SidecarScope, ...] = ()
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
@@ -363,14 +363,21 @@ class MeshConfig:
     destination_rules: tuple[DestinationRule, ...] = ()
     workload_groups: tuple[WorkloadGroup, ...] = ()
     gateways: tuple[Gateway, ...] = ()
+    telemetries: tuple[Telemetry, ...] = ()
+    # Gateway certificates (`v1 Secret`, control/model/secret.py).
+    secrets: tuple[TlsSecret, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MeshConfig(MeshObjects):
+    """One consistent snapshot of all config objects from every source."""
+
+    workload_entries: tuple[Workload, ...] = ()
     # Gateway API ReferenceGrants (see control.model.gatewayapi.reference_granted).
     reference_grants: tuple[ReferenceGrant, ...] = ()
     # Gateway API status as computed from this config (shown in /debug/configz, written back
     # in Kubernetes mode); derived from the fields above, so not part of equality.
     gateway_api_status: tuple[ObjectStatus, ...] = field(default=(), compare=False)
-    telemetries: tuple[Telemetry, ...] = ()
-    # Gateway certificates (`v1 Secret`, control/model/secret.py).
-    secrets: tuple[TlsSecret, ...] = ()
     # The raw objects as loaded (for /debug/configz): (SourceRef, dict) pairs.
     raw: tuple[tuple[SourceRef, Mapping[str, object]], ...] = field(default=(), compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)

@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from control.model.security_index import peer_applies
 from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import (
-    ROOT_NAMESPACE,
     AuthorizationPolicy,
     Labels,
     MeshConfig,
     MtlsMode,
-    PeerAuthentication,
     PeerPolicy,
     Service,
     SourceRef,
@@ -101,20 +100,6 @@ def _destination_rules(config: MeshConfig, host: str) -> list[DestinationRule]:
     return [r for r in config.destination_rules if r.host == host]
 
 
-def _peer_authentications(
-    config: MeshConfig, namespace: str, labels: Labels
-) -> list[PeerAuthentication]:
-    """Those that take part in the workload's mode: mesh-wide, namespace-wide, selecting it."""
-    out = []
-    for p in config.peer_authentications:
-        if p.selector is None and p.namespace in (ROOT_NAMESPACE, namespace):
-            out.append(p)
-        elif p.selector and p.namespace == namespace and namespace != ROOT_NAMESPACE:
-            if workload_selector_matches(p.selector, labels):
-                out.append(p)
-    return out
-
-
 def _policies(
     config: MeshConfig, index: DetailIndex, raw: _Raw, namespace: str, labels: Labels
 ) -> dict[str, object]:
@@ -124,7 +109,9 @@ def _policies(
         "port_mtls": {str(port): m.value for port, m in peer.port_modes},
         "strict": peer.mode is MtlsMode.STRICT,
         "peer_authentications": [
-            raw.describe(p.source) for p in _peer_authentications(config, namespace, labels)
+            raw.describe(p.source)
+            for p in config.peer_authentications
+            if peer_applies(p, namespace, labels)
         ],
         "authorization_policies": [
             raw.describe(p.source) for p in index.authorization_policies(namespace, labels)

@@ -76,34 +76,30 @@ class Edge:
     def summary_json(self) -> dict[str, object]:
         """What the graph view draws (every edge of the mesh is in one answer, so only
         that: the response codes, p50/p90 and who reported it are in the edge's details)."""
-        return {
-            "id": self.id,
-            "source": self.source,
-            "target": self.target,
-            "protocol": self.protocol,
-            "rps": _round(self.rps),
-            "error_rate": None if self.error_rate is None else _round(self.error_rate),
-            "p99_ms": None if self.latency_ms["p99"] is None else _round(self.latency_ms["p99"]),
-            "tcp_sent_bps": _round(self.tcp_sent_bps),
-            "tcp_received_bps": _round(self.tcp_received_bps),
-            "mtls": self.mtls,
-        }
+        p99 = self.latency_ms["p99"]
+        return {**self._numbers_json(), "p99_ms": None if p99 is None else _round(p99)}
 
     def as_json(self) -> dict[str, object]:
         return {
+            **self._numbers_json(),
+            "reporter": self.reporter,
+            "codes": {c: _round(r) for c, r in sorted(self.codes.items())},
+            "latency_ms": {k: None if v is None else _round(v) for k, v in self.latency_ms.items()},
+            "mtls_share": None if self.mtls_share is None else _round(self.mtls_share),
+        }
+
+    def _numbers_json(self) -> dict[str, object]:
+        """The part both the summary and the details show."""
+        return {
             "id": self.id,
             "source": self.source,
             "target": self.target,
-            "reporter": self.reporter,
             "protocol": self.protocol,
             "rps": _round(self.rps),
             "error_rate": None if self.error_rate is None else _round(self.error_rate),
-            "codes": {c: _round(r) for c, r in sorted(self.codes.items())},
-            "latency_ms": {k: None if v is None else _round(v) for k, v in self.latency_ms.items()},
             "tcp_sent_bps": _round(self.tcp_sent_bps),
             "tcp_received_bps": _round(self.tcp_received_bps),
             "mtls": self.mtls,
-            "mtls_share": None if self.mtls_share is None else _round(self.mtls_share),
         }
 
 

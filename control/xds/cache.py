@@ -334,13 +334,27 @@ class ResourceCache:
         client's namespace): each variant has its own slot, so proxies that alternate do not
         evict each other's bytes.
         """
+        return self.get_encoded(
+            type_url, name, key, lambda: build().SerializeToString(deterministic=True), variant
+        )
+
+    def get_encoded(
+        self,
+        type_url: str,
+        name: str,
+        key: Hashable,
+        encode: Callable[[], bytes],
+        variant: Hashable = None,
+    ) -> Resource:
+        """`get` for a resource whose generator writes its bytes itself (a route table joined
+        from its virtual hosts' encodings): `encode()` must give what serializing the message
+        deterministically would."""
         slot = (type_url, name, variant)
         entry = self._entries.get(slot)
         if entry is not None and entry.key == key:
             entry.generation = self.generation
             return entry.resource
-        msg = build()
-        value = msg.SerializeToString(deterministic=True)
+        value = encode()
         self.serializations += 1
         # Interned: streams record the versions they sent, and a resource rebuilt with the
         # same bytes (after a sweep) then shares the string.

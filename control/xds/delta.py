@@ -22,15 +22,16 @@ from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 from control.xds.cache import Resource, ResourceSet, Selection
 from control.xds.state import (
     COUNT_STRINGS,
+    WILDCARD,
     RequestKind,
     RequestOutcome,
     StreamRules,
     SyncStatus,
     ordered,
+    sync_status,
 )
 from protos import typeurls
 
-WILDCARD = "*"
 _MAX_OUTSTANDING = 32
 
 
@@ -100,13 +101,8 @@ class _TypeState:
         return len(self.client_has)
 
     def status(self) -> SyncStatus:
-        if not self.ever_sent:
-            return SyncStatus.NOT_SENT
-        if self.nack_message and self.nacked_nonce == self.sent_nonce:
-            return SyncStatus.ERROR
-        if not self.outstanding:
-            return SyncStatus.SYNCED
-        return SyncStatus.STALE
+        # Synced once nothing sent is waiting for its (N)ACK.
+        return sync_status(self, self.ever_sent, not self.outstanding)
 
 
 class DeltaStream(StreamRules[_TypeState]):

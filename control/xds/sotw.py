@@ -25,15 +25,15 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 
 from control.xds.cache import Resource, ResourceSet, View
 from control.xds.state import (
+    WILDCARD,
     RequestKind,
     RequestOutcome,
     StreamRules,
     SyncStatus,
     ordered,
+    sync_status,
 )
 from protos import typeurls
-
-WILDCARD = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +94,7 @@ class _TypeState:
         return len(self.sent) if self.sent is not None else 0
 
     def status(self) -> SyncStatus:
-        if self.sent is None:
-            return SyncStatus.NOT_SENT
-        if self.nack_message and self.nacked_nonce == self.sent_nonce:
-            return SyncStatus.ERROR
-        if self.acked_nonce == self.sent_nonce:
-            return SyncStatus.SYNCED
-        return SyncStatus.STALE
+        return sync_status(self, self.sent is not None, self.acked_nonce == self.sent_nonce)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -10,6 +10,9 @@ from typing import Generic, Protocol, TypeVar
 
 from protos import typeurls
 
+# The subscription name that asks for every resource of a type (SotW and delta alike).
+WILDCARD = "*"
+
 
 class SyncStatus(enum.StrEnum):
     SYNCED = "SYNCED"
@@ -138,10 +141,22 @@ class TypeSync(Protocol):
     def acked_nonce(self) -> str: ...
     @property
     def nack_message(self) -> str: ...
+    @property
+    def nacked_nonce(self) -> str: ...
 
     def status(self) -> SyncStatus: ...
 
     def resource_count(self) -> int: ...
+
+
+def sync_status(st: TypeSync, sent: bool, acked: bool) -> SyncStatus:
+    """A type's syncz status, worst first: never sent, the last response NACKed, the last
+    response ACKed or not yet answered. `sent`/`acked` are the stream kind's own tests."""
+    if not sent:
+        return SyncStatus.NOT_SENT
+    if st.nack_message and st.nacked_nonce == st.sent_nonce:
+        return SyncStatus.ERROR
+    return SyncStatus.SYNCED if acked else SyncStatus.STALE
 
 
 _T = TypeVar("_T", bound=TypeSync)

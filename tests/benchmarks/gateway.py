@@ -40,8 +40,9 @@ Two more sides are measured the same way, for information:
 
 First (before any process starts) the control plane's side: generating the router's config
 for 1,000 HTTPRoutes (gateway-bound VirtualServices), full against one route changed
-(tests/benchmarks/gateway_config.py; target incremental <= 1/20 of full); `--config-only`
-runs just that part.
+(tests/benchmarks/gateway_config.py; target incremental <= 1/20 of full), and for
+information the same through the Gateway API translation from real HTTPRoutes
+(tests/benchmarks/gateway_httproutes.py); `--config-only` runs just that part.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks import envoy_static, gateway_config
+from tests.benchmarks import envoy_static, gateway_config, gateway_httproutes
 from tests.benchmarks.procstat import cpu_seconds, envoy_pid
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
@@ -414,6 +415,7 @@ async def main() -> None:
     ap.add_argument("--config-only", action="store_true", help="only the config generation part")
     args = ap.parse_args()
     config = gateway_config.run(args.routes, args.destination_rules, args.config_runs)
+    config.update(gateway_httproutes.run(args.routes, args.config_runs))
     if args.config_only:
         print(json.dumps(config))
         return

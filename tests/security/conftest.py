@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -52,6 +53,23 @@ async def agent(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
     worst case for the modes it creates). Its workdir is under a 0755 directory in /tmp, so
     another user can reach it: any refusal comes from the workdir's own modes and its
     sockets' and files', not from pytest's private tmp_path."""
+    files = ("certs/key.pem", "grpc-bootstrap.json")
+    async with _running_agent(cp, "--proxy-only", expect=files) as running:
+        yield running
+
+
+@pytest.fixture
+async def sidecar(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
+    """The same agent with its Envoy and standard metrics: it also holds the metrics FIFO and
+    the access-log socket, both of which take what Envoy reports as the pod's traffic."""
+    async with _running_agent(cp, "--standard-metrics", "on", expect=("ALS", "METRICS")) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def _running_agent(
+    cp: ControlPlane, *extra: str, expect: tuple[str, ...] = ()
+) -> AsyncIterator[RunningAgent]:
     base = Path(tempfile.mkdtemp(prefix="pf-sec-", dir="/tmp"))
     base.chmod(0o755)
     workdir = base / "pod"
@@ -68,7 +86,7 @@ async def agent(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
         ip,
         "attacked-0",
         "app=attacked",
-        "--proxy-only",
+        *extra,
         "--service-account",
         "sleep",
         "--dns-port",
@@ -88,12 +106,9 @@ async def agent(cp: ControlPlane) -> AsyncIterator[RunningAgent]:
     process.start()
     try:
         await eventually(
-            lambda: all(
-                (workdir / p).exists()
-                for p in ("XDS", "SDS", "certs/key.pem", "grpc-bootstrap.json")
-            ),
+            lambda: all((workdir / p).exists() for p in ("XDS", "SDS", *expect)),
             timeout=20,
-            what=f"agent sockets and certificate in {workdir}",
+            what=f"agent sockets and files in {workdir}",
         )
         yield RunningAgent(process, workdir)
     finally:

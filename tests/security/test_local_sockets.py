@@ -1,9 +1,10 @@
 """Another local user against a running agent's workdir: the SDS socket hands out the pod's
 private key and the XDS socket speaks to the control plane as the pod, so neither may be
 reachable by another user; nor may the key file be read, or the workdir be written (a user
-who can write it can replace the sockets). The agent is started with umask 000, so the modes
-are the agent's own doing. The attacker is a real process running as `nobody` (the system
-python: the venv's lives under /root); the tests run as root."""
+who can write it can replace the sockets), nor may the metrics FIFO or the access-log socket
+be opened (whoever writes them invents the pod's traffic figures). The agent is started with
+umask 000, so the modes are the agent's own doing. The attacker is a real process running as
+`nobody` (the system python: the venv's lives under /root); the tests run as root."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def connect(name):
         s.connect(os.path.join(workdir, name))
     finally:
         s.close()
+def open_fifo(flags):
+    os.close(os.open(os.path.join(workdir, "METRICS"), flags | os.O_NONBLOCK))
 def plant():
     fd = os.open(os.path.join(workdir, "planted"), os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
     os.close(fd)
@@ -49,6 +52,9 @@ print(json.dumps({
     "stat_workdir": attempt(lambda: os.stat(workdir)),
     "connect_sds": attempt(lambda: connect("SDS")),
     "connect_xds": attempt(lambda: connect("XDS")),
+    "connect_als": attempt(lambda: connect("ALS")),
+    "write_metrics": attempt(lambda: open_fifo(os.O_WRONLY)),
+    "read_metrics": attempt(lambda: open_fifo(os.O_RDONLY)),
     "read_key": attempt(lambda: open(os.path.join(workdir, "certs", "key.pem"), "rb").read()),
     "list_certs": attempt(lambda: os.listdir(os.path.join(workdir, "certs"))),
     "plant_file": attempt(plant),
@@ -133,3 +139,20 @@ async def test_workdir_cannot_be_written_by_another_user(agent: RunningAgent) ->
     assert result["replace_xds"] == errno.errorcode[errno.EACCES]
     assert result["unlink_sds"] == errno.errorcode[errno.EACCES]
     assert agent.sds_socket.exists() and agent.xds_socket.exists()
+
+
+async def test_metrics_inputs_refuse_another_user(sidecar: RunningAgent) -> None:
+    """What arrives on the metrics FIFO and the access-log socket becomes the pod's
+    `istio_*` series: another user who could write either could invent traffic (or read the
+    FIFO and steal what Envoy reports of it)."""
+    fifo, als = sidecar.workdir / "METRICS", sidecar.workdir / "ALS"
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISSOCK(als.stat().st_mode)
+    result = _as_nobody(sidecar)
+    assert result["write_metrics"] == errno.errorcode[errno.EACCES]
+    assert result["read_metrics"] == errno.errorcode[errno.EACCES]
+    assert result["connect_als"] == errno.errorcode[errno.EACCES]
+    assert stat.S_IMODE(fifo.stat().st_mode) == 0o600
+    assert stat.S_IMODE(als.stat().st_mode) == 0o600
+    # The owner, by contrast, gets through (the refusals above are the modes, not a FIFO
+    # that is gone or a socket nobody serves).
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

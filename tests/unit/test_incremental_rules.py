@@ -119,6 +119,24 @@ def edit_route(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
     return dataclasses.replace(cfg, virtual_services=_replace_one(vss, i, new))
 
 
+def edit_binding(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
+    """A VirtualService replaced in place that serves other hosts or other gateways: what
+    is bound where, and the order of virtual hosts, may change."""
+    vss = cfg.virtual_services
+    i = rng.randrange(len(vss))
+    vs = vss[i]
+    if rng.random() < 0.5:
+        extra = "extra.example.com"
+        hosts = (
+            tuple(h for h in vs.hosts if h != extra) if extra in vs.hosts else (extra, *vs.hosts)
+        )
+        new = dataclasses.replace(vs, hosts=hosts)
+    else:
+        gateways = vs.gateways[:-1] if len(vs.gateways) > 1 else (*vs.gateways, "edge/b")
+        new = dataclasses.replace(vs, gateways=gateways)
+    return dataclasses.replace(cfg, virtual_services=_replace_one(vss, i, new))
+
+
 def edit_rule(cfg: MeshConfig, rng: random.Random) -> MeshConfig:
     drs = cfg.destination_rules
     i = rng.randrange(len(drs))
@@ -198,6 +216,7 @@ def test_incremental_generation_after_rule_changes_equals_a_fresh_build() -> Non
         edit_route,
         edit_route,
         edit_route,
+        edit_binding,
         edit_rule,
         edit_rule,
         edit_service,
@@ -458,13 +477,20 @@ def test_an_index_after_a_route_change_shares_every_part_the_change_leaves_alone
     assert new._endpoints is index._endpoints
     assert new._visibility is index._visibility
     assert new._security is index._security
-    assert new._traffic is not index._traffic and new._gateways is not index._gateways
-    # An equal snapshot made of other objects (the files parsed again) is no change at all.
+    # The route is bound to a gateway only: sidecars' traffic rules are the same.
+    assert new._traffic is index._traffic and new._gateways is not index._gateways
+    # An equal snapshot made of other objects (the files parsed again) is no change at all,
+    # and the new index holds the objects of the one before.
     again = MeshIndex(mesh_config(MESH))
     same = again.next(mesh_config(MESH), version=2)
     assert same.change_since(again) == IndexChange(frozenset(), frozenset())
     assert same.changed_since(again) == frozenset()
     assert same._traffic is again._traffic and same._gateways is again._gateways
+    assert same.config.virtual_services is again.config.virtual_services
+    # A route sidecars see: their traffic rules are made again.
+    i, mesh_vs = _vs(again.config, "reviews-mesh")
+    edited = _with_vs(again.config, i, dataclasses.replace(mesh_vs, http=mesh_vs.http[1:]))
+    assert same.next(edited, version=3)._traffic is not same._traffic
     # Not derived from it: anything may differ.
     assert MeshIndex(cfg).change_since(index) is None
 
@@ -494,3 +520,24 @@ def test_what_is_carried_does_not_keep_old_pushes_or_objects_alive() -> None:
         if isinstance(o, VirtualService) and o.name == "route-5"
     ]
     assert sorted(alive) == [2.0, 3.0]
+
+
+def test_what_pushes_reuse_stays_in_the_cache() -> None:
+    """Resources a push serves again without asking the cache (clusters and assignments
+    of a plan it patched) are still marked in use, over route edits and an endpoint move
+    in between: a fresh build over the same cache after the sweeps serializes nothing."""
+    rng = random.Random(5)
+    ps = proxies()
+    cfg = mesh_config(MESH)
+    cache = ResourceCache()
+    ctx = GenContext(MeshIndex(cfg), cache)
+    generate(ctx, ps)
+    for edit in (edit_route, move_endpoint, edit_route, edit_route, edit_route, edit_route):
+        cfg = edit(cfg, rng)
+        ctx = next_context(ctx, ctx.index.next(cfg, version=ctx.index.version + 1))
+        generate(ctx, ps)
+    cache.next_generation()
+    cache.sweep()
+    before = cache.serializations
+    generate(GenContext(ctx.index, cache), ps)
+    assert cache.serializations == before
