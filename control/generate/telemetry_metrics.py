@@ -14,7 +14,8 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
   that family; the rest of the overrides travel as one more literal tag (`TAG_OVERRIDES`,
   applied by the agent: agent/telemetry/overrides.py). Peer metadata is exchanged either way:
   the proxy's peers still count their side of the traffic.
-- Peer metadata: the client side sends its own in a request header and reads the server's
+- Peer metadata: the client side sends its own in a request header (on the records path by
+  the HCM's early header mutation: no filter instance per request) and reads the server's
   from the response; the server side reads the client's (mTLS chains only: a plaintext
   caller's claim is stripped unread) and answers with its own (mTLS chains only). A side
   without an HTTP logger reads nothing (nothing would use it). Both strip the headers at the
@@ -37,6 +38,7 @@ from envoy.config.core.v3.base_pb2 import (
     TrafficDirection,
 )
 from envoy.config.core.v3.config_source_pb2 import ApiVersion
+from envoy.config.core.v3.extension_pb2 import TypedExtensionConfig
 from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.config.listener.v3.listener_components_pb2 import FilterChain
@@ -59,6 +61,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+from envoy.extensions.http.early_header_mutation.header_mutation.v3.header_mutation_pb2 import (
+    HeaderMutation as EarlyHeaderMutation,
+)
 from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
@@ -74,6 +79,7 @@ from protos import telemetry as t
 
 HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
+EARLY_HEADER_MUTATION = "envoy.http.early_header_mutation.header_mutation"
 # Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until
 # this many bytes. Large batches: while a worker's stream to the agent is still connecting,
 # Envoy drops every batch after the first, so the first should hold a burst.
@@ -223,6 +229,13 @@ def _instrument_hcm(
     logger = (_RECORDS if telemetry.log_path else _ALS) if logged else _NONE
     if reporter == t.REPORTER_SOURCE:
         filters = _client_filters(telemetry, logger)
+        if logger == _RECORDS:
+            # The HCM sets our header before any filter runs: no filter instance per request
+            # for it (the response's header is read and stripped by the metadata filter).
+            early = EarlyHeaderMutation(mutations=[_set(t.PEER_HEADER, telemetry.peer_value())])
+            hcm.early_header_mutation_extensions.append(
+                TypedExtensionConfig(name=EARLY_HEADER_MUTATION, typed_config=pack(early))
+            )
     else:
         filters = _server_filters(telemetry, logger, mtls=mtls)
     # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
@@ -286,6 +299,9 @@ def _client_filters(telemetry: WorkloadTelemetry, logger: str) -> list[HttpFilte
         write = Mutations(request_mutations=request, response_mutations=[_remove(t.PEER_HEADER)])
         return [_mutation_filter(write)]
     rules = [_to_metadata(t.PEER_HEADER, t.METADATA_PEER)]
+    read = HeaderToMetadata(response_rules=rules)
+    if logger == _RECORDS:  # our header is the HCM's early mutation (_instrument_hcm)
+        return [HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read))]
     write = Mutations(request_mutations=request)
     if logger == _ALS:
         rules.append(_to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL))

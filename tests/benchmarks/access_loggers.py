@@ -13,12 +13,16 @@ backend Envoy (a direct response), identical but for the access logger on their 
   (agent/telemetry/fifo.py) — how the standard metrics are read now;
 - `fluentd`: Envoy's fluentd logger (msgpack over TCP) with the same fields, to a sink that
   only drains the socket (so its figure is Envoy's cost alone, receiver not counted);
+- `text`: Envoy's file logger with Istio's default TEXT format to a file (a user's access log);
 - `client`, `server`: what the control plane gives a sidecar's outbound (client) and inbound
   (server) HCMs for the standard metrics on the records path, filters and logger, from
   `instrument_listener` itself. The server's peer-metadata read and answer apply on its mTLS
   chain only, so read its `https` line (h2load sends no peer header: the read finds none).
   With `--baseline ROOT` the same two come also from the checkout at ROOT, as `client@base`
   and `server@base`, in the same rounds: a change's cost or saving against the same floor.
+  `client+text` and `server+text` add the `text` logger (a sidecar with access logs on); a
+  `~KB` suffix (`client+text~1024`) runs that variant's Envoy with another
+  `--file-flush-min-size-kb`.
 
 The receivers run in one child process (`--sink`), so their CPU is measured apart from this
 driver's: per variant, the receiver CPU per request is the child's CPU during that variant's
@@ -50,147 +54,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from protos import telemetry as t
 from tests.benchmarks.gateway import _address, backend_bootstrap, h2load
-from tests.benchmarks.telemetry import cpu_seconds
+from tests.benchmarks.logger_configs import SIDES, TAGS, instrumented, logger
+from tests.benchmarks.procstat import cpu_seconds, load_average
 from tests.support.envoy import envoy_binary
 from tests.support.net import free_port, pod_ip
 from tests.support.testca import TestCA
 
 HOST = "bench.example.com"
 HTTP_PORT, HTTPS_PORT, BACKEND_PORT = 8080, 8443, 8080
-VARIANTS = ("none", "grpc", "fifo", "fluentd", "client", "server")
-SIDES = {"client": "OUTBOUND", "server": "INBOUND"}
+VARIANTS = ("none", "grpc", "fifo", "fluentd", "text", "client", "server")
+# A side with a user's access log too (Istio's TEXT format to a file): `client+text`.
+WITH_TEXT = "+text"
+# A variant run with another --file-flush-min-size-kb: `client+text~1024`.
+FLUSH = "~"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"  # noqa: E501
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
-_LOGGERS = "type.googleapis.com/envoy.extensions.access_loggers"
-_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-# The workload tags a sidecar's logger carries (what the control plane writes).
-TAGS = {
-    "reporter": "destination",
-    "workload": "backend-0",
-    "workload_namespace": "default",
-    "app": "backend",
-    "version": "v1",
-    "principal": "spiffe://cluster.local/ns/default/sa/backend",
-    "cluster_domain": "cluster.local",
-}
-# The per-request fields the standard metrics read, as Envoy format commands.
-FIELDS = dict(t.RECORD_LABEL_FIELDS + t.RECORD_VALUE_FIELDS)
-
-
-def _pipe_cluster(name: str, path: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": str(path)}}}}]}
-            ],
-        },
-        "typed_extension_protocol_options": {
-            _HTTP_OPTIONS: {
-                "@type": f"type.googleapis.com/{_HTTP_OPTIONS}",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-    }
-
-
-def logger(variant: str, workdir: Path, fluentd: tuple[str, int]) -> tuple[list[Any], list[Any]]:
-    """(access_log entries for an HCM, extra clusters) for one variant."""
-    if variant == "none":
-        return [], []
-    if variant == "grpc":
-        config = {
-            "@type": f"{_LOGGERS}.grpc.v3.HttpGrpcAccessLogConfig",
-            "common_config": {
-                "log_name": "pilotfish-metrics",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "pilotfish-als"}},
-                "transport_api_version": "V3",
-                "buffer_flush_interval": "1s",
-                "buffer_size_bytes": 1024 * 1024,
-                "custom_tags": [{"tag": k, "literal": {"value": v}} for k, v in TAGS.items()],
-            },
-            "additional_request_headers_to_log": ["content-type"],
-            "additional_response_headers_to_log": ["grpc-status"],
-            "additional_response_trailers_to_log": ["grpc-status"],
-        }
-        cluster = _pipe_cluster("pilotfish-als", str(workdir / "ALS"))
-        return [{"name": "envoy.access_loggers.http_grpc", "typed_config": config}], [cluster]
-    if variant == "fifo":
-        config = {
-            "@type": f"{_LOGGERS}.file.v3.FileAccessLog",
-            "path": str(workdir / "METRICS"),
-            "log_format": {"text_format_source": {"inline_string": t.record_format(TAGS)}},
-        }
-        return [{"name": "envoy.access_loggers.file", "typed_config": config}], []
-    if variant == "fluentd":
-        config = {
-            "@type": f"{_LOGGERS}.fluentd.v3.FluentdAccessLogConfig",
-            "cluster": "fluentd",
-            "tag": "pilotfish",
-            "stat_prefix": "fluentd",
-            "buffer_flush_interval": "1s",
-            "buffer_size_bytes": 1024 * 1024,
-            "record": {**TAGS, **FIELDS},
-        }
-        cluster = {
-            "name": "fluentd",
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {
-                "cluster_name": "fluentd",
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(*fluentd)}}]}],
-            },
-        }
-        return [{"name": "envoy.access_loggers.fluentd", "typed_config": config}], [cluster]
-    raise ValueError(variant)
-
-
-# Run in a checkout (its own code first on sys.path): a listener's JSON on stdin, the same
-# listener with that checkout's metrics instrumentation on stdout.
-_INSTRUMENT = """
-import json, sys
-from google.protobuf.json_format import MessageToDict, ParseDict
-import envoy.extensions.filters.http.router.v3.router_pb2
-import envoy.extensions.transport_sockets.tls.v3.tls_pb2
-from envoy.config.listener.v3.listener_pb2 import Listener
-from control.generate.telemetry_metrics import WorkloadTelemetry, instrument_listener
-args = json.loads(sys.argv[1])
-telemetry = WorkloadTelemetry(
-    workload=args["workload"], namespace=args["workload_namespace"], app=args["app"],
-    version=args["version"], principal=args["principal"],
-    cluster_domain=args["cluster_domain"], log_path=args["log"],
-)
-listener = ParseDict(json.load(sys.stdin), Listener())
-print(json.dumps(MessageToDict(instrument_listener(listener, telemetry))))
-"""
-
-
-def instrumented(
-    bootstrap: dict[str, Any], side: str, log: Path, root: Path = ROOT
-) -> dict[str, Any]:
-    """`bootstrap` with its listeners as the control plane at `root` instruments a sidecar's
-    `side` (client or server) HCMs."""
-    args = json.dumps({**TAGS, "log": str(log)})
-    listeners = []
-    for listener in bootstrap["static_resources"]["listeners"]:
-        listener = {**listener, "traffic_direction": SIDES[side]}
-        out = subprocess.run(
-            [sys.executable, "-c", _INSTRUMENT, args],
-            input=json.dumps(listener),
-            capture_output=True,
-            text=True,
-            cwd=root,
-            check=True,
-        ).stdout
-        listeners.append(json.loads(out))
-    bootstrap["static_resources"]["listeners"] = listeners
-    return bootstrap
 
 
 def proxy_bootstrap(
@@ -260,7 +140,9 @@ def proxy_bootstrap(
     }
 
 
-def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+def start_envoy(
+    bootstrap: dict[str, Any], workdir: Path, name: str, flush_min_kb: int = 0
+) -> subprocess.Popen[bytes]:
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(bootstrap))
     log = (workdir / f"{name}.log").open("wb")
@@ -277,6 +159,7 @@ def start_envoy(bootstrap: dict[str, Any], workdir: Path, name: str) -> subproce
             # The agent's Envoy flushes file logs this often (Envoy's default is 10 s).
             "--file-flush-interval-msec",
             "1000",
+            *(["--file-flush-min-size-kb", str(flush_min_kb)] if flush_min_kb else []),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -337,16 +220,18 @@ async def sink(workdir: Path, fluentd_ip: str, fluentd_port: int) -> None:
 # --- the driver -----------------------------------------------------------------------------
 
 
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20000, help="per round, variant and scheme")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--no-https", action="store_true")
+    ap.add_argument(
+        "--flush-min-kb",
+        type=int,
+        default=0,
+        help="Envoy's --file-flush-min-size-kb (0: its default)",
+    )
     ap.add_argument("--baseline", type=Path, help="a checkout to compare client and server with")
     ap.add_argument("--sink", nargs=3, metavar=("WORKDIR", "IP", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -356,12 +241,16 @@ def main() -> int:
         uvloop.run(sink(Path(args.sink[0]), args.sink[1], int(args.sink[2])))
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    if "none" not in variants or not set(variants) <= set(VARIANTS):
-        raise SystemExit(f"--variants: a subset of {','.join(VARIANTS)} that holds none")
+    bases = {v.partition(FLUSH)[0].removesuffix(WITH_TEXT) for v in variants}
+    if "none" not in variants or not bases <= set(VARIANTS):
+        raise SystemExit(
+            f"--variants: a subset of {','.join(VARIANTS)} that holds none (client and server"
+            f" also as client{WITH_TEXT} and server{WITH_TEXT}; any with ~KB, its flush size)"
+        )
     if args.baseline is not None:
         if not (args.baseline / "control/generate/telemetry_metrics.py").is_file():
             raise SystemExit(f"--baseline: no Pilotfish checkout at {args.baseline}")
-        variants += [f"{v}@base" for v in variants if v in SIDES]
+        variants += [f"{v}@base" for v in variants if v.removesuffix(WITH_TEXT) in SIDES]
     schemes = [("http", HTTP_PORT)] + ([] if args.no_https else [("https", HTTPS_PORT)])
     tmp = Path(tempfile.mkdtemp(prefix="pf-loggers-"))
     # A sidecar's kind of certificate (a SPIFFE URI SAN): Envoy caches a connection's SANs
@@ -386,12 +275,15 @@ def main() -> int:
         procs.append(start_envoy(backend_bootstrap(backend_ip), tmp, "backend"))
         for v in variants:
             side, _, base = v.partition("@")
-            logs, extra = logger("none" if side in SIDES else v, tmp, fluentd)
+            side, _, flush_kb = side.partition(FLUSH)
+            text = side.endswith(WITH_TEXT)
+            side = side.removesuffix(WITH_TEXT)
+            logs, extra = logger("text" if text else "none" if side in SIDES else v, tmp, fluentd)
             bootstrap = proxy_bootstrap(ips[v], backend_ip, cert, key, logs, extra)
             if side in SIDES:
                 root = args.baseline if base else ROOT
                 bootstrap = instrumented(bootstrap, side, tmp / "METRICS", root)
-            procs.append(start_envoy(bootstrap, tmp, v))
+            procs.append(start_envoy(bootstrap, tmp, v, int(flush_kb or args.flush_min_kb)))
         pids = {v: p.pid for v, p in zip(variants, procs[1:], strict=True)}
         _wait_ready([*ips.values()], tmp)
         # Warm-up: connections to the backend and the receivers, first allocations.

@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks import envoy_static, gateway_config, gateway_httproutes
-from tests.benchmarks.telemetry import cpu_seconds, envoy_pid
+from tests.benchmarks.procstat import cpu_seconds, envoy_pid
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import envoy_binary
 from tests.support.mesh import mesh_agent

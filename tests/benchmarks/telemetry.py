@@ -1,13 +1,19 @@
-"""Benchmark: the cost of Istio's standard metrics (Envoy's access log stream to the agent,
-counted there) on traffic between two pods.
+"""Benchmark: the cost of telemetry (Istio's standard metrics, counted by the agent from
+Envoy's records, and access logs) on traffic between two pods.
 
 Two pods (agent + Envoy each, mTLS between them), the backend app a plain Envoy answering 200
 itself (so the app is never the bottleneck). h2load drives the client's sidecar; the same run
-measures it twice, with `--standard-metrics off` (the floor) and on:
+measures two such pairs: one with all telemetry off (the floor: `--standard-metrics off`, no
+access log) and one with the standard metrics and access logs on, as an Istio user turns
+access logs on for some workloads: an `envoyFileAccessLog` provider in the mesh config (a
+file in the temp dir per pod, as each pod has its own; Istio's default TEXT format) and a
+Telemetry selecting the pod names it. The run fails unless each of the "on" pair's two files
+holds every request of that pair, and none of the "off" pair's.
 
-(a) throughput with metrics / without (target >= 0.85) and p99 latency with / without (<= 1.3);
-(b) agent CPU per 10,000 requests with metrics on (client and backend agents), and the two
-    sidecars' Envoy CPU per request with metrics and without (what a busy shared machine
+(a) throughput with telemetry / without (target >= 0.85) and p99 latency with / without
+    (<= 1.3);
+(b) agent CPU per 10,000 requests with telemetry on (client and backend agents), and the two
+    sidecars' Envoy CPU per request with it and without (what a busy shared machine
     disturbs far less than the rates: read it beside (a));
 (c) agent RSS before and after `--paths-requests` requests across 5,000 distinct paths: the
     label sets do not grow with paths, so neither does memory (target: series unchanged,
@@ -20,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.procstat import cpu_seconds, envoy_pid, load_average, rss_mb
 from tests.support.agentproc import AgentProcess
 from tests.support.controlplane import eventually, running_control_plane
 from tests.support.envoy import EnvoyProcess
@@ -43,6 +49,24 @@ kind: PeerAuthentication
 metadata: {name: default, namespace: default}
 spec: {mtls: {mode: STRICT}}
 """
+
+# Pods with access logs carry the label `access-log: <role>`; a Telemetry per role selects
+# them and names the provider of the role's file.
+ROLES = ("client", "backend")
+ACCESS_LOG = """apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {{name: {role}-log, namespace: default}}
+spec:
+  selector: {{matchLabels: {{access-log: {role}}}}}
+  accessLogging: [{{providers: [{{name: {role}-log}}]}}]
+"""
+
+
+def mesh_config(logs: dict[str, Path]) -> str:
+    return "extensionProviders:\n" + "".join(
+        f"- name: {role}-log\n  envoyFileAccessLog: {{path: {path}}}\n"
+        for role, path in logs.items()
+    )
 
 
 def direct_app(ip: str, port: int, workdir: Path) -> EnvoyProcess:
@@ -99,30 +123,6 @@ def direct_app(ip: str, port: int, workdir: Path) -> EnvoyProcess:
     return EnvoyProcess(bootstrap, workdir, name="app")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its waited-for children (the agent, not Envoy)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def envoy_pid(agent_pid: int) -> int:
-    """The agent's Envoy: its child process named envoy."""
-    for task in Path(f"/proc/{agent_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if Path(f"/proc/{child}/comm").read_text().startswith("envoy"):
-                return int(child)
-    raise SystemExit(f"agent {agent_pid} has no Envoy child")
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 def h2load(
     url: str,
     requests: int,
@@ -176,6 +176,20 @@ def envoy_stat(ip: str, name: str) -> float:
     return sum(float(line.split(": ")[1]) for line in text.splitlines() if ": " in line)
 
 
+def access_log_lines(path: Path) -> dict[str, int]:
+    """Access log lines by the authority, the sixth quoted field of Istio's TEXT format
+    (`backend-on` or `backend-off`); "" for a line that is not in that format."""
+    counts: dict[str, int] = {}
+    if not path.exists():
+        return counts
+    with path.open(errors="replace") as f:
+        for line in f:
+            quoted = line.split('"')
+            authority = quoted[11] if len(quoted) > 11 else ""
+            counts[authority] = counts.get(authority, 0) + 1
+    return counts
+
+
 def sample(text: str, name: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -187,9 +201,10 @@ def sample(text: str, name: str) -> float:
 class Pair:
     """A client pod and a backend pod (service `backend-<name>`), metrics on or off."""
 
-    def __init__(self, name: str, metrics: bool, tmp: Path) -> None:
+    def __init__(self, name: str, metrics: bool, logs: bool, tmp: Path) -> None:
         self.name = name
         self.metrics = metrics
+        self.logs = logs
         self.host = f"backend-{name}"
         self.client_ip, self.backend_ip = pod_ip(), pod_ip()
         self.app = direct_app(self.backend_ip, 8080, tmp / f"app-{name}")
@@ -203,7 +218,8 @@ class Pair:
     def start(self, cp: object, tmp: Path) -> None:
         self.app.start()
         flag = ("--standard-metrics", "on" if self.metrics else "off")
-        labels = f"app={self.host}"
+        logs = {r: f",access-log={r}" if self.logs else "" for r in ROLES}
+        labels = f"app={self.host}{logs['backend']}"
         self.backend = mesh_agent(
             cp,  # type: ignore[arg-type]
             tmp,
@@ -214,8 +230,13 @@ class Pair:
             group=self.host,
         )
         self.client = mesh_agent(
-            cp, tmp, self.client_ip, f"client-{self.name}", "app=client", *flag
-        )  # type: ignore[arg-type]
+            cp,  # type: ignore[arg-type]
+            tmp,
+            self.client_ip,
+            f"client-{self.name}",
+            f"app=client{logs['client']}",
+            *flag,
+        )
         self.agents = [self.backend, self.client]
         for a in self.agents:
             a.start()
@@ -264,17 +285,35 @@ async def main() -> int:
     p.add_argument("--paths-requests", type=int, default=200_000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--streams", type=int, default=10)
+    p.add_argument(
+        "--on",
+        choices=("metrics,logs", "metrics", "logs"),
+        default="metrics,logs",
+        help="what the \"on\" pair turns on (one alone: that part's cost; not the target's figure)",
+    )
     args = p.parse_args()
     t0 = time.monotonic()
+    loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="pf-telemetry-") as d:
         tmp = Path(d)
         cfg = tmp / "cfg"
         cfg.mkdir()
         (cfg / "mesh.yaml").write_text(
-            "---\n".join([backend_yaml("backend-off"), backend_yaml("backend-on"), STRICT])
+            "---\n".join(
+                [
+                    backend_yaml("backend-off"),
+                    backend_yaml("backend-on"),
+                    STRICT,
+                    *(ACCESS_LOG.format(role=r) for r in ROLES),
+                ]
+            )
         )
-        off, on = Pair("off", False, tmp), Pair("on", True, tmp)
-        async with running_control_plane(cfg) as cp:
+        access_logs = {r: tmp / f"access-{r}-on.log" for r in ROLES}
+        mesh_file = tmp / "meshconfig.yaml"
+        mesh_file.write_text(mesh_config(access_logs))
+        on_metrics, on_logs = "metrics" in args.on, "logs" in args.on
+        off, on = Pair("off", False, False, tmp), Pair("on", on_metrics, on_logs, tmp)
+        async with running_control_plane(cfg, mesh_config=mesh_file) as cp:
             try:
                 for pair in (off, on):
                     pair.start(cp, tmp)
@@ -305,7 +344,13 @@ async def main() -> int:
                             pair.envoy_cpu[k] += cpu_seconds(pid) - envoy_before[k]
                         pair.rates.append(rate)
                         pair.p99s.append(p99)
+                    loads.append(load_average())
                 counted = sample(scrape(on.backend_ip), "istio_requests_total")
+                # Envoy flushed its file within the 1.5 s the last round waited.
+                logged = {
+                    r: await asyncio.to_thread(access_log_lines, path)
+                    for r, path in access_logs.items()
+                }
                 # Entries Envoy's gRPC logger dropped (TCP now) and HTTP records the agent
                 # could not read.
                 dropped = {
@@ -325,26 +370,48 @@ async def main() -> int:
                 off.stop()
                 on.stop()
     total = args.requests * args.rounds
+    print(
+        "telemetry load average (1/5/15 min) at the start and after each round: "
+        + " | ".join(loads)
+    )
+    # Each request of the "on" pair once in each sidecar's file (the readiness probes may add
+    # a few); a line of the "off" pair's, or one not in Istio's format, is a failure.
+    want = total + 2000 if on.logs else 0
+    for role, counts in logged.items():
+        lines_on, lines_off = counts.pop(on.host, 0), counts.pop(off.host, 0)
+        print(
+            f"telemetry access log ({role} sidecar): {lines_on} lines for {on.host} (>= "
+            f"{want}: rounds and warm-up), {lines_off} for {off.host} (0), "
+            f"{sum(counts.values())} other (0)"
+        )
+        if lines_on < want or lines_off or sum(counts.values()) or (lines_on and not on.logs):
+            raise SystemExit(
+                f"telemetry: the access log {access_logs[role]} is not what was asked for"
+            )
+    what = " + ".join(
+        name for name, on_ in (("metrics", on.metrics), ("access logs", on.logs)) if on_
+    )
     ratio = max(on.rates) / max(off.rates)
     p99_ratio = min(on.p99s) / min(off.p99s)
     print(
-        f"telemetry throughput: {max(on.rates):.0f} req/s with metrics vs {max(off.rates):.0f}"
-        f" without = {ratio:.2f} (target >= 0.85; best of {args.rounds} alternating rounds)"
+        f"telemetry throughput with {what} / all telemetry off: "
+        f"{max(on.rates):.0f} / {max(off.rates):.0f} req/s = {ratio:.2f} (target >= 0.85; "
+        f"best of {args.rounds} alternating rounds)"
     )
     print(
-        f"telemetry p99: {min(on.p99s):.2f} ms with metrics vs {min(off.p99s):.2f} ms without"
-        f" = {p99_ratio:.2f} (target <= 1.3)"
+        f"telemetry p99 with {what} / all telemetry off: {min(on.p99s):.2f} /"
+        f" {min(off.p99s):.2f} ms = {p99_ratio:.2f} (target <= 1.3)"
     )
     for side in ("client", "backend"):
         print(
             f"telemetry agent CPU ({side}): {on.cpu[side] / total * 10_000:.3f} s per 10,000 "
-            f"requests with metrics ({off.cpu[side] / total * 10_000:.3f} s without)"
+            f"requests with telemetry ({off.cpu[side] / total * 10_000:.3f} s without)"
         )
     for side in ("client", "backend"):
         e_on, e_off = (p.envoy_cpu[side] / total * 1e6 for p in (on, off))
         print(
-            f"telemetry Envoy CPU ({side} sidecar): {e_on:.1f} us per request with metrics vs"
-            f" {e_off:.1f} us without = {e_on / e_off:.2f} (+{e_on - e_off:.1f} us)"
+            f"telemetry Envoy CPU ({side} sidecar): {e_on:.1f} us per request with telemetry"
+            f" vs {e_off:.1f} us without = {e_on / e_off:.2f} (+{e_on - e_off:.1f} us)"
         )
     print(
         f"telemetry requests counted by the backend agent: {counted:.0f} "

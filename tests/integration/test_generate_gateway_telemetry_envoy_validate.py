@@ -26,6 +26,7 @@ from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.resource_names import CLUSTER_TYPE, LISTENER_TYPE
 from control.generate.telemetry_metrics import (
+    EARLY_HEADER_MUTATION,
     HEADER_MUTATION_FILTER,
     HEADER_TO_METADATA_FILTER,
     HTTP_GRPC_LOGGER,
@@ -86,9 +87,12 @@ def test_router_listeners_carry_logs_tracing_and_metrics(mode: str) -> None:
                     fields = fmt.split(t.RECORD_SEPARATOR)[1 : 1 + len(t.RECORD_TAGS)]
                     _check_tags(dict(zip(t.RECORD_TAGS, fields, strict=True)))
                     # Client side: send the router's metadata, read the backend's.
-                    first = [h.name for h in hcm.http_filters[:2]]
-                    assert first == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
-                    assert t.PEER_HEADER in hcm.http_filters[1].typed_config.value.decode("latin-1")
+                    # (the HCM's early header mutation sends ours: no filter for it).
+                    assert hcm.http_filters[0].name == HEADER_TO_METADATA_FILTER
+                    assert HEADER_MUTATION_FILTER not in [h.name for h in hcm.http_filters]
+                    [early] = hcm.early_header_mutation_extensions
+                    assert early.name == EARLY_HEADER_MUTATION
+                    assert t.PEER_HEADER in early.typed_config.value.decode("latin-1")
                 elif f.name == TCP_PROXY_FILTER:
                     tcps += 1
                     tcp = TcpProxy()

@@ -24,6 +24,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpConnectionManager,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
+from envoy.extensions.http.early_header_mutation.header_mutation.v3.header_mutation_pb2 import (
+    HeaderMutation as EarlyHeaderMutation,
+)
 
 from control.generate import GENERATORS
 from control.generate.access_logs import FILE_LOGGER
@@ -31,6 +34,7 @@ from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.resource_names import LISTENER_TYPE
 from control.generate.telemetry_metrics import (
+    EARLY_HEADER_MUTATION,
     HEADER_MUTATION_FILTER,
     HEADER_TO_METADATA_FILTER,
     HTTP_GRPC_LOGGER,
@@ -158,25 +162,37 @@ def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool, log: st
     names = [f.name for f in hcm.http_filters]
     assert names[-1] == "envoy.filters.http.router"
     mutation = HeaderMutation()
-    hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
+    if HEADER_MUTATION_FILTER in names:
+        hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
     requests = mutation.mutations.request_mutations
     responses = mutation.mutations.response_mutations
     own = "workload=reviews-group&workload_namespace=default&app=reviews&version=v1"
     if not inbound:
         # Client side: read the response's metadata, send ours.
-        assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
-        assert [
-            (m.append.header.key, m.append.header.value) for m in requests if m.append.header.key
-        ] == [(t.PEER_HEADER, own)]
         read = HeaderToMetadata()
         hcm.http_filters[0].typed_config.Unpack(read)
         assert all(r.remove for r in read.response_rules)
         if log:
-            # A record reads the upstream's certificate itself: no header round trip.
+            # Ours is set by the HCM before any filter (no filter for it), and a record reads
+            # the upstream's certificate itself: no header round trip.
+            assert names[0] == HEADER_TO_METADATA_FILTER
+            assert HEADER_MUTATION_FILTER not in names
+            [early_config] = hcm.early_header_mutation_extensions
+            assert early_config.name == EARLY_HEADER_MUTATION
+            early = EarlyHeaderMutation()
+            early_config.typed_config.Unpack(early)
+            assert [(m.append.header.key, m.append.header.value) for m in early.mutations] == [
+                (t.PEER_HEADER, own)
+            ]
             assert [r.header for r in read.response_rules] == [t.PEER_HEADER]
-            assert not responses
             assert t.UPSTREAM_PEER_HEADER.encode() not in hcm.SerializeToString()
         else:
+            assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
+            assert [
+                (m.append.header.key, m.append.header.value)
+                for m in requests
+                if m.append.header.key
+            ] == [(t.PEER_HEADER, own)]
             assert {r.header for r in read.response_rules} == {
                 t.PEER_HEADER,
                 t.UPSTREAM_PEER_HEADER,
