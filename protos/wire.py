@@ -36,6 +36,12 @@ DDR_TYPE_URL: Final = 4
 DDR_NONCE: Final = 5
 DDR_REMOVED_RESOURCES: Final = 6
 DDR_CONTROL_PLANE: Final = 7
+# envoy.service.discovery.v3.DiscoveryRequest
+DREQ_VERSION_INFO: Final = 1
+DREQ_NODE: Final = 2
+DREQ_RESOURCE_NAMES: Final = 3
+DREQ_TYPE_URL: Final = 4
+DREQ_RESPONSE_NONCE: Final = 5
 # envoy.service.discovery.v3.Resource
 RES_VERSION: Final = 1
 RES_RESOURCE: Final = 2
@@ -79,6 +85,11 @@ _T_DDR_CONTROL_PLANE: Final = tag(DDR_CONTROL_PLANE)
 _T_RES_VERSION: Final = tag(RES_VERSION)
 _T_RES_RESOURCE: Final = tag(RES_RESOURCE)
 _T_RES_NAME: Final = tag(RES_NAME)
+_T_DREQ_VERSION_INFO: Final = tag(DREQ_VERSION_INFO)[0]
+_T_DREQ_NODE: Final = tag(DREQ_NODE)[0]
+_T_DREQ_RESOURCE_NAMES: Final = tag(DREQ_RESOURCE_NAMES)
+_T_DREQ_TYPE_URL: Final = tag(DREQ_TYPE_URL)
+_T_DREQ_RESPONSE_NONCE: Final = tag(DREQ_RESPONSE_NONCE)
 
 
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
@@ -173,6 +184,59 @@ def delta_discovery_response_block(
     if control_plane is not None:
         _put(parts, _T_DDR_CONTROL_PLANE, control_plane)
     return b"".join(parts)
+
+
+def request_names(names: Iterable[str]) -> bytes:
+    """``DiscoveryRequest.resource_names`` as a serializer writes it: the bytes that
+    ``request_names_match`` looks for."""
+    parts: list[bytes] = []
+    _put_repeated(parts, _T_DREQ_RESOURCE_NAMES, (n.encode() for n in names))
+    return b"".join(parts)
+
+
+# type URL -> its DiscoveryRequest field, encoded (a handful of types).
+_type_url_fields: dict[str, bytes] = {}
+
+
+def request_names_match(raw: bytes, names: bytes, type_url: str, nonce: str) -> bool:
+    """Whether the serialized DiscoveryRequest `raw`, already decoded to `type_url` and
+    `nonce`, names exactly the resources `names` encodes (``request_names``), checked on its
+    bytes without making a string of each name.
+
+    True only for the layout protobuf serializers write in field-number order:
+    version_info and node (both optional), the names, type_url, response_nonce, nothing
+    else. Since `raw` then is those fields end to end, with `names` between them byte for
+    byte, it holds exactly these names in this order. Any other layout (an error_detail, an
+    unknown field, another order) is False, and the caller reads the names the slow way."""
+    i, n = 0, len(raw)
+    try:
+        if i < n and raw[i] == _T_DREQ_VERSION_INFO:
+            length, i = _read_varint(raw, i + 1)
+            i += length
+        if i < n and raw[i] == _T_DREQ_NODE:
+            length, i = _read_varint(raw, i + 1)
+            i += length
+    except ValueError:
+        return False
+    if not raw.startswith(names, i):
+        return False
+    i += len(names)
+    field = _type_url_fields.get(type_url)
+    if field is None:
+        parts: list[bytes] = []
+        _put_str(parts, _T_DREQ_TYPE_URL, type_url)
+        field = b"".join(parts)
+        if len(_type_url_fields) < 64:  # type URLs any client may make up: bounded
+            _type_url_fields[type_url] = field
+    if not raw.startswith(field, i):
+        return False
+    i += len(field)
+    if not nonce:
+        return i == n
+    parts = []
+    _put_str(parts, _T_DREQ_RESPONSE_NONCE, nonce)
+    tail = b"".join(parts)
+    return n - i == len(tail) and raw.startswith(tail, i)
 
 
 def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:

@@ -118,7 +118,9 @@ class DeltaStream(StreamRules[_TypeState]):
         super().__init__(stream_id)
         self._version = 0
 
-    def receive(self, req: DeltaDiscoveryRequest) -> RequestOutcome:
+    def receive(self, req: DeltaDiscoveryRequest, raw: bytes | None = None) -> RequestOutcome:
+        """Classify a request and apply its subscription changes. (`raw`, the request's
+        bytes, is for SotwStream's sake: a delta request carries only what changed.)"""
         self.requests += 1
         type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)

@@ -256,11 +256,11 @@ class XdsServer:
             # written by the bounded pool of send workers, so reading requests never waits on
             # a slow client, and a connection storm encodes at most that many responses at
             # once (rule 9) instead of one per new stream.
-            self._handle_request(conn, first)
+            self._handle_request(conn, first, first_raw)
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
             while (raw := await context.read()) is not grpc.aio.EOF:
-                self._handle_request(conn, decode_request(raw, conn.delta))
+                self._handle_request(conn, decode_request(raw, conn.delta), raw)
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
                     self._schedule(conn)
@@ -289,7 +289,7 @@ class XdsServer:
                 self._metrics.stream_errors.labels(conn.error.kind).inc()
             await end_stream(context, conn.error)
 
-    def _handle_request(self, conn: Connection, req: Any) -> None:
+    def _handle_request(self, conn: Connection, req: Any, raw: bytes | None = None) -> None:
         if not req.type_url:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
         if req.type_url == typeurls.HEALTH:
@@ -306,7 +306,7 @@ class XdsServer:
                 # This stream only: the proxy's other streams (its Envoy's ADS) go on.
                 logger.info("stream %s refused: %s", conn.id, refused.message)
                 raise StreamError(refused.code, refused.message, kind="refused") from None
-        outcome: RequestOutcome = conn.state.receive(req)
+        outcome: RequestOutcome = conn.state.receive(req, raw)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
             if self._admission.unsettled(conn.id) and conn.state.in_sync():

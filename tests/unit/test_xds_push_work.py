@@ -1,0 +1,124 @@
+"""How much work a push and its ACKs cost per stream (issue 23, target 5), counted in
+allocations and encodings rather than timed: the churn and fan-out benchmarks time it.
+
+An ACK of SotW endpoints names every cluster the proxy uses; a thousand streams ACK each push,
+and turning each one's names into a thousand strings only to find them unchanged was the
+largest piece of Python work per stream and push.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from envoy.config.core.v3.base_pb2 import Node
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from google.rpc.status_pb2 import Status
+
+from control.xds.cache import ResourceSet
+from control.xds.sotw import SotwStream
+from control.xds.state import RequestKind
+from protos import typeurls, wire
+
+EDS = typeurls.ENDPOINT
+NAMES = [f"outbound|9080||svc-{i}.default.svc.cluster.local" for i in range(1000)]
+
+
+def _raw(**fields: object) -> bytes:
+    return DiscoveryRequest(**fields).SerializeToString()  # type: ignore[arg-type]
+
+
+def _decoded(raw: bytes) -> DiscoveryRequest:
+    return DiscoveryRequest.FromString(raw)
+
+
+def test_request_names_match_sees_the_names_on_the_bytes() -> None:
+    names = wire.request_names(NAMES)
+    ack = _raw(version_info="v1", resource_names=NAMES, type_url=EDS, response_nonce="n1")
+    assert wire.request_names_match(ack, names, EDS, "n1")
+    # The node on every request (Envoy without set_node_on_first_message_only).
+    with_node = _raw(
+        version_info="v1",
+        node=Node(id="sidecar~10.0.0.1~a.b~b.svc.cluster.local"),
+        resource_names=NAMES,
+        type_url=EDS,
+        response_nonce="n1",
+    )
+    assert wire.request_names_match(with_node, names, EDS, "n1")
+    first = _raw(resource_names=NAMES, type_url=EDS)
+    assert wire.request_names_match(first, names, EDS, "")
+    # Anything else is not a match: other names, one more or one fewer, another type, a
+    # NACK's error_detail, a nonce other than the decoded one, fields out of order.
+    assert not wire.request_names_match(
+        _raw(resource_names=NAMES[:-1], type_url=EDS, response_nonce="n1"), names, EDS, "n1"
+    )
+    assert not wire.request_names_match(
+        _raw(resource_names=[*NAMES, "x"], type_url=EDS, response_nonce="n1"), names, EDS, "n1"
+    )
+    renamed = [*NAMES[:-1], NAMES[-1][:-1] + "X"]
+    assert not wire.request_names_match(
+        _raw(resource_names=renamed, type_url=EDS, response_nonce="n1"), names, EDS, "n1"
+    )
+    nack = _raw(
+        resource_names=NAMES, type_url=EDS, response_nonce="n1", error_detail=Status(code=3)
+    )
+    assert not wire.request_names_match(nack, names, EDS, "n1")
+    assert not wire.request_names_match(ack, names, typeurls.CLUSTER, "n1")
+    assert not wire.request_names_match(ack, names, EDS, "n2")
+    reordered = (
+        _raw(type_url=EDS) + _raw(resource_names=NAMES) + _raw(response_nonce="n1")
+    )  # a valid encoding of the same message, fields out of order
+    assert _decoded(reordered).resource_names == NAMES
+    assert not wire.request_names_match(reordered, names, EDS, "n1")
+
+
+def _stream_holding_endpoints() -> tuple[SotwStream, str]:
+    """A stream subscribed to NAMES that was sent their (empty) set once."""
+    s = SotwStream("s")
+    first = _raw(node=Node(id="sidecar~10.0.0.1~a.b~b.svc.cluster.local"), type_url=EDS)
+    s.receive(_decoded(first), first)
+    raw = _raw(resource_names=NAMES, type_url=EDS)
+    assert s.receive(_decoded(raw), raw).kind is RequestKind.INITIAL
+    resp = s.respond(EDS, ResourceSet(()), force=True)
+    assert resp is not None
+    return s, resp.nonce
+
+
+def test_an_unchanged_sotw_ack_makes_no_strings_of_its_names() -> None:
+    s, nonce = _stream_holding_endpoints()
+    raw = _raw(version_info="v", resource_names=NAMES, type_url=EDS, response_nonce=nonce)
+    req = _decoded(raw)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        outcome = s.receive(req, raw)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    assert outcome.kind is RequestKind.ACK and not outcome.must_respond
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename") if d.size_diff > 0)
+    # A tuple of the thousand names is ~100 KB of strings; the ACK itself needs well under 2.
+    assert grown < 4_000, grown
+
+
+def test_a_changed_sotw_subscription_is_still_seen() -> None:
+    s, nonce = _stream_holding_endpoints()
+    raw = _raw(resource_names=[*NAMES, "new"], type_url=EDS, response_nonce=nonce)
+    outcome = s.receive(_decoded(raw), raw)
+    assert outcome.kind is RequestKind.ACK and outcome.must_respond
+    assert "new" in s.subscription(EDS)[1]
+    # And back: the names shrink, nothing new to answer, the stream forgets "new".
+    resp = s.respond(EDS, ResourceSet(()), force=True)
+    assert resp is not None
+    raw = _raw(resource_names=NAMES, type_url=EDS, response_nonce=resp.nonce)
+    outcome = s.receive(_decoded(raw), raw)
+    assert outcome.kind is RequestKind.ACK and not outcome.must_respond
+    assert "new" not in s.subscription(EDS)[1]
+    # A NACK (its error_detail is no match for the bytes) still records the error.
+    raw = _raw(
+        resource_names=NAMES,
+        type_url=EDS,
+        response_nonce=resp.nonce,
+        error_detail=Status(code=3, message="bad"),
+    )
+    outcome = s.receive(_decoded(raw), raw)
+    assert outcome.kind is RequestKind.NACK and outcome.error_message == "bad"
