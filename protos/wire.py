@@ -85,11 +85,7 @@ _T_DDR_CONTROL_PLANE: Final = tag(DDR_CONTROL_PLANE)
 _T_RES_VERSION: Final = tag(RES_VERSION)
 _T_RES_RESOURCE: Final = tag(RES_RESOURCE)
 _T_RES_NAME: Final = tag(RES_NAME)
-_T_DREQ_VERSION_INFO: Final = tag(DREQ_VERSION_INFO)[0]
-_T_DREQ_NODE: Final = tag(DREQ_NODE)[0]
 _T_DREQ_RESOURCE_NAMES: Final = tag(DREQ_RESOURCE_NAMES)
-_T_DREQ_TYPE_URL: Final = tag(DREQ_TYPE_URL)
-_T_DREQ_RESPONSE_NONCE: Final = tag(DREQ_RESPONSE_NONCE)
 
 
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
@@ -194,49 +190,49 @@ def request_names(names: Iterable[str]) -> bytes:
     return b"".join(parts)
 
 
-# type URL -> its DiscoveryRequest field, encoded (a handful of types).
-_type_url_fields: dict[str, bytes] = {}
+def request_names_match(raw: bytes, names: bytes) -> bool:
+    """Whether the serialized DiscoveryRequest `raw` names exactly the resources `names`
+    encodes (``request_names``), in that order, checked on its bytes without making a
+    string of each name.
+
+    True when `raw` is `names` with whole fields before and after it, none of them a
+    resource name: repeated fields append in the order they come, so the names are then
+    exactly these. Serializers write fields in number order (Envoy) or append the names to
+    the rest (the load tool); either matches. Otherwise (a name elsewhere, names split up,
+    malformed bytes) False, and the caller reads the names the slow way."""
+    end = len(raw)
+    at = _first_name(raw, 0, end)
+    if at == end:  # no name in it
+        return not names
+    if at < 0 or not names or not raw.startswith(names, at):
+        return False
+    return _first_name(raw, at + len(names), end) == end
 
 
-def request_names_match(raw: bytes, names: bytes, type_url: str, nonce: str) -> bool:
-    """Whether the serialized DiscoveryRequest `raw`, already decoded to `type_url` and
-    `nonce`, names exactly the resources `names` encodes (``request_names``), checked on its
-    bytes without making a string of each name.
-
-    True only for the layout protobuf serializers write in field-number order:
-    version_info and node (both optional), the names, type_url, response_nonce, nothing
-    else. Since `raw` then is those fields end to end, with `names` between them byte for
-    byte, it holds exactly these names in this order. Any other layout (an error_detail, an
-    unknown field, another order) is False, and the caller reads the names the slow way."""
-    i, n = 0, len(raw)
+def _first_name(raw: bytes, i: int, end: int) -> int:
+    """Where the first DiscoveryRequest.resource_names field of raw[i:end] starts: `end` when
+    it is whole fields without one, -1 when it is not whole fields."""
     try:
-        if i < n and raw[i] == _T_DREQ_VERSION_INFO:
-            length, i = _read_varint(raw, i + 1)
-            i += length
-        if i < n and raw[i] == _T_DREQ_NODE:
-            length, i = _read_varint(raw, i + 1)
-            i += length
+        while i < end:
+            start = i
+            key, i = _read_varint(raw, i)
+            if key >> 3 == DREQ_RESOURCE_NAMES:
+                return start
+            wire_type = key & 7
+            if wire_type == _LEN:
+                length, i = _read_varint(raw, i)
+                i += length
+            elif wire_type == 0:
+                _, i = _read_varint(raw, i)
+            elif wire_type == 1:
+                i += 8
+            elif wire_type == 5:
+                i += 4
+            else:
+                return -1
     except ValueError:
-        return False
-    if not raw.startswith(names, i):
-        return False
-    i += len(names)
-    field = _type_url_fields.get(type_url)
-    if field is None:
-        parts: list[bytes] = []
-        _put_str(parts, _T_DREQ_TYPE_URL, type_url)
-        field = b"".join(parts)
-        if len(_type_url_fields) < 64:  # type URLs any client may make up: bounded
-            _type_url_fields[type_url] = field
-    if not raw.startswith(field, i):
-        return False
-    i += len(field)
-    if not nonce:
-        return i == n
-    parts = []
-    _put_str(parts, _T_DREQ_RESPONSE_NONCE, nonce)
-    tail = b"".join(parts)
-    return n - i == len(tail) and raw.startswith(tail, i)
+        return -1
+    return end if i == end else -1
 
 
 def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:

@@ -135,7 +135,7 @@ class SotwStream(StreamRules[_TypeState]):
             st is not None
             and names_wire is not None
             and raw is not None
-            and wire.request_names_match(raw, names_wire, type_url, nonce)
+            and wire.request_names_match(raw, names_wire)
         ):
             # Unchanged (the common ACK), seen on the bytes: keep the shared state.
             raw_names, names = st.raw_names, st.names
@@ -148,7 +148,7 @@ class SotwStream(StreamRules[_TypeState]):
             else:
                 raw_names, names, encoded = _shared_names(raw_names)
             names_wire = None
-            if raw is not None and wire.request_names_match(raw, encoded, type_url, nonce):
+            if raw is not None and wire.request_names_match(raw, encoded):
                 names_wire = encoded
         if st is None:
             st = _TypeState(

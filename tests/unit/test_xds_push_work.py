@@ -34,41 +34,33 @@ def _decoded(raw: bytes) -> DiscoveryRequest:
 def test_request_names_match_sees_the_names_on_the_bytes() -> None:
     names = wire.request_names(NAMES)
     ack = _raw(version_info="v1", resource_names=NAMES, type_url=EDS, response_nonce="n1")
-    assert wire.request_names_match(ack, names, EDS, "n1")
-    # The node on every request (Envoy without set_node_on_first_message_only).
-    with_node = _raw(
-        version_info="v1",
-        node=Node(id="sidecar~10.0.0.1~a.b~b.svc.cluster.local"),
-        resource_names=NAMES,
-        type_url=EDS,
-        response_nonce="n1",
+    assert wire.request_names_match(ack, names)
+    # The node on every request (Envoy without set_node_on_first_message_only), a NACK's
+    # error_detail, the names appended after the other fields (the load tool does that):
+    # whole fields around the names, none of them a name.
+    node = Node(id="sidecar~10.0.0.1~a.b~b.svc.cluster.local")
+    assert wire.request_names_match(
+        _raw(version_info="v1", node=node, resource_names=NAMES, type_url=EDS), names
     )
-    assert wire.request_names_match(with_node, names, EDS, "n1")
-    first = _raw(resource_names=NAMES, type_url=EDS)
-    assert wire.request_names_match(first, names, EDS, "")
-    # Anything else is not a match: other names, one more or one fewer, another type, a
-    # NACK's error_detail, a nonce other than the decoded one, fields out of order.
-    assert not wire.request_names_match(
-        _raw(resource_names=NAMES[:-1], type_url=EDS, response_nonce="n1"), names, EDS, "n1"
-    )
-    assert not wire.request_names_match(
-        _raw(resource_names=[*NAMES, "x"], type_url=EDS, response_nonce="n1"), names, EDS, "n1"
-    )
-    renamed = [*NAMES[:-1], NAMES[-1][:-1] + "X"]
-    assert not wire.request_names_match(
-        _raw(resource_names=renamed, type_url=EDS, response_nonce="n1"), names, EDS, "n1"
-    )
-    nack = _raw(
-        resource_names=NAMES, type_url=EDS, response_nonce="n1", error_detail=Status(code=3)
-    )
-    assert not wire.request_names_match(nack, names, EDS, "n1")
-    assert not wire.request_names_match(ack, names, typeurls.CLUSTER, "n1")
-    assert not wire.request_names_match(ack, names, EDS, "n2")
-    reordered = (
-        _raw(type_url=EDS) + _raw(resource_names=NAMES) + _raw(response_nonce="n1")
-    )  # a valid encoding of the same message, fields out of order
-    assert _decoded(reordered).resource_names == NAMES
-    assert not wire.request_names_match(reordered, names, EDS, "n1")
+    nack = _raw(resource_names=NAMES, type_url=EDS, error_detail=Status(code=3, message="x"))
+    assert wire.request_names_match(nack, names)
+    appended = _raw(type_url=EDS, response_nonce="n1") + _raw(resource_names=NAMES)
+    assert _decoded(appended).resource_names == NAMES
+    assert wire.request_names_match(appended, names)
+    assert wire.request_names_match(_raw(type_url=EDS), wire.request_names([]))
+    # Anything else is not a match: other names, one more or one fewer, another order,
+    # names on both sides of another field, none at all.
+    for other in (NAMES[:-1], [*NAMES, "x"], [*NAMES[:-1], NAMES[-1] + "X"], NAMES[::-1]):
+        assert not wire.request_names_match(_raw(resource_names=other, type_url=EDS), names)
+    split = _raw(resource_names=NAMES[:500], type_url=EDS) + _raw(resource_names=NAMES[500:])
+    assert list(_decoded(split).resource_names) == NAMES
+    assert not wire.request_names_match(split, names)
+    assert not wire.request_names_match(_raw(type_url=EDS, response_nonce="n1"), names)
+    assert not wire.request_names_match(ack, wire.request_names([]))
+    # The names' bytes inside another field (here the node's id) are not the names.
+    inside = _raw(node=Node(id=names.decode()), type_url=EDS)
+    assert not wire.request_names_match(inside, names)
+    assert not wire.request_names_match(b"\xff", names)  # malformed
 
 
 def _stream_holding_endpoints() -> tuple[SotwStream, str]:
