@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import tracemalloc
 
-from envoy.config.core.v3.base_pb2 import Node
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from envoy.config.core.v3.base_pb2 import ControlPlane, Node
+from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+from envoy.service.discovery.v3.discovery_pb2 import (
+    DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse,
+    DiscoveryRequest,
+)
 from google.rpc.status_pb2 import Status
 
-from control.xds.cache import ResourceSet
+from control.xds.cache import Resource, ResourceCache, ResourceSet
+from control.xds.connection import encode_response
+from control.xds.delta import DeltaStream
 from control.xds.sotw import SotwStream
 from control.xds.state import RequestKind
 from protos import typeurls, wire
@@ -114,3 +121,49 @@ def test_a_changed_sotw_subscription_is_still_seen() -> None:
     )
     outcome = s.receive(_decoded(raw), raw)
     assert outcome.kind is RequestKind.NACK and outcome.error_message == "bad"
+
+
+def _cla(cache: ResourceCache, name: str, rev: int) -> Resource:
+    def build() -> ClusterLoadAssignment:
+        cla = ClusterLoadAssignment(cluster_name=name)
+        ep = cla.endpoints.add().lb_endpoints.add().endpoint
+        ep.address.socket_address.address = f"10.0.{rev // 250}.{rev % 250}"
+        return cla
+
+    return cache.get(EDS, name, (name, rev), build)
+
+
+def test_a_delta_push_is_worked_out_and_encoded_once_for_streams_that_stand_alike() -> None:
+    cache = ResourceCache()
+    names = NAMES[:100]
+    before = ResourceSet([_cla(cache, n, 0) for n in names])
+    streams = []
+    for k in range(50):
+        s = DeltaStream(f"s{k}")
+        s.receive(DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=names))
+        (first,) = s.push({EDS: before})
+        s.receive(DeltaDiscoveryRequest(type_url=EDS, response_nonce=first.nonce))
+        streams.append(s)
+    after = before.replace({names[7]: _cla(cache, names[7], 1), names[9]: None})
+    responses = [s.push({EDS: after})[0] for s in streams]
+    assert len({id(r.change) for r in responses}) == 1  # worked out once
+    cp = ControlPlane(identifier="test").SerializeToString()
+    encoded = [encode_response(r, cp) for r in responses]
+    assert len({id(e) for e in encoded}) == 1  # and encoded once
+    got = DeltaDiscoveryResponse.FromString(encoded[0])
+    assert [r.name for r in got.resources] == [names[7]]
+    assert list(got.removed_resources) == [names[9]]
+    assert got.nonce == responses[0].nonce and got.system_version_info == "2"
+    # A stream whose client stands elsewhere (it NACKed, so it holds its own record) gets
+    # its own answer, and the same as it always did.
+    odd = streams[0]
+    later = after.replace({names[3]: _cla(cache, names[3], 2)})
+    odd.receive(
+        DeltaDiscoveryRequest(
+            type_url=EDS, response_nonce=responses[0].nonce, resource_names_unsubscribe=[names[5]]
+        )
+    )
+    (own,) = odd.push({EDS: later})
+    (alike,) = streams[1].push({EDS: later})
+    assert own.change is None and alike.change is not None
+    assert [r.name for r in own.resources] == [r.name for r in alike.resources] == [names[3]]
