@@ -218,18 +218,7 @@ def _first_name(raw: bytes, i: int, end: int) -> int:
             key, i = _read_varint(raw, i)
             if key >> 3 == DREQ_RESOURCE_NAMES:
                 return start
-            wire_type = key & 7
-            if wire_type == _LEN:
-                length, i = _read_varint(raw, i)
-                i += length
-            elif wire_type == 0:
-                _, i = _read_varint(raw, i)
-            elif wire_type == 1:
-                i += 8
-            elif wire_type == 5:
-                i += 4
-            else:
-                return -1
+            i = _past_field(raw, i, key & 7)
     except ValueError:
         return -1
     return end if i == end else -1
@@ -255,17 +244,25 @@ def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:
             if number in wanted:
                 out[number] = data[i:end].decode()
             i = end
-        elif wire_type == 0:
-            _, i = _read_varint(data, i)
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 5:
-            i += 4
         else:
-            raise ValueError(f"unsupported wire type {wire_type}")
+            i = _past_field(data, i, wire_type)
     if i > n:
         raise ValueError("truncated field")
     return out
+
+
+def _past_field(data: bytes, i: int, wire_type: int) -> int:
+    """Where a field ends whose key ends at `i`; ValueError for groups and unknown types."""
+    if wire_type == _LEN:
+        length, i = _read_varint(data, i)
+        return i + length
+    if wire_type == 0:
+        return _read_varint(data, i)[1]
+    if wire_type == 1:
+        return i + 8
+    if wire_type == 5:
+        return i + 4
+    raise ValueError(f"unsupported wire type {wire_type}")
 
 
 def _read_varint(data: bytes, i: int) -> tuple[int, int]:
