@@ -36,6 +36,12 @@ DDR_TYPE_URL: Final = 4
 DDR_NONCE: Final = 5
 DDR_REMOVED_RESOURCES: Final = 6
 DDR_CONTROL_PLANE: Final = 7
+# envoy.service.discovery.v3.DiscoveryRequest
+DREQ_VERSION_INFO: Final = 1
+DREQ_NODE: Final = 2
+DREQ_RESOURCE_NAMES: Final = 3
+DREQ_TYPE_URL: Final = 4
+DREQ_RESPONSE_NONCE: Final = 5
 # envoy.service.discovery.v3.Resource
 RES_VERSION: Final = 1
 RES_RESOURCE: Final = 2
@@ -79,6 +85,7 @@ _T_DDR_CONTROL_PLANE: Final = tag(DDR_CONTROL_PLANE)
 _T_RES_VERSION: Final = tag(RES_VERSION)
 _T_RES_RESOURCE: Final = tag(RES_RESOURCE)
 _T_RES_NAME: Final = tag(RES_NAME)
+_T_DREQ_RESOURCE_NAMES: Final = tag(DREQ_RESOURCE_NAMES)
 
 
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
@@ -175,6 +182,48 @@ def delta_discovery_response_block(
     return b"".join(parts)
 
 
+def request_names(names: Iterable[str]) -> bytes:
+    """``DiscoveryRequest.resource_names`` as a serializer writes it: the bytes that
+    ``request_names_match`` looks for."""
+    parts: list[bytes] = []
+    _put_repeated(parts, _T_DREQ_RESOURCE_NAMES, (n.encode() for n in names))
+    return b"".join(parts)
+
+
+def request_names_match(raw: bytes, names: bytes) -> bool:
+    """Whether the serialized DiscoveryRequest `raw` names exactly the resources `names`
+    encodes (``request_names``), in that order, checked on its bytes without making a
+    string of each name.
+
+    True when `raw` is `names` with whole fields before and after it, none of them a
+    resource name: repeated fields append in the order they come, so the names are then
+    exactly these. Serializers write fields in number order (Envoy) or append the names to
+    the rest (the load tool); either matches. Otherwise (a name elsewhere, names split up,
+    malformed bytes) False, and the caller reads the names the slow way."""
+    end = len(raw)
+    at = _first_name(raw, 0, end)
+    if at == end:  # no name in it
+        return not names
+    if at < 0 or not names or not raw.startswith(names, at):
+        return False
+    return _first_name(raw, at + len(names), end) == end
+
+
+def _first_name(raw: bytes, i: int, end: int) -> int:
+    """Where the first DiscoveryRequest.resource_names field of raw[i:end] starts: `end` when
+    it is whole fields without one, -1 when it is not whole fields."""
+    try:
+        while i < end:
+            start = i
+            key, i = _read_varint(raw, i)
+            if key >> 3 == DREQ_RESOURCE_NAMES:
+                return start
+            i = _past_field(raw, i, key & 7)
+    except ValueError:
+        return -1
+    return end if i == end else -1
+
+
 def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:
     """Top-level string fields of a serialized message, without decoding the rest.
 
@@ -195,17 +244,25 @@ def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:
             if number in wanted:
                 out[number] = data[i:end].decode()
             i = end
-        elif wire_type == 0:
-            _, i = _read_varint(data, i)
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 5:
-            i += 4
         else:
-            raise ValueError(f"unsupported wire type {wire_type}")
+            i = _past_field(data, i, wire_type)
     if i > n:
         raise ValueError("truncated field")
     return out
+
+
+def _past_field(data: bytes, i: int, wire_type: int) -> int:
+    """Where a field ends whose key ends at `i`; ValueError for groups and unknown types."""
+    if wire_type == _LEN:
+        length, i = _read_varint(data, i)
+        return i + length
+    if wire_type == 0:
+        return _read_varint(data, i)[1]
+    if wire_type == 1:
+        return i + 8
+    if wire_type == 5:
+        return i + 4
+    raise ValueError(f"unsupported wire type {wire_type}")
 
 
 def _read_varint(data: bytes, i: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from control.config import kinds
 from control.config.discovery import discover
+from control.config.documents import DocumentCache, Loaded
 from control.config.errors import ConfigError
 from control.config.manifest import in_revision, objects_of
 from control.config.merge import check_duplicates, merge
@@ -29,28 +30,47 @@ logger = logging.getLogger(__name__)
 DEFAULT_DOMAIN = "cluster.local"
 
 
-def load_text(text: str, file: str, domain: str = DEFAULT_DOMAIN, revision: str = "") -> FileConfig:
+def load_text(
+    text: str,
+    file: str,
+    domain: str = DEFAULT_DOMAIN,
+    revision: str = "",
+    documents: DocumentCache | None = None,
+) -> FileConfig:
     """Parse and validate the objects in `text` (the contents of `file`); objects labelled
-    for another revision than `revision` are left out (manifest.in_revision)."""
-    objects: list[ConfigObject] = []
-    warnings: list[ConfigWarning] = []
-    for doc in parse_yaml(text, file):
-        for raw in objects_of(doc):
-            if not in_revision(raw, revision):
-                logger.debug("%s: %s is for another revision", file, raw.label)
-                continue
-            converted = kinds.convert(raw, domain)
-            warnings.extend(converted.warnings)
-            if converted.object is not None:
-                objects.append(converted.object)
-    check_duplicates(objects)
-    return FileConfig(file, tuple(objects), tuple(dict.fromkeys(warnings)))
+    for another revision than `revision` are left out (manifest.in_revision). `documents`:
+    what the file's documents loaded to last time, to load only the changed ones again."""
+
+    def load(part: str, first_line: int) -> Loaded:
+        objects: list[ConfigObject] = []
+        warnings: list[ConfigWarning] = []
+        for doc in parse_yaml(part, file, first_line):
+            for raw in objects_of(doc):
+                if not in_revision(raw, revision):
+                    logger.debug("%s: %s is for another revision", file, raw.label)
+                    continue
+                converted = kinds.convert(raw, domain)
+                warnings.extend(converted.warnings)
+                if converted.object is not None:
+                    objects.append(converted.object)
+        return Loaded(tuple(objects), tuple(warnings))
+
+    if documents is None:
+        loaded = load(text, 0)
+    else:
+        loaded = documents.load(text, file, (domain, revision), load)
+    check_duplicates(loaded.objects)
+    return FileConfig(file, loaded.objects, tuple(dict.fromkeys(loaded.warnings)))
 
 
 def load_bytes(
-    data: bytes, file: str, domain: str = DEFAULT_DOMAIN, revision: str = ""
+    data: bytes,
+    file: str,
+    domain: str = DEFAULT_DOMAIN,
+    revision: str = "",
+    documents: DocumentCache | None = None,
 ) -> FileConfig:
-    return load_text(decode(data, file), file, domain, revision)
+    return load_text(decode(data, file), file, domain, revision, documents)
 
 
 def load_file(path: str, domain: str = DEFAULT_DOMAIN) -> FileConfig:

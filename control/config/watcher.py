@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from control.config.delivery import WarningLog, deliver
 from control.config.discovery import discover
+from control.config.documents import DocumentCache
 from control.config.errors import ConfigError, DuplicateObjectError
 from control.config.loader import DEFAULT_DOMAIN, load_bytes, read_file
 from control.config.merge import merge
@@ -92,6 +93,7 @@ def _load_files(
     revision: str = "",
     known: Mapping[str, str] | None = None,
     digests: dict[str, str] | None = None,
+    documents: DocumentCache | None = None,
 ) -> dict[str, _Loaded]:
     """Load `files`. `known`: the content digest each file's current version was loaded
     from; a file whose bytes still have it is UNCHANGED and not parsed again. A stat change
@@ -112,7 +114,7 @@ def _load_files(
             out[file] = UNCHANGED
             continue
         try:
-            out[file] = load_bytes(data, file, domain, revision)
+            out[file] = load_bytes(data, file, domain, revision, documents)
         except ConfigError as exc:
             out[file] = exc
         except Exception as exc:  # a bug in a validator; reject the file, don't retry forever
@@ -160,6 +162,8 @@ class ConfigWatcher(Lifecycle):
         # The content digest of the bytes each file's newest load (valid or not) came from.
         self._digests: dict[str, str] = {}
         self._warnings = WarningLog(logger)
+        # What each file's documents loaded to: a reload composes only those that changed.
+        self._documents = DocumentCache()
         self._task: asyncio.Task[None] | None = None
         self._started = False
 
@@ -174,7 +178,7 @@ class ConfigWatcher(Lifecycle):
         stamps = await asyncio.to_thread(_scan, self.paths)
         digests: dict[str, str] = {}
         loaded = await asyncio.to_thread(
-            _load_files, files, self.domain, self.revision, None, digests
+            _load_files, files, self.domain, self.revision, None, digests, self._documents
         )
         self._digests = digests
         for file in files:
@@ -258,7 +262,13 @@ class ConfigWatcher(Lifecycle):
         removed = sorted(set(self._stamps) - set(stamps))
         digests: dict[str, str] = {}
         loaded = await asyncio.to_thread(
-            _load_files, changed, self.domain, self.revision, dict(self._digests), digests
+            _load_files,
+            changed,
+            self.domain,
+            self.revision,
+            dict(self._digests),
+            digests,
+            self._documents,
         )
         self._digests.update(digests)
         fresh = False  # whether any file has a new version (valid or not) or went away
@@ -284,6 +294,7 @@ class ConfigWatcher(Lifecycle):
             self._good.pop(file, None)
             self._parse_errors.pop(file, None)
             self._digests.pop(file, None)
+            self._documents.forget(file)
         self._stamps = stamps
         if not fresh:  # only stamps moved: the merge would give the same config again
             self.snapshot_at = max(self.snapshot_at, scanned_at)

@@ -65,8 +65,10 @@ def line_in(lines: Mapping[Path, int], path: Path, default: int) -> int:
     return lines.get((), default)
 
 
-def parse_yaml(text: str, file: str) -> list[Document]:
+def parse_yaml(text: str, file: str, first_line: int = 0) -> list[Document]:
     """Parse multi-document YAML; empty documents (`---` alone, comments only) are skipped.
+    `first_line`: how many lines of the file precede `text` (a part of it), added to the
+    line of every node.
 
     Raises ConfigError with the line the YAML parser reports for syntax errors.
     """
@@ -74,22 +76,22 @@ def parse_yaml(text: str, file: str) -> list[Document]:
         roots: list[Node] = list(yaml.compose_all(text, Loader=_Loader))
     except yaml.MarkedYAMLError as exc:
         # At the end of a file without a final newline libyaml's mark is one line past it.
-        line = min(_mark_line(exc), last_line(text))
-        raise ConfigError(file, line, _yaml_reason(exc)) from None
+        line = min(_mark_line(exc), last_line(text)) + first_line
+        raise ConfigError(file, line, _yaml_reason(exc, first_line)) from None
     except yaml.reader.ReaderError as exc:
-        line = _reader_line(exc, text)
+        line = _reader_line(exc, text) + first_line
         raise ConfigError(file, line, f"invalid YAML: {_reader_reason(exc)}") from None
     except yaml.YAMLError as exc:  # any other libyaml complaint without a position
-        raise ConfigError(file, 1, f"invalid YAML: {exc}") from None
+        raise ConfigError(file, 1 + first_line, f"invalid YAML: {exc}") from None
     except RecursionError:
-        raise ConfigError(file, 1, "invalid YAML: nesting is too deep") from None
+        raise ConfigError(file, 1 + first_line, "invalid YAML: nesting is too deep") from None
     docs: list[Document] = []
     for root in roots:
         if root is None or _is_null(root):
             continue
-        builder = _Builder(file)
+        builder = _Builder(file, first_line + 1)
         value = builder.build(root, (), 0)
-        docs.append(Document(file, root.start_mark.line + 1, value, builder.lines))
+        docs.append(Document(file, root.start_mark.line + builder.base, value, builder.lines))
     return docs
 
 
@@ -110,13 +112,13 @@ def _mark_line(exc: yaml.MarkedYAMLError) -> int:
     return mark.line + 1 if mark is not None else 1
 
 
-def _yaml_reason(exc: yaml.MarkedYAMLError) -> str:
+def _yaml_reason(exc: yaml.MarkedYAMLError, first_line: int = 0) -> str:
     reason = f"invalid YAML: {exc.problem or 'syntax error'}"
     if exc.context:
         where = ""
         if exc.context_mark is not None and exc.problem_mark is not None:
             if exc.context_mark.line != exc.problem_mark.line:
-                where = f" started at line {exc.context_mark.line + 1}"
+                where = f" started at line {exc.context_mark.line + 1 + first_line}"
         reason += f" ({exc.context}{where})"
     return reason
 
@@ -138,15 +140,16 @@ def _reader_reason(exc: yaml.reader.ReaderError) -> str:
 class _Builder:
     """Builds plain values from a node graph, recording the line of every path."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, base: int = 1) -> None:
         self.file = file
+        self.base = base  # the line number of the text's first line
         self.lines: dict[Path, int] = {}
         self._count = 0
         self._distinct: set[int] = set()
         self._active: set[int] = set()
 
     def _fail(self, node: Node, reason: str) -> ConfigError:
-        return ConfigError(self.file, node.start_mark.line + 1, reason)
+        return ConfigError(self.file, node.start_mark.line + self.base, reason)
 
     def build(self, node: Node, path: Path, depth: int) -> Any:
         self._count += 1
@@ -161,7 +164,7 @@ class _Builder:
             )
         if depth > MAX_DEPTH:
             raise self._fail(node, f"document nested too deeply (more than {MAX_DEPTH} levels)")
-        self.lines.setdefault(path, node.start_mark.line + 1)
+        self.lines.setdefault(path, node.start_mark.line + self.base)
         if isinstance(node, ScalarNode):
             return self._scalar(node)
         if id(node) in self._active:
@@ -206,7 +209,7 @@ class _Builder:
             if key in out:
                 first = self.lines.get(child)
                 raise self._fail(key_node, f"duplicate key {key!r} (first defined at line {first})")
-            self.lines[child] = key_node.start_mark.line + 1
+            self.lines[child] = key_node.start_mark.line + self.base
             out[key] = self.build(value_node, child, depth + 1)
         # Merge keys (`<<: *base` or `<<: [*a, *b]`): keys stated here win, then earlier sources.
         for merge in merges:
@@ -214,7 +217,7 @@ class _Builder:
             for source in sources:
                 if not isinstance(source, MappingNode):
                     raise self._fail(source, "a merge key (<<) must refer to a mapping")
-                sub = _Builder(self.file)
+                sub = _Builder(self.file, self.base)
                 sub._count, sub._distinct, sub._active = self._count, self._distinct, self._active
                 merged = sub.build(source, path, depth + 1)
                 self._count = sub._count

@@ -36,6 +36,9 @@ class VisibilityIndex:
         self._outbound_traffic_policy = outbound_traffic_policy
         self._sidecars: dict[tuple[str, Labels], SidecarScope | None] = {}
         self._visible: dict[tuple[str, str, str], tuple[Service, ...]] = {}
+        # The same by what picks the Sidecar: asked for every stream on every push, so one
+        # lookup instead of finding the Sidecar first.
+        self._visible_for: dict[tuple[str, str, Labels], tuple[Service, ...]] = {}
 
     def sidecar_for(self, proxy: Proxy) -> SidecarScope | None:
         """The Sidecar that applies to a proxy: one with a matching workloadSelector first,
@@ -86,6 +89,14 @@ class VisibilityIndex:
 
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         """Services a proxy may reach: all of them, or what its Sidecar's egress hosts allow."""
+        of_proxy = (proxy.type, proxy.namespace, proxy.labels)
+        found = self._visible_for.get(of_proxy)
+        if found is not None:
+            return found
+        found = self._visible_for[of_proxy] = self._visible_services(proxy)
+        return found
+
+    def _visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         sidecar = self.sidecar_for(proxy)
         key = (
             proxy.namespace,

@@ -146,7 +146,7 @@ class ResourceSet(Mapping[str, Resource]):
     is one string comparison per stream on a push.
     """
 
-    __slots__ = ("_by_name", "_digest", "_selections", "_since", "_views", "seq")
+    __slots__ = ("_by_name", "_changes", "_digest", "_selections", "_since", "_views", "seq")
 
     def __init__(self, resources: Mapping[str, Resource] | list[Resource] | tuple[Resource, ...]):
         if isinstance(resources, Mapping):
@@ -159,6 +159,7 @@ class ResourceSet(Mapping[str, Resource]):
         # seq of an ancestor -> names that differ between it and this set (see replace).
         self._since: dict[int, frozenset[str]] | None = None
         self._selections: dict[frozenset[str] | None, Selection] | None = None
+        self._changes: dict[Hashable, DeltaChange] | None = None
 
     def view(self, names: frozenset[str] | None) -> View:
         """The resources among `names` (None: all of them), memoized per set of names, so
@@ -198,6 +199,20 @@ class ResourceSet(Mapping[str, Resource]):
             found = Selection(tuple(picked), {r.name: r.version for r in picked}, absent)
             if len(memo) < 64:  # bounded, as views are
                 memo[names] = found
+        return found
+
+    def change(self, key: Hashable, make: Callable[[], DeltaChange]) -> DeltaChange:
+        """What a delta response moving a client to this set sends, worked out once per
+        `key` (where the client stands: see DeltaStream.respond) and shared by every stream
+        that stands there."""
+        memo = self._changes
+        if memo is None:
+            memo = self._changes = {}
+        found = memo.get(key)
+        if found is None:
+            found = make()
+            if len(memo) < 64:  # bounded, as views are
+                memo[key] = found
         return found
 
     def __getitem__(self, name: str) -> Resource:
@@ -293,6 +308,38 @@ class Selection:
                 control_plane,
             )
             if len(self._framed) < 8:  # the first answers of a stream: a handful
+                self._framed[key] = found
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaChange:
+    """The resources a delta response sends and the names it removes, shared by the streams
+    whose clients stand in the same place (ResourceSet.change): their responses differ only
+    in version and nonce, which count per stream and mostly agree, so the encoding is shared
+    too (framed)."""
+
+    resources: tuple[Resource, ...]
+    removed: tuple[str, ...]
+    _framed: dict[tuple[str, str, str, bytes | None], bytes] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _block: list[bytes] = field(default_factory=list, compare=False, repr=False)
+
+    def framed(
+        self, type_url: str, system_version: str, nonce: str, control_plane: bytes | None
+    ) -> bytes:
+        """The DeltaDiscoveryResponse: the resources' block is joined once, and whole
+        responses are kept for the few (version, nonce) pairs streams reach together."""
+        key = (type_url, system_version, nonce, control_plane)
+        found = self._framed.get(key)
+        if found is None:
+            if not self._block:
+                self._block.append(b"".join([r.delta_field() for r in self.resources]))
+            found = wire.delta_discovery_response_block(
+                system_version, self._block[0], type_url, self.removed, nonce, control_plane
+            )
+            if len(self._framed) < 8:
                 self._framed[key] = found
         return found
 

@@ -128,6 +128,11 @@ def encode_response(resp: Any, control_plane: bytes) -> bytes:
         return wire.discovery_response_block(
             body.version, body.block, resp.type_url, resp.nonce, control_plane
         )
+    if resp.change is not None:
+        framed: bytes = resp.change.framed(
+            resp.type_url, resp.system_version_info, resp.nonce, control_plane
+        )
+        return framed
     if resp.selection is not None:
         shared: bytes = resp.selection.framed(
             resp.type_url, resp.system_version_info, resp.nonce, control_plane

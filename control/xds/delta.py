@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3.discovery_pb2 import DeltaDiscoveryRequest
 
-from control.xds.cache import Resource, ResourceSet, Selection
+from control.xds.cache import DeltaChange, Resource, ResourceSet, Selection
 from control.xds.state import (
     COUNT_STRINGS,
     WILDCARD,
@@ -45,6 +45,23 @@ class DeltaResponse:
     # Set when the response sends exactly this selection and removes nothing (a new
     # stream's first answer): its encoding can be shared (Selection.framed).
     selection: Selection | None = None
+    # Set when the response is a change shared with other streams: so is its encoding.
+    change: DeltaChange | None = None
+
+
+# The outcomes without an error message, by (type, kind, must_respond): one object each
+# instead of one per request (frozen, so shared safely). Bounded: clients name the types.
+_outcomes: dict[tuple[str, RequestKind, bool], RequestOutcome] = {}
+
+
+def _outcome(type_url: str, kind: RequestKind, must_respond: bool) -> RequestOutcome:
+    key = (type_url, kind, must_respond)
+    found = _outcomes.get(key)
+    if found is None:
+        found = RequestOutcome(type_url, kind, must_respond)
+        if len(_outcomes) < 256:
+            _outcomes[key] = found
+    return found
 
 
 @functools.lru_cache(maxsize=4096)
@@ -114,7 +131,9 @@ class DeltaStream(StreamRules[_TypeState]):
         super().__init__(stream_id)
         self._version = 0
 
-    def receive(self, req: DeltaDiscoveryRequest) -> RequestOutcome:
+    def receive(self, req: DeltaDiscoveryRequest, raw: bytes | None = None) -> RequestOutcome:
+        """Classify a request and apply its subscription changes. (`raw`, the request's
+        bytes, is for SotwStream's sake: a delta request carries only what changed.)"""
         self.requests += 1
         type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)
@@ -125,6 +144,9 @@ class DeltaStream(StreamRules[_TypeState]):
             # An empty first subscribe list is the legacy wildcard (spec: "wildcard mode").
             st.legacy_wildcard = not req.resource_names_subscribe
             st.client_has.update(req.initial_resource_versions)
+        elif not req.resource_names_subscribe and not req.resource_names_unsubscribe:
+            # No subscription change (every ACK): only the nonce counts.
+            return self._answered(st, req, False)
 
         # Not interned one by one (a new Envoy names a thousand clusters, and a storm brings
         # thousands of Envoys): the subscription kept is the shared set (_shared), so every
@@ -170,30 +192,41 @@ class DeltaStream(StreamRules[_TypeState]):
 
         if first:
             return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
+        return self._answered(st, req, bool(added))
+
+    def _answered(
+        self, st: _TypeState, req: DeltaDiscoveryRequest, must_respond: bool
+    ) -> RequestOutcome:
+        """The request's nonce: an ACK or NACK of a response outstanding, or not."""
+        type_url = st.type_url
         nonce = req.response_nonce
         if not nonce:
-            return RequestOutcome(type_url, RequestKind.UPDATE, must_respond=bool(added))
+            return _outcome(type_url, RequestKind.UPDATE, must_respond)
         # Ours, not the client's copy: that would be one more string per stream, where ours
         # is shared (see CountStrings).
-        ours = next((n for n in st.outstanding if n == nonce), None)
+        outstanding = st.outstanding
+        ours = next((n for n in outstanding if n == nonce), None)
         if ours is None:
-            # Stale or unknown nonce: only the subscription change above counts.
-            return RequestOutcome(type_url, RequestKind.STALE, must_respond=bool(added))
+            # Stale or unknown nonce: only the subscription change counts.
+            return _outcome(type_url, RequestKind.STALE, must_respond)
         nonce = ours
-        st.outstanding = tuple(n for n in st.outstanding if n is not ours)
+        # Usually the only one outstanding.
+        st.outstanding = (
+            () if len(outstanding) == 1 else tuple(n for n in outstanding if n is not ours)
+        )
         if req.HasField("error_detail"):
             self.nacks += 1
             st.nack_message = req.error_detail.message or f"code {req.error_detail.code}"
             st.nacked_nonce = nonce
             return RequestOutcome(
-                type_url, RequestKind.NACK, must_respond=bool(added), error_message=st.nack_message
+                type_url, RequestKind.NACK, must_respond=must_respond, error_message=st.nack_message
             )
         self.acks += 1
         st.acked_nonce = nonce
         if nonce == st.sent_nonce:
             st.nack_message = ""
             st.nacked_nonce = ""
-        return RequestOutcome(type_url, RequestKind.ACK, must_respond=bool(added))
+        return _outcome(type_url, RequestKind.ACK, must_respond)
 
     def respond(
         self,
@@ -214,42 +247,30 @@ class DeltaStream(StreamRules[_TypeState]):
         rs = resources if isinstance(resources, ResourceSet) else None
         scope = None if st.wildcard else st.names
         changed = rs.changed_since(st.synced) if rs is not None and st.synced else None
-        gone: set[str] | frozenset[str]
-        absent: set[str] | frozenset[str]
-        updates: list[Resource]
+        updates: Sequence[Resource]
+        removed: Sequence[str]
         selection: Selection | None = None
-        if changed is None and rs is not None and not st.client_has:
+        change: DeltaChange | None = None
+        shared = st.client_shared and not st.beyond
+        if rs is not None and changed is not None and allow_removals and shared:
+            # The client holds exactly the selection of the set numbered st.synced (never
+            # `beyond` it: client_has is then its own): what it lacks depends on where it
+            # stands alone, so the streams that stand there share the answer and its bytes.
+            key = (st.synced, st.wildcard, st.names, st.told_absent)
+            found = changed
+            change = rs.change(key, lambda: DeltaChange(*_difference(st, rs, found, True)))
+            updates, removed = change.resources, change.removed
+        elif changed is None and rs is not None and not st.client_has:
             # The client holds nothing (a new stream): all of the selection, worked out once
             # for every stream with this subscription.
             selection = rs.selection(scope)
-            updates = list(selection.resources)
-            gone = frozenset()
+            updates = selection.resources
             absent = selection.absent if scope is not None else st.names - rs.keys()
-        else:
-            candidates: set[str] | frozenset[str]
-            if changed is None:
-                # Everything in scope: the client may lack any of it.
-                candidates = set(resources) | st.names if st.wildcard else st.names
-                gone = st.client_has.keys() - resources.keys()
-                absent = st.names - resources.keys()
-            else:
-                # The client holds the set numbered st.synced: only names changed since can
-                # differ (the same rules, applied to fewer names).
-                candidates = changed if st.wildcard else changed & st.names
-                gone = {n for n in changed if n in st.client_has and n not in resources}
-                absent = {n for n in changed & st.names if n not in resources}
-            client_has = st.client_has
-            updates = []
-            for name in sorted(candidates):
-                res = resources.get(name)
-                if res is not None and client_has.get(name) != res.version:
-                    updates.append(res)
-        removed: list[str] = []
-        if allow_removals:
-            removed = sorted(gone)
             # A subscribed name that does not exist is reported removed once, so the client
             # stops waiting for it (it stays subscribed and arrives when it appears).
-            removed.extend(sorted(absent - st.told_absent - gone))
+            removed = sorted(absent - st.told_absent) if allow_removals else ()
+        else:
+            updates, removed = _difference(st, resources, changed, allow_removals)
         # What the client will hold matches `resources` over the subscription, unless
         # removals were held back.
         in_line = allow_removals and rs is not None
@@ -284,6 +305,7 @@ class DeltaStream(StreamRules[_TypeState]):
             tuple(updates),
             tuple(removed),
             selection if selection is not None and not removed else None,
+            change,
         )
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[DeltaResponse]:
@@ -332,3 +354,39 @@ class DeltaStream(StreamRules[_TypeState]):
 
     def client_versions(self, type_url: str) -> dict[str, str]:
         return dict(self._types[type_url].client_has)
+
+
+def _difference(
+    st: _TypeState,
+    resources: Mapping[str, Resource],
+    changed: frozenset[str] | None,
+    allow_removals: bool,
+) -> tuple[tuple[Resource, ...], tuple[str, ...]]:
+    """What the client of `st` lacks of `resources` (by name), and the names to tell it are
+    removed: of every name in scope, or only of those `changed` since the set the client
+    holds (the same rules, applied to fewer names)."""
+    gone: set[str] | frozenset[str]
+    absent: set[str] | frozenset[str]
+    candidates: set[str] | frozenset[str]
+    if changed is None:
+        # Everything in scope: the client may lack any of it.
+        candidates = set(resources) | st.names if st.wildcard else st.names
+        gone = st.client_has.keys() - resources.keys()
+        absent = st.names - resources.keys()
+    else:
+        candidates = changed if st.wildcard else changed & st.names
+        gone = {n for n in changed if n in st.client_has and n not in resources}
+        absent = {n for n in changed & st.names if n not in resources}
+    client_has = st.client_has
+    updates = []
+    for name in sorted(candidates):
+        res = resources.get(name)
+        if res is not None and client_has.get(name) != res.version:
+            updates.append(res)
+    removed: list[str] = []
+    if allow_removals:
+        removed = sorted(gone)
+        # A subscribed name that does not exist is reported removed once, so the client
+        # stops waiting for it (it stays subscribed and arrives when it appears).
+        removed.extend(sorted(absent - st.told_absent - gone))
+    return tuple(updates), tuple(removed)

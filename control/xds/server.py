@@ -256,11 +256,11 @@ class XdsServer:
             # written by the bounded pool of send workers, so reading requests never waits on
             # a slow client, and a connection storm encodes at most that many responses at
             # once (rule 9) instead of one per new stream.
-            self._handle_request(conn, first)
+            self._handle_request(conn, first, first_raw)
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
             while (raw := await context.read()) is not grpc.aio.EOF:
-                self._handle_request(conn, decode_request(raw, conn.delta))
+                self._handle_request(conn, decode_request(raw, conn.delta), raw)
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
                     self._schedule(conn)
@@ -289,7 +289,7 @@ class XdsServer:
                 self._metrics.stream_errors.labels(conn.error.kind).inc()
             await end_stream(context, conn.error)
 
-    def _handle_request(self, conn: Connection, req: Any) -> None:
+    def _handle_request(self, conn: Connection, req: Any, raw: bytes | None = None) -> None:
         if not req.type_url:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
         if req.type_url == typeurls.HEALTH:
@@ -306,7 +306,7 @@ class XdsServer:
                 # This stream only: the proxy's other streams (its Envoy's ADS) go on.
                 logger.info("stream %s refused: %s", conn.id, refused.message)
                 raise StreamError(refused.code, refused.message, kind="refused") from None
-        outcome: RequestOutcome = conn.state.receive(req)
+        outcome: RequestOutcome = conn.state.receive(req, raw)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
             if self._admission.unsettled(conn.id) and conn.state.in_sync():
@@ -356,18 +356,18 @@ class XdsServer:
 
     # --- sending ---------------------------------------------------------------------------
 
-    async def _flush(self, conn: Connection) -> None:
+    async def _flush(self, conn: Connection, task: asyncio.Task[Any]) -> None:
         """Send whatever the stream has pending, unless another task is already writing to
         it (that task picks the new work up before it lets go). Writes to one stream are
-        thereby serialized without a task or a lock per stream."""
+        thereby serialized without a task or a lock per stream. `task`: the caller's."""
         if conn.busy or conn.context is None or conn.closed:
             return
         conn.busy = True
         try:
             while (conn.respond_types or conn.push_pending) and not conn.closed:
                 started = self._clock()
-                if not await self._send(conn, conn.context, self._collect(conn), started):
-                    if conn.handler is not None and conn.handler is not asyncio.current_task():
+                if not await self._send(conn, conn.context, self._collect(conn), started, task):
+                    if conn.handler is not None and conn.handler is not task:
                         conn.handler.cancel()  # the handler is blocked reading: end the RPC
                     return
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, asyncio.InvalidStateError) as e:
@@ -378,6 +378,9 @@ class XdsServer:
             conn.busy = False
 
     async def _push_worker(self) -> None:
+        # Asked once, not for every stream it serves.
+        task = asyncio.current_task()
+        assert task is not None
         try:
             while self._push_queue:
                 conn = self._push_queue.popleft()
@@ -385,7 +388,7 @@ class XdsServer:
                 if conn.closed:
                     continue
                 try:
-                    await self._flush(conn)
+                    await self._flush(conn, task)
                 except Exception:
                     # A bug of ours (a generator failing for this proxy, say): logged, and
                     # the worker goes on with the other streams.
@@ -404,6 +407,7 @@ class XdsServer:
         context: grpc.aio.ServicerContext,
         frames: list[tuple[str, bytes]],
         started: float,
+        task: asyncio.Task[Any],
     ) -> bool:
         """Write frames in order; False when the stream must close. A separate coroutine so
         that the encoded bytes are released as soon as they are written, not kept by an idle
@@ -412,8 +416,6 @@ class XdsServer:
         A write that the client does not take within `send_timeout` is cancelled by the
         watchdog (one timer for the whole server instead of one per write: this is the hot
         path of a push)."""
-        task = asyncio.current_task()
-        assert task is not None
         for type_url, data in frames:
             write_started = self._clock()
             self._writing[conn] = (write_started, task)
@@ -473,7 +475,7 @@ class XdsServer:
                 pushed = {
                     t for t in push_types if t != typeurls.DEBUG_SYNCZ and state.subscribes(t)
                 }
-        wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ}
+        wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ} if forced else pushed
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
             # Computed on request from the streams themselves, never pushed.

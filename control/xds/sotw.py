@@ -33,7 +33,7 @@ from control.xds.state import (
     ordered,
     sync_status,
 )
-from protos import typeurls
+from protos import typeurls, wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,11 @@ class _TypeState:
     # A frozenset: its hash is computed once and keys the shared views of a ResourceSet.
     names: frozenset[str] = frozenset()
     raw_names: tuple[str, ...] = ()  # as last requested, to spot an unchanged list cheaply
+    # raw_names as the client serialized them (shared, see _shared_names), when its last
+    # request laid them out so: the next request is then matched on its bytes (an ACK of
+    # EDS names every cluster, and making a string of each cost more than the rest of the
+    # ACK). None: compared the slow way.
+    names_wire: bytes | None = None
     legacy_wildcard: bool = False
     # What the last response held.
     sent: View | None = None
@@ -98,11 +103,11 @@ class _TypeState:
 
 
 @functools.lru_cache(maxsize=4096)
-def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str], bytes]:
     """One copy of each distinct subscription, shared by every stream that sends it: a
-    thousand Envoys asking for the same hundred clusters hold one tuple and one frozenset
-    instead of a thousand copies of the names."""
-    return raw, frozenset(raw)
+    thousand Envoys asking for the same hundred clusters hold one tuple, one frozenset and
+    one encoding (wire.request_names) instead of a thousand copies of the names."""
+    return raw, frozenset(raw), wire.request_names(raw)
 
 
 class SotwStream(StreamRules[_TypeState]):
@@ -112,32 +117,53 @@ class SotwStream(StreamRules[_TypeState]):
 
     # --- requests --------------------------------------------------------------------------
 
-    def receive(self, req: DiscoveryRequest) -> RequestOutcome:
-        """Classify a request and update the subscription it carries."""
+    def receive(self, req: DiscoveryRequest, raw: bytes | None = None) -> RequestOutcome:
+        """Classify a request and update the subscription it carries. `raw`: the request as
+        it came (optional), to tell an unchanged list of names from its bytes."""
         self.requests += 1
         type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)
-        raw_names = tuple(req.resource_names)
-        if st is not None and raw_names == st.raw_names:
-            # Unchanged (the common ACK): keep the shared tuple, frozenset and its hash.
+        nonce = req.response_nonce
+        names_wire = st.names_wire if st is not None else None
+        if (
+            st is not None
+            and names_wire is not None
+            and raw is not None
+            and wire.request_names_match(raw, names_wire)
+        ):
+            # Unchanged (the common ACK), seen on the bytes: keep the shared state.
             raw_names, names = st.raw_names, st.names
         else:
-            raw_names, names = _shared_names(raw_names)
+            raw_names = tuple(req.resource_names)
+            if st is not None and raw_names == st.raw_names:
+                # Unchanged: keep the shared tuple, frozenset and its hash.
+                raw_names, names = st.raw_names, st.names
+                encoded = _shared_names(raw_names)[2] if names_wire is None else names_wire
+            else:
+                raw_names, names, encoded = _shared_names(raw_names)
+            names_wire = None
+            if raw is not None and wire.request_names_match(raw, encoded):
+                names_wire = encoded
         if st is None:
-            st = _TypeState(type_url, names=names, raw_names=raw_names, legacy_wildcard=not names)
+            st = _TypeState(
+                type_url,
+                names=names,
+                raw_names=raw_names,
+                names_wire=names_wire,
+                legacy_wildcard=not names,
+            )
             self._types[type_url] = st
             if req.error_detail.message or req.error_detail.code:
                 # A NACK as the very first request (the client restarted mid-NACK): record it.
                 st.nack_message = req.error_detail.message
             return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
 
-        nonce = req.response_nonce
         if nonce and nonce != st.sent_nonce:
             return RequestOutcome(type_url, RequestKind.STALE, must_respond=False)
         if not nonce:
             # The client (re)starts this subscription, e.g. after it lost the stream's state:
             # answer with what it asks for whatever we believe it has.
-            st.names, st.raw_names = names, raw_names
+            st.names, st.raw_names, st.names_wire = names, raw_names, names_wire
             # Legacy wildcard holds only while the client has never named a resource (xDS
             # spec); a later empty list unsubscribes from everything.
             st.legacy_wildcard = st.legacy_wildcard and not names
@@ -145,7 +171,7 @@ class SotwStream(StreamRules[_TypeState]):
             return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
 
         added = names - st.names
-        st.names, st.raw_names = names, raw_names
+        st.names, st.raw_names, st.names_wire = names, raw_names, names_wire
         if names:
             st.legacy_wildcard = False
         if req.HasField("error_detail"):

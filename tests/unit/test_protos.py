@@ -169,6 +169,15 @@ def test_wire_field_numbers_match_envoy_descriptors() -> None:
     }
     for number, field in expected.items():
         assert number == field.number, field.full_name
+    req = discovery_pb2.DiscoveryRequest.DESCRIPTOR.fields_by_name
+    for number, name in (
+        (wire.DREQ_VERSION_INFO, "version_info"),
+        (wire.DREQ_NODE, "node"),
+        (wire.DREQ_RESOURCE_NAMES, "resource_names"),
+        (wire.DREQ_TYPE_URL, "type_url"),
+        (wire.DREQ_RESPONSE_NONCE, "response_nonce"),
+    ):
+        assert number == req[name].number, name
     assert dr["control_plane"].message_type.full_name == "envoy.config.core.v3.ControlPlane"
 
 
