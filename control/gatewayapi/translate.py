@@ -310,11 +310,14 @@ class _Memo:
                 if self.http_vs.pop(key, None) is not None:
                     moved = True
                 continue
-            items = [
-                item
-                for k in sorted(contributions, key=lambda k: route_order(self.routes[k]))
-                for item in contributions[k]
-            ]
+            if len(contributions) == 1:
+                (items,) = contributions.values()
+            else:
+                items = tuple(
+                    item
+                    for k in sorted(contributions, key=lambda k: route_order(self.routes[k]))
+                    for item in contributions[k]
+                )
             state = self.ctx.states[key[:2]]
             vs = http_virtual_service(key, items, state.ref, state.gateway.source)
             was = self.http_vs.get(key)
