@@ -159,10 +159,9 @@ class _Route:
                 continue  # a Gateway of another controller
             accepted, where = self._attach(parent, state)
             parents.append(ParentStatus(parent, (accepted, resolved)))
-            for ls, hosts in where:
+            for at, ls, hosts in where:
                 assert state is not None  # `where` is empty without a Gateway
                 gw = state.gateway
-                at = next(i for i, other in enumerate(state.listeners) if other is ls)
                 self.attached.add((gw.namespace, gw.name, at))
                 self._serve(state, ls, hosts, destinations)
         status = (
@@ -197,9 +196,9 @@ class _Route:
 
     def _attach(
         self, parent: ParentRef, state: GatewayState | None
-    ) -> tuple[Condition, list[tuple[ListenerState, tuple[str, ...]]]]:
+    ) -> tuple[Condition, list[tuple[int, ListenerState, tuple[str, ...]]]]:
         """Where the route attaches under one parentRef (its Gateway: `state`): the Accepted
-        condition and the listeners with the hosts it serves there."""
+        condition and the listeners (with their positions) with the hosts it serves there."""
         route = self.route
         if state is None:
             return (
@@ -207,16 +206,16 @@ class _Route:
                 [],
             )
         candidates = [
-            ls
-            for ls in state.listeners
+            (at, ls)
+            for at, ls in enumerate(state.listeners)
             if (not parent.section_name or ls.listener.name == parent.section_name)
             and (parent.port is None or ls.listener.port == parent.port)
         ]
         if not candidates:
             return bad("Accepted", "NoMatchingParent", "no listener matches sectionName/port"), []
         allowed = [
-            ls
-            for ls in candidates
+            (at, ls)
+            for at, ls in candidates
             if ls.programmed
             and route.group_kind in ls.kinds
             and self._namespace_allowed(ls.listener, state.gateway)
@@ -232,10 +231,10 @@ class _Route:
                 [],
             )
         out = []
-        for ls in allowed:
+        for at, ls in allowed:
             hosts = route_hosts(ls.listener.hostname, route.hostnames)
             if hosts:
-                out.append((ls, hosts))
+                out.append((at, ls, hosts))
         if not out:
             return (
                 bad(
