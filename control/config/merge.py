@@ -17,7 +17,7 @@ from control.config.conflicts import (
 )
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig, MergeParts
-from control.gatewayapi.translate import translate
+from control.gatewayapi.translate import Translator
 from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
     ConfigWarning,
@@ -38,13 +38,15 @@ def merge(
     files: Sequence[FileConfig],
     namespace_labels: Callable[[str], Labels] = lambda _ns: (),
     secrets: Collection[tuple[str, str]] | None = None,
+    translator: Translator | None = None,
 ) -> MeshConfig:
     """One MeshConfig from the objects of all files.
 
     Gateway API objects are translated here, with the whole config at hand:
     `namespace_labels` answers a namespace's labels (for allowedRoutes selectors; files have
     none but the name label), `secrets` the known Secrets (None: the gateway certificates
-    among the objects).
+    among the objects). A source that merges again and again passes the same `translator`,
+    which translates again only the routes that changed (control/gatewayapi/translate.py).
 
     Raises DuplicateObjectError when two objects have the same kind, namespace and name; the
     error points at the later one and names the first.
@@ -102,7 +104,7 @@ def merge(
         # The gateway certificates of this config (control/model/secret.py): certificateRefs
         # to anything else do not resolve.
         secrets = {(s.namespace, s.name) for s in tls_secrets}
-    gateway_api = translate(
+    gateway_api = (translator or Translator()).translate(
         _all(parts, lambda p: p.gateway_api), services, namespace_labels, secrets
     )
     warnings.extend(gateway_api.warnings)

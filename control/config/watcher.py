@@ -27,6 +27,7 @@ from control.config.errors import ConfigError, DuplicateObjectError
 from control.config.loader import DEFAULT_DOMAIN, load_bytes, read_file
 from control.config.merge import merge
 from control.config.objects import FileConfig
+from control.gatewayapi.translate import Translator
 from control.model.types import MeshConfig
 from pilotfish_common.lifecycle import Lifecycle
 
@@ -156,6 +157,8 @@ class ConfigWatcher(Lifecycle):
         self.snapshot_at = 0.0
         self.failed_loads = 0  # file versions rejected after start()
         self._good: dict[str, FileConfig] = {}  # the version of each file in use
+        # Keeps the last Gateway API translation: a reload translates the routes it changed.
+        self._translator = Translator()
         self._latest: dict[str, FileConfig] = {}  # newest valid version (may be a duplicate)
         self._parse_errors: dict[str, ConfigError] = {}
         self._stamps: dict[str, Stamp] = {}  # the stamps the state above reflects
@@ -187,7 +190,7 @@ class ConfigWatcher(Lifecycle):
                 raise result
             if isinstance(result, FileConfig):  # not None (gone since the listing)
                 self._good[file] = self._latest[file] = result
-        self.current = merge(list(self._good.values()))
+        self.current = merge(list(self._good.values()), translator=self._translator)
         self._stamps = {f: s for f, s in stamps.items() if f in self._good}
         self.snapshot_at = scanned_at
         self._warnings.update(self.current.warnings)
@@ -337,7 +340,7 @@ class ConfigWatcher(Lifecycle):
         rejected: dict[str, ConfigError] = {}
         while True:
             try:
-                return merge(list(files.values())), files, rejected
+                return merge(list(files.values()), translator=self._translator), files, rejected
             except DuplicateObjectError as exc:
                 fresh = [
                     f

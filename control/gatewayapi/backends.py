@@ -28,19 +28,22 @@ def unresolved(dest: Destination) -> bool:
     return dest.host.endswith(UNRESOLVED)
 
 
-class Backends:
-    """Resolves backendRefs against one config's Services and ReferenceGrants; warnings go
-    to the list it is handed (the translation's)."""
+def service_facts(services: Iterable[Service]) -> tuple[tuple[object, ...], ...]:
+    """What `Backends` reads of the Services: equal facts resolve every backendRef the same
+    (a Service's endpoints, say, are not read)."""
+    return tuple(
+        (s.namespace, s.name, s.hostname, tuple(p.port for p in s.ports))
+        for s in services
+        if s.registry == "Kubernetes"
+    )
 
-    def __init__(
-        self,
-        services: Iterable[Service],
-        grants: tuple[ReferenceGrant, ...],
-        warnings: list[ConfigWarning],
-    ) -> None:
+
+class Backends:
+    """Resolves backendRefs against one config's Services and ReferenceGrants."""
+
+    def __init__(self, services: Iterable[Service], grants: tuple[ReferenceGrant, ...]) -> None:
         self.services = {(s.namespace, s.name): s for s in services if s.registry == "Kubernetes"}
         self.grants = grants
-        self.warnings = warnings
 
     def resolve(self, route: ApiRoute, backend: BackendRef) -> tuple[Destination | None, str, str]:
         """A backendRef as a destination, or (None, reason, message)."""
@@ -89,12 +92,15 @@ class Backends:
             out.append(tuple(dests))
         return out
 
-    def mirror(self, route: ApiRoute, rule: RouteRule) -> tuple[Destination | None, float]:
-        """The rule's RequestMirror destination (weight 0) and percent; 100 when none."""
+    def mirror(
+        self, route: ApiRoute, rule: RouteRule, warnings: list[ConfigWarning]
+    ) -> tuple[Destination | None, float]:
+        """The rule's RequestMirror destination (weight 0) and percent; 100 when none.
+        Warnings go to `warnings` (the route's)."""
         if not rule.mirrors:
             return None, 100.0
         if len(rule.mirrors) > 1:
-            self.warnings.append(
+            warnings.append(
                 ConfigWarning(route.source, "only the first RequestMirror of a rule is served")
             )
         mirror = rule.mirrors[0]

@@ -9,6 +9,7 @@ oldest route, then namespace/name, then rule and match order.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from control.gatewayapi.backends import UNRESOLVED, unresolved
@@ -77,7 +78,7 @@ def attached(
 
 
 def http_virtual_service(
-    key: tuple[str, str, int, str], items: list[Attached], gateway_ref: str, source: SourceRef
+    key: tuple[str, str, int, str], items: Sequence[Attached], gateway_ref: str, source: SourceRef
 ) -> VirtualService:
     """The VirtualService of one (Gateway namespace, name, port, host), bound to it."""
     namespace, name, port, host = key

@@ -10,7 +10,7 @@ and only those become servers.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from control.model.gateway import Gateway, GatewayServer, ServerTls, ServerTlsMode
@@ -62,7 +62,6 @@ class ListenerState:
     listener: Listener
     kinds: tuple[GroupKind, ...]
     conditions: dict[str, Condition] = field(default_factory=dict)
-    attached: set[tuple[str, str, str]] = field(default_factory=set)  # (kind, ns, name)
 
     @property
     def programmed(self) -> bool:
@@ -225,10 +224,11 @@ def _server_tls(
     return ServerTls(mode=ServerTlsMode.SIMPLE, credential_name=name)
 
 
-def gateway_status(state: GatewayState) -> ObjectStatus:
-    """The Gateway's conditions and one status per listener (attached routes counted)."""
+def gateway_status(state: GatewayState, attached: Sequence[int]) -> ObjectStatus:
+    """The Gateway's conditions and one status per listener; `attached`: how many routes
+    each listener (by position) has attached."""
     listeners = []
-    for ls in state.listeners:
+    for ls, count in zip(state.listeners, attached, strict=True):
         programmed = (
             ok("Programmed")
             if ls.programmed
@@ -238,7 +238,7 @@ def gateway_status(state: GatewayState) -> ObjectStatus:
             ListenerStatus(
                 name=ls.listener.name,
                 supported_kinds=ls.kinds,
-                attached_routes=len(ls.attached),
+                attached_routes=count,
                 conditions=(
                     ls.conditions["Accepted"],
                     ls.conditions["ResolvedRefs"],

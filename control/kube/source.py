@@ -31,6 +31,7 @@ from control.config.kinds.gatewayapi import KINDS as GATEWAY_API_KINDS
 from control.config.manifest import RawObject, in_revision
 from control.config.merge import merge
 from control.config.objects import ConfigObject, FileConfig
+from control.gatewayapi.translate import Translator
 from control.kube.client import KubeClient, KubeConfig
 from control.kube.endpointslices import slice_endpoints, slices_by_service
 from control.kube.gatewaystatus import StatusWriter
@@ -237,6 +238,8 @@ class KubeSource(Lifecycle):
         self.errors: dict[str, ConfigError] = {}
         self.reloads = 0
         self._good: dict[tuple[str, Key], tuple[str, ConfigObject]] = {}  # by (kind, key)
+        # Keeps the last Gateway API translation: a rebuild translates the routes it changed.
+        self._translator = Translator()
         self._warnings = WarningLog(logger)
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
@@ -381,7 +384,11 @@ class KubeSource(Lifecycle):
             del self._good[gone]
         self._set_errors(errors)
         files = [FileConfig(SOURCE_FILE, tuple(objects), tuple(dict.fromkeys(warnings)))]
-        return merge(files, namespace_labels=lambda ns: labels_of(self.namespace_labels(ns)))
+        return merge(
+            files,
+            namespace_labels=lambda ns: labels_of(self.namespace_labels(ns)),
+            translator=self._translator,
+        )
 
     def _convert(
         self,

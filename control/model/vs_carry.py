@@ -2,8 +2,9 @@
 of them in place.
 
 Config sources make new objects for whatever they parse again: the file watcher for a changed
-file, the Gateway API translation for every route on any change (control/gatewayapi works
-from the whole config at once). Everything a push carries over is keyed by a VirtualService's
+file, the Gateway API translation for the routes that changed, and for every route when a
+Gateway, ReferenceGrant, Service or another input all routes read changed
+(control/gatewayapi/translate.py). Everything a push carries over is keyed by a VirtualService's
 identity (its bindings to gateway servers, its route translation, the bytes of the virtual
 hosts it serves), so `carry_over` gives the new snapshot the previous snapshot's object for
 every VirtualService equal to it, and says which ones replace another of the same name at the

@@ -38,11 +38,11 @@ Two more sides are measured the same way, for information:
   (no access log, no peer-metadata filters): what all the gateway's per-request features
   together cost.
 
-First (before any process starts) the control plane's side: generating the router's config
-for 1,000 HTTPRoutes (gateway-bound VirtualServices), full against one route changed
-(tests/benchmarks/gateway_config.py; target incremental <= 1/20 of full), and for
-information the same through the Gateway API translation from real HTTPRoutes
-(tests/benchmarks/gateway_httproutes.py); `--config-only` runs just that part.
+First (before any process starts) the control plane's side, full against one route changed
+(target incremental <= 1/20 of full): generating the router's config from 1,000 real
+HTTPRoutes, the Gateway API translation included (tests/benchmarks/gateway_httproutes.py,
+the issue's figure), and from 1,000 gateway-bound VirtualServices of the same shape
+(tests/benchmarks/gateway_config.py); `--config-only` runs just that part.
 """
 
 from __future__ import annotations

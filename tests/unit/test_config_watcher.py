@@ -17,6 +17,8 @@ from control.config import ConfigError, ConfigWatcher
 from control.config import watcher as watcher_module
 from control.config.watcher import OnChange
 from control.model.types import MeshConfig
+from tests.support.gatewayapi import dump, gateway, gateway_class, route
+from tests.support.gatewayapi import service as api_service
 
 
 def watch(paths: list[str], on_change: OnChange) -> ConfigWatcher:
@@ -395,3 +397,21 @@ async def test_status_summary(tmp_path: Path) -> None:
         assert status["files"] == [str(web)]
         assert status["errors"] == {str(web): str(watcher.errors[str(web)])}
         assert status["failed_loads"] == 1
+
+
+async def test_an_edited_http_route_alone_is_translated_again(tmp_path: Path) -> None:
+    """The watcher keeps one Gateway API Translator: the other route's VirtualService is the
+    previous snapshot's object (a translation from nothing would make it anew)."""
+    (tmp_path / "base.yaml").write_text(dump(gateway_class(), api_service("v1"), gateway()))
+    for n in (1, 2):
+        (tmp_path / f"r{n}.yaml").write_text(dump(route(f"r{n}", hostnames=[f"h{n}.test"])))
+    changes = Recorder()
+    async with watch([str(tmp_path)], changes) as watcher:
+        before = {vs.hosts: vs for vs in watcher.current.virtual_services}
+        assert set(before) == {("h1.test",), ("h2.test",)}
+        (tmp_path / "r1.yaml").write_text(dump(route("r1", hostnames=["h1.test", "h3.test"])))
+        await wait_for(lambda: len(changes.configs) == 1)
+        after = {vs.hosts: vs for vs in changes.last.virtual_services}
+        assert set(after) == {("h1.test",), ("h2.test",), ("h3.test",)}
+        assert after[("h2.test",)] is before[("h2.test",)]
+        assert after[("h1.test",)] == before[("h1.test",)]  # r1's rules did not change

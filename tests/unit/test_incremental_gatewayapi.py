@@ -1,10 +1,10 @@
 """Pushes after Gateway API changes: HTTPRoutes added, removed and edited, ReferenceGrants
-granted and withdrawn, each in its own file as the config watcher reads them. Every change
-translates the whole Gateway API config again (control/gatewayapi), so every route becomes a
-new VirtualService object; the index takes over the previous objects for the equal ones
-(model/vs_carry.py) and the router's tables are patched for the rest. What a push gives must
-be exactly what a fresh build gives, byte for byte, and an edited route must cost that
-route."""
+granted and withdrawn, each in its own file as the config watcher reads them, through one
+Translator as the watcher merges (control/gatewayapi/translate.py: a route change translates
+that route, a ReferenceGrant change every route again, making new VirtualService objects;
+the index takes over the previous objects for the equal ones, model/vs_carry.py) and the
+router's tables are patched for the rest. What a push gives must be exactly what a fresh
+build gives, byte for byte, and an edited route must cost that route."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from google.protobuf import any_pb2
 from control.config.loader import load_text
 from control.config.merge import merge
 from control.config.objects import FileConfig
+from control.gatewayapi.translate import Translator
 from control.generate import gateway_routes, generators_for, route_tables
 from control.generate.context import GenContext, next_context
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
@@ -84,11 +85,13 @@ def _route(n: int, rng: random.Random) -> Obj:
 
 class Files:
     """Config files by name, parsed once each (as the watcher keeps an unchanged file's
-    objects); `merge()` translates the Gateway API objects of all of them."""
+    objects); `merge()` translates the Gateway API objects of all of them with the one
+    Translator that saw the previous ones."""
 
     def __init__(self) -> None:
         self.texts: dict[str, str] = {}
         self.parsed: dict[str, FileConfig] = {}
+        self.translator = Translator()
 
     def put(self, name: str, *objects: Obj) -> None:
         self.texts[name] = dump(*objects)
@@ -101,6 +104,10 @@ class Files:
         self.parsed = {n: load_text(t, n) for n, t in self.texts.items()}
 
     def merge(self) -> MeshConfig:
+        return merge(list(self.parsed.values()), translator=self.translator)
+
+    def fresh(self) -> MeshConfig:
+        """The same config translated from nothing."""
         return merge(list(self.parsed.values()))
 
 
@@ -165,7 +172,8 @@ def test_incremental_generation_after_gateway_api_changes_equals_a_fresh_build()
         cfg = files.merge()
         ctx = next_context(ctx, ctx.index.next(cfg, version=step))
         got = _generate(ctx, proxies)
-        want = _generate(GenContext(MeshIndex(cfg, version=step), ResourceCache()), proxies)
+        fresh = files.fresh()
+        want = _generate(GenContext(MeshIndex(fresh, version=step), ResourceCache()), proxies)
         assert got == want, f"step {step}"
 
 
@@ -193,8 +201,8 @@ def test_an_edited_http_route_is_translated_again_alone(monkeypatch: pytest.Monk
     ctx = GenContext(MeshIndex(files.merge()), cache)
     first = {t: generators_for(proxy)[t](ctx, proxy) for t in TYPES}
     assert translated
-    # Route 4 gets another path: its file alone is parsed again, every route translated
-    # again by the Gateway API translation, and one VirtualService per listener port differs.
+    # Route 4 gets another path: its file alone is parsed and translated again, and one
+    # VirtualService per host and listener port differs.
     r4 = yaml.safe_load(files.texts["r4.yaml"])
     r4["spec"]["rules"][0]["matches"][0]["path"]["value"] = "/edited"
     files.put("r4.yaml", r4)
@@ -228,7 +236,7 @@ def test_an_edited_http_route_is_translated_again_alone(monkeypatch: pytest.Monk
     now = ctx.index.config.virtual_services
     changed = {vs.name for vs in now if not any(vs is old for old in held)}
     assert set(translated) == changed and 0 < len(changed) < len(now)
-    fresh = GenContext(MeshIndex(files.merge()), ResourceCache())
+    fresh = GenContext(MeshIndex(files.fresh()), ResourceCache())
     want = {t: generators_for(proxy)[t](fresh, proxy) for t in TYPES}
     assert {t: s.digest for t, s in third.items()} == {t: s.digest for t, s in want.items()}
 
