@@ -149,25 +149,27 @@ def test_wire_field_numbers_match_envoy_descriptors() -> None:
     ddr = discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR.fields_by_name
     res = discovery_pb2.Resource.DESCRIPTOR.fields_by_name
     anyf = any_pb2.Any.DESCRIPTOR.fields_by_name
-    expected = {
-        wire.ANY_TYPE_URL: anyf["type_url"],
-        wire.ANY_VALUE: anyf["value"],
-        wire.DR_VERSION_INFO: dr["version_info"],
-        wire.DR_RESOURCES: dr["resources"],
-        wire.DR_TYPE_URL: dr["type_url"],
-        wire.DR_NONCE: dr["nonce"],
-        wire.DR_CONTROL_PLANE: dr["control_plane"],
-        wire.DDR_SYSTEM_VERSION_INFO: ddr["system_version_info"],
-        wire.DDR_RESOURCES: ddr["resources"],
-        wire.DDR_TYPE_URL: ddr["type_url"],
-        wire.DDR_NONCE: ddr["nonce"],
-        wire.DDR_REMOVED_RESOURCES: ddr["removed_resources"],
-        wire.DDR_CONTROL_PLANE: ddr["control_plane"],
-        wire.RES_VERSION: res["version"],
-        wire.RES_RESOURCE: res["resource"],
-        wire.RES_NAME: res["name"],
-    }
-    for number, field in expected.items():
+    # Pairs, not a dict: many constants share a number (1 is a field of every message), and
+    # a dict keyed by them would keep only the last of each.
+    expected = [
+        (wire.ANY_TYPE_URL, anyf["type_url"]),
+        (wire.ANY_VALUE, anyf["value"]),
+        (wire.DR_VERSION_INFO, dr["version_info"]),
+        (wire.DR_RESOURCES, dr["resources"]),
+        (wire.DR_TYPE_URL, dr["type_url"]),
+        (wire.DR_NONCE, dr["nonce"]),
+        (wire.DR_CONTROL_PLANE, dr["control_plane"]),
+        (wire.DDR_SYSTEM_VERSION_INFO, ddr["system_version_info"]),
+        (wire.DDR_RESOURCES, ddr["resources"]),
+        (wire.DDR_TYPE_URL, ddr["type_url"]),
+        (wire.DDR_NONCE, ddr["nonce"]),
+        (wire.DDR_REMOVED_RESOURCES, ddr["removed_resources"]),
+        (wire.DDR_CONTROL_PLANE, ddr["control_plane"]),
+        (wire.RES_VERSION, res["version"]),
+        (wire.RES_RESOURCE, res["resource"]),
+        (wire.RES_NAME, res["name"]),
+    ]
+    for number, field in expected:
         assert number == field.number, field.full_name
     req = discovery_pb2.DiscoveryRequest.DESCRIPTOR.fields_by_name
     for number, name in (
