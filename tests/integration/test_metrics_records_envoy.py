@@ -57,17 +57,8 @@ def _listener(
     name: str, ip: str, port: int, routes: list[Any], *, inbound: bool, fifo: Path
 ) -> Listener:
     """A listener whose HCM carries both metrics loggers, as the control plane writes them."""
-    hcm = HttpConnectionManager(stat_prefix=name)
-    hcm.route_config.name = name
-    vhost = hcm.route_config.virtual_hosts.add(name=name, domains=["*"])
-    for route in routes:
-        vhost.routes.add().MergeFrom(route)
-    hcm.http_filters.add(name="envoy.filters.http.router").typed_config.type_url = _ROUTER
-    listener = Listener(name=name)
-    listener.address.socket_address.address = ip
-    listener.address.socket_address.port_value = port
+    listener = _plain_listener(name, ip, port, routes)
     listener.traffic_direction = TrafficDirection.INBOUND if inbound else TrafficDirection.OUTBOUND
-    listener.filter_chains.add().filters.add(name=HCM_FILTER, typed_config=pack(hcm))
     grpc_only = Listener()
     grpc_only.CopyFrom(listener)
     with_file = instrument_listener(listener, replace(TELEMETRY, log_path=str(fifo)))
