@@ -23,6 +23,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.labels import FLAG_FIELDS, LabelValues, http_labels
 from agent.telemetry.overrides import SideOverrides, of_entry
+from agent.telemetry.peers import PeerDirectory
 from agent.telemetry.wire import DEFAULT_MAX_CACHED, HttpObservation, LabelCache
 from protos import telemetry as t
 
@@ -74,8 +75,10 @@ class LineSplitter:
 class RecordDecoder(LabelCache):
     """Lines to observations, with the label tuples cached (LabelCache)."""
 
-    def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
-        super().__init__(max_cached)
+    def __init__(
+        self, max_cached: int = DEFAULT_MAX_CACHED, peers: PeerDirectory | None = None
+    ) -> None:
+        super().__init__(max_cached, peers)
         self.lines = 0
         self.malformed = 0
 
@@ -89,7 +92,7 @@ class RecordDecoder(LabelCache):
         head = parts[0]
         cached = self._labels.get(head)
         if cached is None:
-            cached = _labels_of(head)
+            cached = _labels_of(head, self.peers)
             if cached is None:
                 self.malformed += 1
                 return None
@@ -116,11 +119,12 @@ class RecordFeed:
     def __init__(self, aggregator: MetricsAggregator, max_cached: int = DEFAULT_MAX_CACHED):
         self.aggregator = aggregator
         self.splitter = LineSplitter()
-        self.decoder = RecordDecoder(max_cached)
+        self.decoder = RecordDecoder(max_cached, aggregator.peers)
 
     def __call__(self, data: bytes) -> None:
         decode, count = self.decoder.decode, self.aggregator.count_http
         splitter, decoder = self.splitter, self.decoder
+        decoder.follow_peers()
         seen = (splitter.overlong, decoder.malformed)
         for line in splitter.feed(data):
             observation = decode(line)
@@ -138,14 +142,16 @@ def _count(value: bytes) -> int:
     return int(value) if value != _MISSING else 0
 
 
-def _labels_of(head: bytes) -> tuple[LabelValues, SideOverrides] | None:
+def _labels_of(
+    head: bytes, peers: PeerDirectory | None
+) -> tuple[LabelValues, SideOverrides] | None:
     fields = head.decode("utf-8", "replace").split(t.RECORD_SEPARATOR)
     if len(fields) != _HEAD_FIELDS or fields[0] != t.RECORD_VERSION:
         return None
     entry = entry_of(fields[1 : 1 + len(t.RECORD_TAGS)], fields[1 + len(t.RECORD_TAGS) :])
     if entry is None:
         return None
-    return http_labels(entry), of_entry(entry.common_properties)
+    return http_labels(entry, peers), of_entry(entry.common_properties)
 
 
 def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
@@ -177,6 +183,8 @@ def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
             if uri:
                 cert.subject_alt_name.add(uri=uri)
     common.upstream_cluster = value["upstream_cluster"]
+    if value["upstream_host"]:
+        common.upstream_remote_address.socket_address.address = value["upstream_host"]
     for short in value["response_flags"].split(","):
         flag = FLAG_FIELDS.get(short)
         if flag == "unauthorized_details":

@@ -20,11 +20,15 @@ from agent.telemetry.overrides import of_entry
 from agent.telemetry.records import LineSplitter, RecordDecoder, RecordFeed
 from agent.telemetry.wire import MAX_KEY_BYTES
 from control.model.proxy import proxy_from_node
+from protos import peers_pb2
 from protos import telemetry as t
 from tests.unit.test_telemetry_metrics import (
     CLIENT,
+    PEERS,
     SERVER,
+    SERVER_IP,
     client_entry,
+    peer_table,
     server_entry,
 )
 
@@ -55,6 +59,7 @@ def record(
     label_values = {
         "peer": meta_value(t.METADATA_PEER)[: t.MAX_PEER_VALUE + 1],
         "upstream_principal": meta_value(t.METADATA_UPSTREAM_PRINCIPAL),
+        "upstream_host": c.upstream_remote_address.socket_address.address,
         "peer_uri_san": sans(c.tls_properties.peer_certificate_properties),
         "local_uri_san": sans(c.tls_properties.local_certificate_properties),
         "upstream_cluster": c.upstream_cluster,
@@ -111,7 +116,8 @@ def _entries() -> list[HTTPAccessLogEntry]:
         server_entry(code=0),  # no response (a reset)
         flagged,
         client_entry(),
-        client_entry(upstream=""),  # plaintext upstream: its metadata is not trusted
+        client_entry(upstream=""),  # plaintext upstream: not named
+        client_entry(host="10.0.0.10"),  # an address the table does not hold
         grpc_header,
         no_cluster,
         overridden,
@@ -121,9 +127,9 @@ def _entries() -> list[HTTPAccessLogEntry]:
 @pytest.mark.parametrize("index", range(len(_entries())))
 def test_labels_are_those_of_the_als_entry_for_the_same_request(index: int) -> None:
     entry = _entries()[index]
-    observation = RecordDecoder().decode(record(entry)[:-1])
+    observation = RecordDecoder(peers=PEERS).decode(record(entry)[:-1])
     assert observation is not None
-    assert observation.labels == http_labels(entry)
+    assert observation.labels == http_labels(entry, PEERS)
     assert observation.side == of_entry(entry.common_properties)
     c, rq, rs = entry.common_properties, entry.request, entry.response
     assert observation.duration_ms == pytest.approx(c.duration.ToNanoseconds() / 1e6, abs=1e-3)
@@ -136,10 +142,16 @@ def test_fields_a_side_leaves_out_change_no_label(index: int) -> None:
     """What a side's format writes as `-` instead of a command, its labels never read: the
     same request with anything there (a certificate, a cluster) has the same labels."""
     entry = _entries()[index]
-    for junk in ("spiffe://cluster.local/ns/kube-system/sa/admin", "outbound|1||x.y.svc.z"):
-        observation = RecordDecoder().decode(record(entry, unread=junk)[:-1])
+    admin = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
+    for junk in (
+        "spiffe://cluster.local/ns/kube-system/sa/admin",
+        "outbound|1||x.y.svc.z",
+        "10.0.0.9",
+        admin,
+    ):
+        observation = RecordDecoder(peers=PEERS).decode(record(entry, unread=junk)[:-1])
         assert observation is not None
-        assert observation.labels == http_labels(entry)
+        assert observation.labels == http_labels(entry, PEERS)
 
 
 def test_each_side_formats_only_the_fields_it_reads() -> None:
@@ -150,10 +162,12 @@ def test_each_side_formats_only_the_fields_it_reads() -> None:
 
     client, server = commands(t.REPORTER_SOURCE), commands(t.REPORTER_DESTINATION)
     assert client["upstream_principal"] == "%UPSTREAM_PEER_URI_SAN%"
-    assert client["peer_uri_san"] == client["local_uri_san"] == "-"
+    assert client["upstream_host"] == "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"
+    assert client["peer"] == client["peer_uri_san"] == client["local_uri_san"] == "-"
     assert server["upstream_principal"] == server["upstream_cluster"] == "-"
+    assert server["upstream_host"] == "-"
     assert server["peer_uri_san"] == "%DOWNSTREAM_PEER_URI_SAN%"
-    assert client["peer"] == server["peer"] and client["peer"].startswith("%DYNAMIC_METADATA(")
+    assert server["peer"].startswith("%DYNAMIC_METADATA(")
 
 
 def test_values_without_envoys_microseconds_use_its_milliseconds() -> None:
@@ -188,7 +202,7 @@ def test_the_label_cache_is_bounded() -> None:
     [
         b"",
         b"garbage",
-        record(server_entry()).replace(b"pf1", b"pf9", 1)[:-1],  # another version
+        record(server_entry()).replace(t.RECORD_VERSION.encode(), b"pf9", 1)[:-1],  # another
         record(server_entry(), extra=SEP + "x")[:-1],  # one field too many
         record(server_entry()).replace(SEP.encode(), b"", 1)[:-1],  # one too few
         record(server_entry(code=200)).replace(b"\x1f200\x1f", b"\x1fabc\x1f", 1)[:-1],
@@ -307,6 +321,20 @@ async def test_the_fifo_is_private_and_read_on_the_loop(tmp_path: Path) -> None:
         os.close(writer)
         await fifo.close()
     assert not (tmp_path / "METRICS").exists()
+
+
+def test_a_new_peer_table_is_read_by_the_next_batch() -> None:
+    """Labels cached from one table are forgotten when another arrives: the upstream moved."""
+    peers = peer_table((SERVER_IP, "web", "v1", SERVER))
+    agg = MetricsAggregator(peers=peers)
+    feed = RecordFeed(agg)
+    line = record(client_entry())
+    feed(line)
+    peers([peers_pb2.PeerTable()])  # web left that address
+    feed(line)
+    workloads = {labels[6]: s.requests for labels, s in agg.http.items()}
+    assert workloads == {"web": 1, "unknown": 1}
+    assert feed.decoder.misses == 2
 
 
 def test_principals_come_from_certificates_in_records_too() -> None:
