@@ -342,3 +342,54 @@ def test_principals_come_from_certificates_in_records_too() -> None:
     observation = RecordDecoder().decode(record(server_entry())[:-1])
     assert observation is not None
     assert (observation.labels[3], observation.labels[8]) == (CLIENT, SERVER)
+
+
+def test_the_feed_counts_as_the_aggregator_does_entry_by_entry() -> None:
+    """Repeat heads take the feed's short path (a kept series); it must count what
+    `record_http` counts for the same requests: series, histograms, the overflow series past
+    the cap, a side whose overrides export no HTTP metric, and the reporters' overrides."""
+    http_off = server_entry(authority="quiet:8080")
+    http_off.common_properties.custom_tags[t.TAG_OVERRIDES] = t.encode_overrides(
+        frozenset(t.HTTP_METRICS), {}
+    )
+    kinds = [
+        *_entries(),
+        http_off,
+        *(server_entry(authority=f"web-{i}:8080") for i in range(6)),  # past the cap
+    ]
+    requests = [
+        kinds[(i * 7) % len(kinds)]
+        for i in range(400)  # every kind, repeated, interleaved
+    ]
+    for n, e in enumerate(requests):
+        e.common_properties.duration.FromNanoseconds(1_000_000 * (n % 13) + 250_000)
+        e.request.request_body_bytes = n * 31
+        e.response.response_body_bytes = n * 17
+    fed, direct = (MetricsAggregator(max_series=12, peers=PEERS) for _ in range(2))
+    feed = RecordFeed(fed)
+    data = b"".join(record(e) for e in requests)
+    for cut in range(0, len(data), 4096):  # reads of a pipe's size
+        feed(data[cut : cut + 4096])
+    for e in requests:
+        direct.record_http(e)
+
+    def counted(agg: MetricsAggregator) -> dict[object, object]:
+        return {
+            labels: (
+                s.requests,
+                s.duration.counts,
+                round(s.duration.total, 6),
+                s.request_bytes.counts,
+                s.request_bytes.total,
+                s.response_bytes.counts,
+                s.response_bytes.total,
+            )
+            for labels, s in agg.http.items()
+        }
+
+    assert fed.entries == direct.entries == len(requests)
+    assert counted(fed) == counted(direct)
+    assert fed.overflow == direct.overflow > 0
+    assert fed.series == direct.series == 12 + 1  # the overflow series
+    assert fed.sides == direct.sides
+    assert feed.decoder.hits > len(requests) // 2  # most lines took the short path
