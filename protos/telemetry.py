@@ -9,15 +9,17 @@ agree on these names; neither imports the other, so they live here:
   that name the cluster (Envoy rejects a listener whose logger names an unknown cluster).
 - Every generated logger has log name `LOG_NAME` and literal custom tags (`TAG_*`): who this
   proxy is, as the control plane knows it, and which side it reports for.
-- Peer metadata travels in the `PEER_HEADER` request header (client sidecar → server sidecar)
-  and response header (server → client), value `encode_peer(...)`: an
-  `application/x-www-form-urlencoded` list of the `PEER_FIELDS`. The receiving sidecar moves
-  it into dynamic metadata `METADATA_NAMESPACE`/`METADATA_PEER` and strips it, so apps never
-  see it and cannot set it. On the client side of the ALS path, `UPSTREAM_PEER_HEADER` (set
-  by Envoy from the upstream's certificate, stripped at once) carries the upstream's SPIFFE ID
-  into `METADATA_UPSTREAM_PRINCIPAL` (an ALS entry has no upstream TLS properties); a record
-  has Envoy's `%UPSTREAM_PEER_URI_SAN%` instead. Without it the response's peer metadata is
-  not trusted.
+- Peer metadata travels one way, in the `PEER_HEADER` request header (client sidecar →
+  server sidecar), value `encode_peer(...)`: an `application/x-www-form-urlencoded` list of
+  the `PEER_FIELDS`. The server sidecar moves it into dynamic metadata
+  `METADATA_NAMESPACE`/`METADATA_PEER` and strips it, so apps never see it and cannot set it.
+  Nothing comes back: the client side names its upstream from the control plane's peer
+  table (protos/peers.proto) by the upstream host's address and the SPIFFE ID in the
+  upstream's certificate (Istio answers with a response header; the table makes that header,
+  and the filters that add and strip it, unnecessary). On the client side of the ALS path,
+  `UPSTREAM_PEER_HEADER` (set by Envoy from the upstream's certificate, stripped at once)
+  carries that SPIFFE ID into `METADATA_UPSTREAM_PRINCIPAL` (an ALS entry has no upstream TLS
+  properties); a record has Envoy's `%UPSTREAM_PEER_URI_SAN%` instead.
 - The Telemetry API's metric overrides for the side a logger reports (metrics not exported,
   labels removed per metric) travel as one more literal tag, `TAG_OVERRIDES`, value
   `encode_overrides(...)`; absent when nothing is overridden. A logger's config is what
@@ -100,7 +102,7 @@ MAX_PEER_VALUE: Final = 1024
 # The HTTP metrics record (see the module doc).
 LOG_NODE_METADATA: Final = "PILOTFISH_METRICS_LOG"
 MAX_LOG_PATH: Final = 1024
-RECORD_VERSION: Final = "pf1"
+RECORD_VERSION: Final = "pf2"
 RECORD_SEPARATOR: Final = "\x1f"
 RECORD_TAGS: Final = (
     TAG_REPORTER,
@@ -121,6 +123,7 @@ RECORD_TAGS: Final = (
 RECORD_LABEL_FIELDS: Final = (
     ("peer", f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_PEER}):{MAX_PEER_VALUE + 1}%"),
     ("upstream_principal", "%UPSTREAM_PEER_URI_SAN%"),
+    ("upstream_host", "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
     ("peer_uri_san", "%DOWNSTREAM_PEER_URI_SAN%"),
     ("local_uri_san", "%DOWNSTREAM_LOCAL_URI_SAN%"),
     ("upstream_cluster", "%UPSTREAM_CLUSTER%"),
@@ -133,11 +136,12 @@ RECORD_LABEL_FIELDS: Final = (
 )
 # The label fields a reporter's labels never read (agent/telemetry/labels.py): a record has
 # the literal `-` there instead, so Envoy does not look them up per request. The client side
-# judges neither the caller's certificate nor its own; the server side names the service from
-# the authority, and its caller from the downstream certificate.
+# judges neither the caller's certificate nor its own, and names its upstream from the peer
+# table (no metadata); the server side names the service from the authority, and its caller
+# from the downstream certificate and the caller's metadata.
 RECORD_UNREAD_FIELDS: Final = {
-    REPORTER_SOURCE: frozenset({"peer_uri_san", "local_uri_san"}),
-    REPORTER_DESTINATION: frozenset({"upstream_principal", "upstream_cluster"}),
+    REPORTER_SOURCE: frozenset({"peer", "peer_uri_san", "local_uri_san"}),
+    REPORTER_DESTINATION: frozenset({"upstream_principal", "upstream_host", "upstream_cluster"}),
 }
 # Durations: microseconds from the first byte received to the last sent when Envoy has both
 # (what the ALS entry's duration measures, to the microsecond), else Envoy's milliseconds.

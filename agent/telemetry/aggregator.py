@@ -104,6 +104,19 @@ class HttpSeries:
     request_bytes: Histogram = field(default_factory=Histogram)
     response_bytes: Histogram = field(default_factory=Histogram)
 
+    def observe(self, duration_ms: float, request_bytes: int, response_bytes: int) -> None:
+        # Histogram.observe written out: this runs per request.
+        self.requests += 1
+        h = self.duration
+        h.counts[bisect_left(BUCKETS, duration_ms)] += 1
+        h.total += duration_ms
+        h = self.request_bytes
+        h.counts[bisect_left(BUCKETS, request_bytes)] += 1
+        h.total += request_bytes
+        h = self.response_bytes
+        h.counts[bisect_left(BUCKETS, response_bytes)] += 1
+        h.total += response_bytes
+
 
 @dataclass(slots=True)
 class TcpSeries:
@@ -129,7 +142,7 @@ class MetricsAggregator:
         peers: PeerDirectory | None = None,
     ) -> None:
         self.max_series = max_series
-        self.peers = peers  # names TCP callers (peers.py)
+        self.peers = peers  # names HTTP upstreams and TCP callers (peers.py)
         self.max_connections = max_connections
         self.http: dict[LabelValues, HttpSeries] = {}
         self.tcp: dict[LabelValues, TcpSeries] = {}
@@ -161,7 +174,7 @@ class MetricsAggregator:
     def record_http(self, entry: HTTPAccessLogEntry) -> None:
         common, request, response = entry.common_properties, entry.request, entry.response
         self.count_http(
-            http_labels(entry),
+            http_labels(entry, self.peers),
             of_entry(common),
             common.duration.ToNanoseconds() / 1e6,
             request.request_headers_bytes + request.request_body_bytes,
@@ -180,8 +193,19 @@ class MetricsAggregator:
         this way, with its labels and its logger's overrides cached)."""
         self.entries += 1
         self.sides[labels[0]] = side
+        series = self.http_series(labels, side)
+        if series is not None:
+            series.observe(duration_ms, request_bytes, response_bytes)
+
+    def http_series(self, labels: LabelValues, side: SideOverrides) -> HttpSeries | None:
+        """The series an HTTP entry with these labels, from a logger with these overrides,
+        counts in (made on first use; the overflow series past the cap); None when the side
+        exports no HTTP metric. Series are never dropped and the cap only fills, so the same
+        labels and overrides give the same series for the aggregator's life: a caller may
+        keep it (records.py does, per record head) and count in it itself, keeping
+        `entries` and `sides` as `count_http` does."""
         if side.http_off:
-            return
+            return None
         labels = side.fold_http(labels)
         series = self.http.get(labels)
         if series is None:
@@ -189,10 +213,7 @@ class MetricsAggregator:
             series = self.http.get(key)
             if series is None:
                 series = self.http[key] = HttpSeries()
-        series.requests += 1
-        series.duration.observe(duration_ms)
-        series.request_bytes.observe(request_bytes)
-        series.response_bytes.observe(response_bytes)
+        return series
 
     def record_tcp(self, entry: TCPAccessLogEntry) -> None:
         self.entries += 1

@@ -43,7 +43,7 @@ class AccessLogServer(Lifecycle):
         self.aggregator = aggregator
         self._server = server or als_socket_server(socket_path, owner)
         # Shared by all streams: the same loggers' label sets recur on every one.
-        self._decoder = HttpDecoder()
+        self._decoder = HttpDecoder(peers=aggregator.peers)
         self.streams = 0
         self.malformed = 0
 
@@ -74,6 +74,7 @@ class AccessLogServer(Lifecycle):
         async for raw in requests:
             # Every entry of a message is decoded before any is counted: a message that does
             # not decode counts nothing.
+            self._decoder.follow_peers()
             try:
                 entries = stream_entries(raw)
                 http = [self._decoder.decode(e) for e in entries.http]

@@ -3,14 +3,16 @@
 What a label may say, and where it comes from (protos/telemetry.py has the wire contract):
 
 - This proxy's own workload: the logger's literal tags, written by the control plane.
-- The peer's workload: the peer-metadata header the sidecars exchange, moved into dynamic
-  metadata by the receiving Envoy. Trusted only from an authenticated mesh peer: on the server
-  side when the caller presented a certificate (mTLS), on the client side when the upstream
-  did. Otherwise `unknown`, as Istio reports a plaintext caller.
-- A TCP caller (no header): the control plane's table of workloads by address
-  (peers.py), only for the workload whose principal the caller's certificate names.
-- Principals: the certificates (the caller's on the server side; the upstream's, which Envoy
-  copies into metadata, on the client side), never a header.
+- The caller's workload (server side): the peer-metadata header its sidecar sends, moved
+  into dynamic metadata by our Envoy, trusted only when the caller presented a certificate
+  (mTLS); otherwise `unknown`, as Istio reports a plaintext caller. A TCP caller (no header):
+  the control plane's table of workloads by address (peers.py), only for the workload whose
+  principal the caller's certificate names.
+- The upstream's workload (client side): the same table, by the upstream host's address and
+  the principal its certificate names; `unknown` when it presented none. Nothing the server
+  sends is read, so the server sends nothing (no response header, no filter to strip one).
+- Principals: the certificates (the caller's on the server side; the upstream's on the
+  client side), never a header.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def response_flags(flags: ResponseFlags) -> str:
     return ",".join(_FLAG_CODE.get(n, n) for n in names)
 
 
-def http_labels(entry: HTTPAccessLogEntry) -> LabelValues:
+def http_labels(entry: HTTPAccessLogEntry, peers: PeerDirectory | None = None) -> LabelValues:
+    """`peers`: the control plane's table, to name the upstream (and an mTLS caller that sent
+    no metadata); without it they are `unknown`."""
     common = entry.common_properties
     request, response = entry.request, entry.response
     grpc = request.request_headers.get("content-type", "").startswith("application/grpc")
@@ -121,7 +125,7 @@ def http_labels(entry: HTTPAccessLogEntry) -> LabelValues:
         status = response.response_trailers.get("grpc-status") or response.response_headers.get(
             "grpc-status", ""
         )
-    values = _peer_labels(common, request.authority)
+    values = _peer_labels(common, request.authority, peers)
     values["request_protocol"] = "grpc" if grpc else "http"
     values["response_code"] = str(response.response_code.value)
     values["grpc_response_status"] = status
@@ -169,7 +173,7 @@ def _peer_labels(
         peer = _peer(claimed if mtls else "")
         if peers is not None and mtls and not claimed:
             remote = common.downstream_remote_address.socket_address.address
-            peer = peers.caller(remote, caller) or peer
+            peer = peers.workload_at(remote, caller) or peer
         source, destination = peer, own
         source_principal = caller
         destination_principal = (
@@ -183,13 +187,17 @@ def _peer_labels(
         )
     else:
         reporter = t.REPORTER_SOURCE
-        upstream = (
+        sans = (
             fields[t.METADATA_UPSTREAM_PRINCIPAL].string_value
             if t.METADATA_UPSTREAM_PRINCIPAL in fields
             else ""
         )
-        mtls = upstream.startswith("spiffe://")
-        peer = _peer(claimed if mtls else "")
+        upstream = next((u for u in sans.split(",") if u.startswith("spiffe://")), "")
+        mtls = bool(upstream)
+        peer = _UNKNOWN_PEER
+        if peers is not None and mtls:
+            host = common.upstream_remote_address.socket_address.address
+            peer = peers.workload_at(host, upstream) or peer
         source, destination = own, peer
         source_principal = (tags.get(t.TAG_PRINCIPAL) or UNKNOWN) if mtls else UNKNOWN
         destination_principal = upstream if mtls else UNKNOWN
@@ -219,6 +227,14 @@ def _peer_labels(
         "destination_service_namespace": service[2],
         "connection_security_policy": policy,
     }
+
+
+_UNKNOWN_PEER: Final = {
+    "workload": UNKNOWN,
+    "workload_namespace": UNKNOWN,
+    "app": UNKNOWN,
+    "version": UNKNOWN,
+}
 
 
 # Label derivation runs once per request in the agent; the same few peers, authorities and

@@ -1,11 +1,17 @@
-"""Who a TCP caller is, from the control plane's table of the mesh's workloads (sans-IO).
+"""Who a peer is, from the control plane's table of the mesh's workloads (sans-IO).
 
 The control plane sends `pilotfish.telemetry.v1.PeerTable` (protos/peers.proto) on the
-agent's own ADS stream; `PeerDirectory` is its handler. A TCP connection has no peer-metadata
-header, so the server side names its caller by the connection's source address, and only
-when the caller's certificate (mTLS) names the principal the table gives for that address:
-an address alone proves nothing (a plaintext caller, or one whose certificate says another
-identity, stays `unknown`), and nothing the caller sends is read.
+agent's own ADS stream; `PeerDirectory` is its handler. It names:
+
+- an HTTP request's upstream (client side), by the upstream host's address: the server
+  sends no metadata back, so what it is comes from the control plane, never from it;
+- a TCP caller (server side; a connection has no peer-metadata header), by the
+  connection's source address.
+
+Only when the peer's certificate (mTLS) names the principal the table gives for that
+address: an address alone proves nothing (a plaintext peer, or one whose certificate says
+another identity, stays `unknown`), and nothing the peer sends is read. `updates` counts the
+tables received, so that label sets computed from an older one can be forgotten.
 """
 
 from __future__ import annotations
@@ -62,8 +68,8 @@ class PeerDirectory:
     def __len__(self) -> int:
         return len(self._by_address)
 
-    def caller(self, address: str, principal: str) -> PeerFields | None:
-        """The workload at `address` whose principal is `principal` (the caller's certified
+    def workload_at(self, address: str, principal: str) -> PeerFields | None:
+        """The workload at `address` whose principal is `principal` (the peer's certified
         SPIFFE ID), or None. Callers must not modify the result."""
         if not principal.startswith("spiffe://"):
             return None

@@ -20,10 +20,11 @@ from typing import Final
 
 from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 
-from agent.telemetry.aggregator import MetricsAggregator
+from agent.telemetry.aggregator import HttpSeries, MetricsAggregator
 from agent.telemetry.labels import FLAG_FIELDS, LabelValues, http_labels
 from agent.telemetry.overrides import SideOverrides, of_entry
-from agent.telemetry.wire import DEFAULT_MAX_CACHED, HttpObservation, LabelCache
+from agent.telemetry.peers import PeerDirectory
+from agent.telemetry.wire import DEFAULT_MAX_CACHED, MAX_KEY_BYTES, HttpObservation, LabelCache
 from protos import telemetry as t
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ class LineSplitter:
 class RecordDecoder(LabelCache):
     """Lines to observations, with the label tuples cached (LabelCache)."""
 
-    def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
-        super().__init__(max_cached)
+    def __init__(
+        self, max_cached: int = DEFAULT_MAX_CACHED, peers: PeerDirectory | None = None
+    ) -> None:
+        super().__init__(max_cached, peers)
         self.lines = 0
         self.malformed = 0
 
@@ -89,7 +92,7 @@ class RecordDecoder(LabelCache):
         head = parts[0]
         cached = self._labels.get(head)
         if cached is None:
-            cached = _labels_of(head)
+            cached = _labels_of(head, self.peers)
             if cached is None:
                 self.malformed += 1
                 return None
@@ -116,36 +119,93 @@ class RecordFeed:
     def __init__(self, aggregator: MetricsAggregator, max_cached: int = DEFAULT_MAX_CACHED):
         self.aggregator = aggregator
         self.splitter = LineSplitter()
-        self.decoder = RecordDecoder(max_cached)
+        self.decoder = RecordDecoder(max_cached, aggregator.peers)
+        # Per record head: its reporter, overrides, series (None: not exported) and whether
+        # that is the overflow series (each entry folded into it is counted), so that
+        # a repeat costs a split, a lookup and the counting, without the decoder's objects.
+        # Bounded as the decoder's label sets, and forgotten with them (a new peer table).
+        self._targets: dict[bytes, tuple[str, SideOverrides, HttpSeries | None, bool]] = {}
+        self._peer_tables = -1
 
     def __call__(self, data: bytes) -> None:
-        decode, count = self.decoder.decode, self.aggregator.count_http
-        splitter, decoder = self.splitter, self.decoder
+        splitter, decoder, aggregator = self.splitter, self.decoder, self.aggregator
+        decoder.follow_peers()
+        peers = decoder.peers
+        if peers is not None and peers.updates != self._peer_tables:
+            self._peer_tables = peers.updates
+            self._targets.clear()
+        targets, sides, missing = self._targets, aggregator.sides, _MISSING
         seen = (splitter.overlong, decoder.malformed)
         for line in splitter.feed(data):
-            observation = decode(line)
-            if observation is not None:
-                count(*observation)
-            elif decoder.malformed == 1:
-                logger.warning("dropping a malformed metrics record: %.200r", line)
+            parts = line.rsplit(_SEP, _VALUES)
+            target = targets.get(parts[0]) if len(parts) == _VALUES + 1 else None
+            if target is None:
+                self._first(line)
+                continue
+            decoder.lines += 1
+            _, us, ms, rq_headers, rq_body, rs_headers, rs_body = parts
+            try:
+                duration = int(us) / 1000 if us != missing else float(_count(ms))
+                request = (int(rq_headers) if rq_headers != missing else 0) + (
+                    int(rq_body) if rq_body != missing else 0
+                )
+                response = (int(rs_headers) if rs_headers != missing else 0) + (
+                    int(rs_body) if rs_body != missing else 0
+                )
+            except ValueError:
+                decoder.malformed += 1
+                continue
+            decoder.hits += 1
+            aggregator.entries += 1
+            reporter, side, series, folded = target
+            sides[reporter] = side
+            if series is not None:
+                series.observe(duration, request, response)
+                if folded:
+                    aggregator.overflow += 1
         if splitter.overlong and not seen[0]:
             logger.warning("dropping an over-long metrics record (over %d bytes)", t.MAX_RECORD)
         if (splitter.overlong, decoder.malformed) != seen:
             self.aggregator.records_dropped = splitter.overlong + decoder.malformed
+
+    def _first(self, line: bytes) -> None:
+        """A line whose head has no kept target: decoded and counted in full, and its target
+        kept for the next."""
+        decoder = self.decoder
+        observation = decoder.decode(line)
+        if observation is None:
+            if decoder.malformed == 1:
+                logger.warning("dropping a malformed metrics record: %.200r", line)
+            return
+        labels, side = observation.labels, observation.side
+        aggregator = self.aggregator
+        aggregator.entries += 1
+        aggregator.sides[labels[0]] = side
+        before = aggregator.overflow
+        series = aggregator.http_series(labels, side)
+        if series is not None:
+            series.observe(*observation[2:])
+        head = line.rsplit(_SEP, _VALUES)[0]
+        if len(head) <= MAX_KEY_BYTES:
+            if len(self._targets) >= decoder.max_cached:
+                del self._targets[next(iter(self._targets))]
+            self._targets[head] = (labels[0], side, series, aggregator.overflow != before)
 
 
 def _count(value: bytes) -> int:
     return int(value) if value != _MISSING else 0
 
 
-def _labels_of(head: bytes) -> tuple[LabelValues, SideOverrides] | None:
+def _labels_of(
+    head: bytes, peers: PeerDirectory | None
+) -> tuple[LabelValues, SideOverrides] | None:
     fields = head.decode("utf-8", "replace").split(t.RECORD_SEPARATOR)
     if len(fields) != _HEAD_FIELDS or fields[0] != t.RECORD_VERSION:
         return None
     entry = entry_of(fields[1 : 1 + len(t.RECORD_TAGS)], fields[1 + len(t.RECORD_TAGS) :])
     if entry is None:
         return None
-    return http_labels(entry), of_entry(entry.common_properties)
+    return http_labels(entry, peers), of_entry(entry.common_properties)
 
 
 def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
@@ -177,6 +237,8 @@ def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
             if uri:
                 cert.subject_alt_name.add(uri=uri)
     common.upstream_cluster = value["upstream_cluster"]
+    if value["upstream_host"]:
+        common.upstream_remote_address.socket_address.address = value["upstream_host"]
     for short in value["response_flags"].split(","):
         flag = FLAG_FIELDS.get(short)
         if flag == "unauthorized_details":

@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 
 from agent.telemetry.labels import LabelValues, http_labels
 from agent.telemetry.overrides import SideOverrides, of_entry
+from agent.telemetry.peers import PeerDirectory
 
 DEFAULT_MAX_CACHED: Final = 4096
 # A longer key (a huge authority, say) is not cached: the cache's memory stays bounded in
@@ -52,6 +53,9 @@ _LABEL_FIELDS: Final[Selection] = {
             "local_certificate_properties": {"subject_alt_name": None},
         },
         "upstream_cluster": None,
+        # The upstream's address, which names it (peers.py); the port is per endpoint, not
+        # per request, so it does not split keys more than the address does.
+        "upstream_remote_address": None,
         "response_flags": None,
     },
     "request": {"authority": None, "request_headers": None},
@@ -156,13 +160,26 @@ class HttpObservation(NamedTuple):
 class LabelCache:
     """Label tuples (and the overrides that go with them) by the bytes they were decoded
     from: at most `max_cached` keys of at most MAX_KEY_BYTES; past that the oldest key is
-    forgotten. The decoders count their own hits and misses on their hot path."""
+    forgotten. The decoders count their own hits and misses on their hot path.
 
-    def __init__(self, max_cached: int = DEFAULT_MAX_CACHED) -> None:
+    Labels also read `peers`, the control plane's table, which the bytes do not hold: its
+    owner calls `follow_peers()` before each batch, which forgets every label set when a new
+    table has arrived since (a per-batch check keeps it off the per-request path)."""
+
+    def __init__(
+        self, max_cached: int = DEFAULT_MAX_CACHED, peers: PeerDirectory | None = None
+    ) -> None:
         self.max_cached = max_cached
+        self.peers = peers
         self._labels: dict[bytes, tuple[LabelValues, SideOverrides]] = {}
+        self._peer_tables = peers.updates if peers is not None else 0
         self.hits = 0
         self.misses = 0
+
+    def follow_peers(self) -> None:
+        if self.peers is not None and self.peers.updates != self._peer_tables:
+            self._peer_tables = self.peers.updates
+            self._labels.clear()
 
     @property
     def cached(self) -> int:
@@ -188,7 +205,7 @@ class HttpDecoder(LabelCache):
         if cached is None:
             self.misses += 1
             entry = HTTPAccessLogEntry.FromString(raw)
-            cached = (http_labels(entry), of_entry(entry.common_properties))
+            cached = (http_labels(entry, self.peers), of_entry(entry.common_properties))
             self._remember(key, cached)
         else:
             self.hits += 1

@@ -1,11 +1,12 @@
 """The mesh's workloads for the node agents' standard metrics (`pilotfish.telemetry.v1.
 PeerTable`, protos/peers.proto): who runs at which address, under which principal.
 
-Why: an HTTP caller's sidecar says who it is in the peer-metadata header; a TCP connection
-carries no header, so the server side's agent would have to report its caller as `unknown`.
-With this table it names the caller by the connection's source address, and only when the
-caller's certificate names the principal the table gives for that address (agent/telemetry/
-peers.py): the address alone is never trusted, nor anything the caller says.
+Why: an HTTP caller's sidecar says who it is in the peer-metadata request header, but nothing
+comes back, and a TCP connection carries no header at all. With this table the client side's
+agent names an HTTP upstream by the upstream host's address, and the server side's agent a TCP
+caller by the connection's source address, only when the peer's certificate names the
+principal the table gives for that address (agent/telemetry/peers.py): the address alone is
+never trusted, nor anything the peer says.
 
 The channel is the agent's own ADS stream (as the name table and the WorkloadGroup probe);
 one resource, `peers`, built once per push from the registered workloads (their identity as

@@ -14,12 +14,12 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
   that family; the rest of the overrides travel as one more literal tag (`TAG_OVERRIDES`,
   applied by the agent: agent/telemetry/overrides.py). Peer metadata is exchanged either way:
   the proxy's peers still count their side of the traffic.
-- Peer metadata: the client side sends its own in a request header (on the records path by
-  the HCM's early header mutation: no filter instance per request) and reads the server's
-  from the response; the server side reads the client's (mTLS chains only: a plaintext
-  caller's claim is stripped unread) and answers with its own (mTLS chains only). A side
-  without an HTTP logger reads nothing (nothing would use it). Both strip the headers at the
-  app boundary, so an app can neither read nor forge them.
+- Peer metadata: the client side sends its own in a request header, by the HCM's early
+  header mutation (no filter instance per request); the server side reads it (mTLS chains
+  only: a plaintext caller's claim is stripped unread; a side without an HTTP logger only
+  strips it) and strips it at the app boundary, so an app can neither read nor forge it.
+  Nothing is answered: the client's agent names the upstream from the control plane's peer
+  table (peers.py), so no response header is added, read or stripped.
 
 `instrument_listener` is the one entry point: listener builders (sidecar modes NONE and
 REDIRECT, gateways) hand it a finished listener and the proxy's `WorkloadTelemetry`.
@@ -228,16 +228,14 @@ def _instrument_hcm(
     logged = telemetry.reported and not telemetry.side(reporter).http_off
     logger = (_RECORDS if telemetry.log_path else _ALS) if logged else _NONE
     if reporter == t.REPORTER_SOURCE:
-        filters = _client_filters(telemetry, logger)
-        if logger == _RECORDS:
-            # The HCM sets our header before any filter runs: no filter instance per request
-            # for it (the response's header is read and stripped by the metadata filter).
-            early = EarlyHeaderMutation(mutations=[_set(t.PEER_HEADER, telemetry.peer_value())])
-            hcm.early_header_mutation_extensions.append(
-                TypedExtensionConfig(name=EARLY_HEADER_MUTATION, typed_config=pack(early))
-            )
+        filters = _client_filters(logger)
+        # The HCM sets our header before any filter runs: no filter instance per request.
+        early = EarlyHeaderMutation(mutations=[_set(t.PEER_HEADER, telemetry.peer_value())])
+        hcm.early_header_mutation_extensions.append(
+            TypedExtensionConfig(name=EARLY_HEADER_MUTATION, typed_config=pack(early))
+        )
     else:
-        filters = _server_filters(telemetry, logger, mtls=mtls)
+        filters = _server_filters(logger, mtls=mtls)
     # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
     # the router see them, and responses are read after every other filter wrote them.
     for i, f in enumerate(filters):
@@ -287,34 +285,24 @@ def _common(telemetry: WorkloadTelemetry, reporter: str) -> CommonGrpcAccessLogC
     )
 
 
-def _client_filters(telemetry: WorkloadTelemetry, logger: str) -> list[HttpFilter]:
-    """Outbound: send our metadata; take the server's from the response and strip it.
-
-    Only a logger reads the metadata: without one the response's header is just stripped, by
-    the one filter that sends ours. The ALS path also needs the upstream certificate's SPIFFE
-    ID, which Envoy writes into a header (an access log entry has no upstream TLS properties)
-    for the metadata filter to read; a record reads it from Envoy directly."""
-    request = [_set(t.PEER_HEADER, telemetry.peer_value())]
-    if logger == _NONE:
-        write = Mutations(request_mutations=request, response_mutations=[_remove(t.PEER_HEADER)])
-        return [_mutation_filter(write)]
-    rules = [_to_metadata(t.PEER_HEADER, t.METADATA_PEER)]
-    read = HeaderToMetadata(response_rules=rules)
-    if logger == _RECORDS:  # our header is the HCM's early mutation (_instrument_hcm)
-        return [HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read))]
-    write = Mutations(request_mutations=request)
-    if logger == _ALS:
-        rules.append(_to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL))
-        write = Mutations(
-            request_mutations=[_remove(t.UPSTREAM_PEER_HEADER), *request],
-            # Removed first: when the upstream presented no certificate the value is empty,
-            # and a header the server forged must not survive that.
-            response_mutations=[
-                _remove(t.UPSTREAM_PEER_HEADER),
-                _set(t.UPSTREAM_PEER_HEADER, "%UPSTREAM_PEER_URI_SAN%"),
-            ],
-        )
-    read = HeaderToMetadata(response_rules=rules)
+def _client_filters(logger: str) -> list[HttpFilter]:
+    """Outbound: our metadata is the HCM's early mutation (_instrument_hcm) and nothing is read
+    from the response, so no filter; except on the ALS path, which needs the upstream
+    certificate's SPIFFE ID that an access log entry lacks: Envoy writes it into a response
+    header (removed first: when the upstream presented no certificate the value is empty, and
+    a header the server forged must not survive that) for the metadata filter to read and
+    strip."""
+    if logger != _ALS:
+        return []
+    write = Mutations(
+        response_mutations=[
+            _remove(t.UPSTREAM_PEER_HEADER),
+            _set(t.UPSTREAM_PEER_HEADER, "%UPSTREAM_PEER_URI_SAN%"),
+        ],
+    )
+    read = HeaderToMetadata(
+        response_rules=[_to_metadata(t.UPSTREAM_PEER_HEADER, t.METADATA_UPSTREAM_PRINCIPAL)]
+    )
     # Order matters on the way back: responses pass filters last to first, so the mutation
     # (second) writes the header before the metadata filter (first) reads it.
     return [
@@ -323,23 +311,14 @@ def _client_filters(telemetry: WorkloadTelemetry, logger: str) -> list[HttpFilte
     ]
 
 
-def _server_filters(telemetry: WorkloadTelemetry, logger: str, *, mtls: bool) -> list[HttpFilter]:
-    """Inbound: on an mTLS chain read the client's metadata (when a logger will) and answer
-    with ours; on a plaintext chain only strip what a caller claims (it is never read)."""
-    filters: list[HttpFilter] = []
-    if mtls:
-        if logger != _NONE:
-            read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
-            filters.append(HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)))
-        response = [_remove(t.UPSTREAM_PEER_HEADER), _set(t.PEER_HEADER, telemetry.peer_value())]
-    else:
-        response = [_remove(t.UPSTREAM_PEER_HEADER), _remove(t.PEER_HEADER)]
-    write = Mutations(
-        request_mutations=[_remove(t.PEER_HEADER), _remove(t.UPSTREAM_PEER_HEADER)],
-        response_mutations=response,
-    )
-    filters.append(_mutation_filter(write))
-    return filters
+def _server_filters(logger: str, *, mtls: bool) -> list[HttpFilter]:
+    """Inbound: on an mTLS chain with a logger, move the client's metadata into dynamic
+    metadata (the rule strips the header); otherwise only strip what a caller claims (it is
+    never read)."""
+    if mtls and logger != _NONE:
+        read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
+        return [HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read))]
+    return [_mutation_filter(Mutations(request_mutations=[_remove(t.PEER_HEADER)]))]
 
 
 def _mutation_filter(mutations: Mutations) -> HttpFilter:

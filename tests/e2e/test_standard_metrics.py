@@ -219,7 +219,8 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
             assert labels["response_flags"] == "-"
             assert "grpc_response_status" not in labels  # empty: Prometheus drops it
 
-            # The client side learnt the backend from its response, and its certificate.
+            # The client side named the backend from the control plane's peer table, by its
+            # address and the principal its certificate names.
             source = await prom.query(
                 'istio_requests_total{reporter="source",source_workload="client",'
                 'response_code="200"}'

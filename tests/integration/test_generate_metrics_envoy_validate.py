@@ -167,52 +167,49 @@ def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool, log: st
     requests = mutation.mutations.request_mutations
     responses = mutation.mutations.response_mutations
     own = "workload=reviews-group&workload_namespace=default&app=reviews&version=v1"
+    # Nothing is answered: no side adds the metadata header to a response.
+    assert not any(m.append.header.key == t.PEER_HEADER for m in responses)
     if not inbound:
-        # Client side: read the response's metadata, send ours.
-        read = HeaderToMetadata()
-        hcm.http_filters[0].typed_config.Unpack(read)
-        assert all(r.remove for r in read.response_rules)
+        # Client side: ours is set by the HCM before any filter (no filter for it), and the
+        # upstream is named from the peer table, so nothing is read from the response.
+        [early_config] = hcm.early_header_mutation_extensions
+        assert early_config.name == EARLY_HEADER_MUTATION
+        early = EarlyHeaderMutation()
+        early_config.typed_config.Unpack(early)
+        assert [(m.append.header.key, m.append.header.value) for m in early.mutations] == [
+            (t.PEER_HEADER, own)
+        ]
         if log:
-            # Ours is set by the HCM before any filter (no filter for it), and a record reads
-            # the upstream's certificate itself: no header round trip.
-            assert names[0] == HEADER_TO_METADATA_FILTER
+            # A record reads the upstream's certificate itself: no header round trip.
+            assert HEADER_TO_METADATA_FILTER not in names
             assert HEADER_MUTATION_FILTER not in names
-            [early_config] = hcm.early_header_mutation_extensions
-            assert early_config.name == EARLY_HEADER_MUTATION
-            early = EarlyHeaderMutation()
-            early_config.typed_config.Unpack(early)
-            assert [(m.append.header.key, m.append.header.value) for m in early.mutations] == [
-                (t.PEER_HEADER, own)
-            ]
-            assert [r.header for r in read.response_rules] == [t.PEER_HEADER]
             assert t.UPSTREAM_PEER_HEADER.encode() not in hcm.SerializeToString()
         else:
+            # An ALS entry has no upstream certificate: Envoy copies its SPIFFE ID into a
+            # header (removing any the server sent first) for the metadata filter to read.
             assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
-            assert [
-                (m.append.header.key, m.append.header.value)
-                for m in requests
-                if m.append.header.key
-            ] == [(t.PEER_HEADER, own)]
-            assert {r.header for r in read.response_rules} == {
-                t.PEER_HEADER,
-                t.UPSTREAM_PEER_HEADER,
-            }
+            read = HeaderToMetadata()
+            hcm.http_filters[0].typed_config.Unpack(read)
+            assert [(r.header, r.remove) for r in read.response_rules] == [
+                (t.UPSTREAM_PEER_HEADER, True)
+            ]
+            assert not requests
             assert responses[0].remove == t.UPSTREAM_PEER_HEADER
+            assert responses[1].append.header.value == "%UPSTREAM_PEER_URI_SAN%"
     elif mtls:
-        assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
+        # One filter: its rule moves the caller's metadata into Envoy's and strips it.
+        assert names[0] == HEADER_TO_METADATA_FILTER
+        assert HEADER_MUTATION_FILTER not in names
         read = HeaderToMetadata()
         hcm.http_filters[0].typed_config.Unpack(read)
         assert [(r.header, r.remove) for r in read.request_rules] == [(t.PEER_HEADER, True)]
-        assert (t.PEER_HEADER, own) in [
-            (m.append.header.key, m.append.header.value) for m in responses
-        ]
+        assert not read.response_rules
     else:
-        # Plaintext: the caller's claim is stripped unread, and we say nothing about us.
+        # Plaintext: the caller's claim is stripped unread.
         assert names[0] == HEADER_MUTATION_FILTER
         assert HEADER_TO_METADATA_FILTER not in names
-        assert t.PEER_HEADER in [m.remove for m in requests]
-        assert t.PEER_HEADER in [m.remove for m in responses]
-        assert not any(m.append.header.key for m in responses)
+        assert [m.remove for m in requests] == [t.PEER_HEADER]
+        assert not responses
 
 
 @pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])

@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.telemetry.aggregator import BUCKETS, Histogram, MetricsAggregator
 from agent.telemetry.labels import HTTP_LABELS, TCP_LABELS, http_labels, tcp_labels
+from agent.telemetry.peers import PeerDirectory
+from protos import peers_pb2
 from protos import telemetry as t
 
 CLIENT = "spiffe://cluster.local/ns/shop/sa/client"
@@ -25,6 +27,23 @@ CLIENT_META = t.encode_peer(
 SERVER_META = t.encode_peer(
     {"workload": "web", "workload_namespace": "shop", "app": "web", "version": "v1"}
 )
+SERVER_IP = "10.0.0.9"
+
+
+def peer_table(*peers: tuple[str, str, str, str]) -> PeerDirectory:
+    """The control plane's table: (ip, workload, version, principal) rows in namespace shop,
+    app = workload."""
+    directory = PeerDirectory()
+    rows = [
+        peers_pb2.Peer(ip=ip, workload=w, namespace="shop", app=w, version=v, principal=principal)
+        for ip, w, v, principal in peers
+    ]
+    directory([peers_pb2.PeerTable(peers=rows)])
+    return directory
+
+
+# The mesh as the control plane tells the client's agent: web at SERVER_IP.
+PEERS = peer_table((SERVER_IP, "web", "v1", SERVER))
 
 
 def _tags(entry_common: object, reporter: str, **own: str) -> None:
@@ -68,9 +87,16 @@ def server_entry(
     return e
 
 
-def client_entry(*, upstream: str = SERVER, claimed: str = SERVER_META) -> HTTPAccessLogEntry:
+def client_entry(
+    *, upstream: str = SERVER, claimed: str = "", host: str = SERVER_IP
+) -> HTTPAccessLogEntry:
+    """What the client side's logger sends for one request: `claimed` is metadata a server
+    could have answered with (our servers send none, and the labels never read it)."""
     e = HTTPAccessLogEntry()
     c = e.common_properties
+    if host:
+        c.upstream_remote_address.socket_address.address = host
+        c.upstream_remote_address.socket_address.port_value = 8080
     _tags(c, t.REPORTER_SOURCE, workload="client", app="client", version="v2", principal=CLIENT)
     meta = {}
     if claimed:
@@ -139,8 +165,8 @@ def test_garbage_peer_metadata_reads_as_unknown() -> None:
         assert got["source_principal"] == CLIENT  # the certificate still counts
 
 
-def test_client_side_labels_trust_the_response_only_from_an_mtls_upstream() -> None:
-    got = labels(http_labels(client_entry()))
+def test_client_side_names_its_mtls_upstream_from_the_peer_table() -> None:
+    got = labels(http_labels(client_entry(), PEERS))
     assert got["reporter"] == "source"
     assert got["source_workload"] == "client" and got["source_principal"] == CLIENT
     assert got["destination_workload"] == "web" and got["destination_version"] == "v1"
@@ -151,10 +177,29 @@ def test_client_side_labels_trust_the_response_only_from_an_mtls_upstream() -> N
     assert got["request_protocol"] == "grpc" and got["grpc_response_status"] == "14"
     assert got["connection_security_policy"] == "unknown"
 
-    plaintext = labels(http_labels(client_entry(upstream="")))
+    plaintext = labels(http_labels(client_entry(upstream=""), PEERS))
     assert plaintext["destination_workload"] == "unknown"
     assert plaintext["destination_principal"] == "unknown"
     assert plaintext["source_principal"] == "unknown"
+
+    # What a server answers is never read: metadata in the response names nobody.
+    forged = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
+    claimed = labels(http_labels(client_entry(claimed=forged), PEERS))
+    assert claimed["destination_workload"] == "web"
+    assert labels(http_labels(client_entry(claimed=forged)))["destination_workload"] == "unknown"
+
+    # The address alone proves nothing: another identity there, or another address.
+    other = "spiffe://cluster.local/ns/shop/sa/other"
+    for entry in (client_entry(upstream=other), client_entry(host="10.0.0.10")):
+        got = labels(http_labels(entry, PEERS))
+        assert got["destination_workload"] == "unknown" and got["destination_app"] == "unknown"
+    assert labels(http_labels(client_entry(upstream=other), PEERS))["destination_principal"] == (
+        other
+    )
+
+    # More URI SANs than one: the SPIFFE ID among them names the upstream.
+    sans = labels(http_labels(client_entry(upstream=f"https://web.example,{SERVER}"), PEERS))
+    assert sans["destination_workload"] == "web" and sans["destination_principal"] == SERVER
 
 
 def test_service_names_from_the_authority_and_the_cluster() -> None:

@@ -21,7 +21,11 @@ from agent.telemetry.aggregator import MetricsAggregator
 from control.config.meshconfig import parse_mesh_config
 from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
-from control.generate.telemetry_metrics import HEADER_MUTATION_FILTER, HEADER_TO_METADATA_FILTER
+from control.generate.telemetry_metrics import (
+    EARLY_HEADER_MUTATION,
+    HEADER_MUTATION_FILTER,
+    HEADER_TO_METADATA_FILTER,
+)
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
 from control.model.telemetry import WorkloadMode
@@ -173,7 +177,7 @@ def _loggers(doc: str, direction: str) -> dict[str, dict[str, str]]:
     for _, typed in filters(ls, HCM_FILTER):
         hcm = HttpConnectionManager()
         assert typed.Unpack(hcm)
-        assert HEADER_MUTATION_FILTER in [f.name for f in hcm.http_filters]
+        _sends_or_strips_peer_metadata(hcm, inbound=inbound)
         for log in hcm.access_log:
             if log.name == HTTP_GRPC_LOGGER:
                 http = HttpGrpcAccessLogConfig()
@@ -188,6 +192,27 @@ def _loggers(doc: str, direction: str) -> dict[str, dict[str, str]]:
                 assert log.typed_config.Unpack(tcp)
                 out[log.name] = {c.tag: c.literal.value for c in tcp.common_config.custom_tags}
     return out
+
+
+def _sends_or_strips_peer_metadata(hcm: HttpConnectionManager, *, inbound: bool) -> None:
+    """Outbound: the HCM's early mutation sends ours. Inbound: a filter strips the caller's
+    (the metadata filter's rule when a logger reads it, else the header mutation)."""
+    from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import (
+        HeaderMutation,
+    )
+
+    if not inbound:
+        [early] = [e for e in hcm.early_header_mutation_extensions]
+        assert early.name == EARLY_HEADER_MUTATION
+        assert t.PEER_HEADER.encode() in early.typed_config.value
+        return
+    names = [f.name for f in hcm.http_filters]
+    if HEADER_TO_METADATA_FILTER in names:
+        return  # its rule strips (test_generate_metrics_envoy_validate checks the rule)
+    mutation = HeaderMutation()
+    hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
+    assert [m.remove for m in mutation.mutations.request_mutations] == [t.PEER_HEADER]
+    assert not mutation.mutations.response_mutations
 
 
 def test_loggers_carry_the_sides_overrides() -> None:
@@ -237,12 +262,8 @@ def test_no_logger_where_nothing_would_be_exported() -> None:
 
 
 def test_a_side_without_an_http_logger_only_exchanges_peer_metadata() -> None:
-    """Nothing would read the peer's metadata, so no filter moves it into Envoy's metadata:
-    the one header mutation sends ours and strips the peer's."""
-    from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import (
-        HeaderMutation,
-    )
-
+    """Nothing would read the caller's metadata, so no filter moves it into Envoy's metadata:
+    the server only strips it, the client still sends its own (peers keep their labels)."""
     mesh_off = telemetry("nometrics", "istio-system", "metrics:\n- providers: [{name: envoy}]")
     own = "workload=client-1&workload_namespace=default&app=client"
     for direction, p in (("inbound", _proxy()), ("outbound", _proxy("client", "127.0.1.6"))):
@@ -259,16 +280,11 @@ def test_a_side_without_an_http_logger_only_exchanges_peer_metadata() -> None:
         for hcm in hcms:
             names = [f.name for f in hcm.http_filters]
             assert HEADER_TO_METADATA_FILTER not in names, direction
-            mutation = HeaderMutation()
-            hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
-            responses = mutation.mutations.response_mutations
+            _sends_or_strips_peer_metadata(hcm, inbound=direction == "inbound")
             if direction == "outbound":
-                [sent] = mutation.mutations.request_mutations
-                assert sent.append.header.key == t.PEER_HEADER
-                assert sent.append.header.value.startswith(own)
-                assert [m.remove for m in responses] == [t.PEER_HEADER]
-            else:
-                assert t.PEER_HEADER in [m.remove for m in mutation.mutations.request_mutations]
+                assert HEADER_MUTATION_FILTER not in names
+                early = hcm.early_header_mutation_extensions[0].typed_config.value
+                assert own.encode() in early
 
 
 # --- the agent -------------------------------------------------------------------------------

@@ -20,11 +20,15 @@ from agent.telemetry.overrides import of_entry
 from agent.telemetry.records import LineSplitter, RecordDecoder, RecordFeed
 from agent.telemetry.wire import MAX_KEY_BYTES
 from control.model.proxy import proxy_from_node
+from protos import peers_pb2
 from protos import telemetry as t
 from tests.unit.test_telemetry_metrics import (
     CLIENT,
+    PEERS,
     SERVER,
+    SERVER_IP,
     client_entry,
+    peer_table,
     server_entry,
 )
 
@@ -55,6 +59,7 @@ def record(
     label_values = {
         "peer": meta_value(t.METADATA_PEER)[: t.MAX_PEER_VALUE + 1],
         "upstream_principal": meta_value(t.METADATA_UPSTREAM_PRINCIPAL),
+        "upstream_host": c.upstream_remote_address.socket_address.address,
         "peer_uri_san": sans(c.tls_properties.peer_certificate_properties),
         "local_uri_san": sans(c.tls_properties.local_certificate_properties),
         "upstream_cluster": c.upstream_cluster,
@@ -111,7 +116,8 @@ def _entries() -> list[HTTPAccessLogEntry]:
         server_entry(code=0),  # no response (a reset)
         flagged,
         client_entry(),
-        client_entry(upstream=""),  # plaintext upstream: its metadata is not trusted
+        client_entry(upstream=""),  # plaintext upstream: not named
+        client_entry(host="10.0.0.10"),  # an address the table does not hold
         grpc_header,
         no_cluster,
         overridden,
@@ -121,9 +127,9 @@ def _entries() -> list[HTTPAccessLogEntry]:
 @pytest.mark.parametrize("index", range(len(_entries())))
 def test_labels_are_those_of_the_als_entry_for_the_same_request(index: int) -> None:
     entry = _entries()[index]
-    observation = RecordDecoder().decode(record(entry)[:-1])
+    observation = RecordDecoder(peers=PEERS).decode(record(entry)[:-1])
     assert observation is not None
-    assert observation.labels == http_labels(entry)
+    assert observation.labels == http_labels(entry, PEERS)
     assert observation.side == of_entry(entry.common_properties)
     c, rq, rs = entry.common_properties, entry.request, entry.response
     assert observation.duration_ms == pytest.approx(c.duration.ToNanoseconds() / 1e6, abs=1e-3)
@@ -136,10 +142,16 @@ def test_fields_a_side_leaves_out_change_no_label(index: int) -> None:
     """What a side's format writes as `-` instead of a command, its labels never read: the
     same request with anything there (a certificate, a cluster) has the same labels."""
     entry = _entries()[index]
-    for junk in ("spiffe://cluster.local/ns/kube-system/sa/admin", "outbound|1||x.y.svc.z"):
-        observation = RecordDecoder().decode(record(entry, unread=junk)[:-1])
+    admin = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
+    for junk in (
+        "spiffe://cluster.local/ns/kube-system/sa/admin",
+        "outbound|1||x.y.svc.z",
+        "10.0.0.9",
+        admin,
+    ):
+        observation = RecordDecoder(peers=PEERS).decode(record(entry, unread=junk)[:-1])
         assert observation is not None
-        assert observation.labels == http_labels(entry)
+        assert observation.labels == http_labels(entry, PEERS)
 
 
 def test_each_side_formats_only_the_fields_it_reads() -> None:
@@ -150,10 +162,12 @@ def test_each_side_formats_only_the_fields_it_reads() -> None:
 
     client, server = commands(t.REPORTER_SOURCE), commands(t.REPORTER_DESTINATION)
     assert client["upstream_principal"] == "%UPSTREAM_PEER_URI_SAN%"
-    assert client["peer_uri_san"] == client["local_uri_san"] == "-"
+    assert client["upstream_host"] == "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"
+    assert client["peer"] == client["peer_uri_san"] == client["local_uri_san"] == "-"
     assert server["upstream_principal"] == server["upstream_cluster"] == "-"
+    assert server["upstream_host"] == "-"
     assert server["peer_uri_san"] == "%DOWNSTREAM_PEER_URI_SAN%"
-    assert client["peer"] == server["peer"] and client["peer"].startswith("%DYNAMIC_METADATA(")
+    assert server["peer"].startswith("%DYNAMIC_METADATA(")
 
 
 def test_values_without_envoys_microseconds_use_its_milliseconds() -> None:
@@ -188,7 +202,7 @@ def test_the_label_cache_is_bounded() -> None:
     [
         b"",
         b"garbage",
-        record(server_entry()).replace(b"pf1", b"pf9", 1)[:-1],  # another version
+        record(server_entry()).replace(t.RECORD_VERSION.encode(), b"pf9", 1)[:-1],  # another
         record(server_entry(), extra=SEP + "x")[:-1],  # one field too many
         record(server_entry()).replace(SEP.encode(), b"", 1)[:-1],  # one too few
         record(server_entry(code=200)).replace(b"\x1f200\x1f", b"\x1fabc\x1f", 1)[:-1],
@@ -309,8 +323,73 @@ async def test_the_fifo_is_private_and_read_on_the_loop(tmp_path: Path) -> None:
     assert not (tmp_path / "METRICS").exists()
 
 
+def test_a_new_peer_table_is_read_by_the_next_batch() -> None:
+    """Labels cached from one table are forgotten when another arrives: the upstream moved."""
+    peers = peer_table((SERVER_IP, "web", "v1", SERVER))
+    agg = MetricsAggregator(peers=peers)
+    feed = RecordFeed(agg)
+    line = record(client_entry())
+    feed(line)
+    peers([peers_pb2.PeerTable()])  # web left that address
+    feed(line)
+    workloads = {labels[6]: s.requests for labels, s in agg.http.items()}
+    assert workloads == {"web": 1, "unknown": 1}
+    assert feed.decoder.misses == 2
+
+
 def test_principals_come_from_certificates_in_records_too() -> None:
     """A peer's claimed metadata names no principal; the SANs do."""
     observation = RecordDecoder().decode(record(server_entry())[:-1])
     assert observation is not None
     assert (observation.labels[3], observation.labels[8]) == (CLIENT, SERVER)
+
+
+def test_the_feed_counts_as_the_aggregator_does_entry_by_entry() -> None:
+    """Repeat heads take the feed's short path (a kept series); it must count what
+    `record_http` counts for the same requests: series, histograms, the overflow series past
+    the cap, a side whose overrides export no HTTP metric, and the reporters' overrides."""
+    http_off = server_entry(authority="quiet:8080")
+    http_off.common_properties.custom_tags[t.TAG_OVERRIDES] = t.encode_overrides(
+        frozenset(t.HTTP_METRICS), {}
+    )
+    kinds = [
+        *_entries(),
+        http_off,
+        *(server_entry(authority=f"web-{i}:8080") for i in range(6)),  # past the cap
+    ]
+    requests = [
+        kinds[(i * 7) % len(kinds)]
+        for i in range(400)  # every kind, repeated, interleaved
+    ]
+    for n, e in enumerate(requests):
+        e.common_properties.duration.FromNanoseconds(1_000_000 * (n % 13) + 250_000)
+        e.request.request_body_bytes = n * 31
+        e.response.response_body_bytes = n * 17
+    fed, direct = (MetricsAggregator(max_series=12, peers=PEERS) for _ in range(2))
+    feed = RecordFeed(fed)
+    data = b"".join(record(e) for e in requests)
+    for cut in range(0, len(data), 4096):  # reads of a pipe's size
+        feed(data[cut : cut + 4096])
+    for e in requests:
+        direct.record_http(e)
+
+    def counted(agg: MetricsAggregator) -> dict[object, object]:
+        return {
+            labels: (
+                s.requests,
+                s.duration.counts,
+                round(s.duration.total, 6),
+                s.request_bytes.counts,
+                s.request_bytes.total,
+                s.response_bytes.counts,
+                s.response_bytes.total,
+            )
+            for labels, s in agg.http.items()
+        }
+
+    assert fed.entries == direct.entries == len(requests)
+    assert counted(fed) == counted(direct)
+    assert fed.overflow == direct.overflow > 0
+    assert fed.series == direct.series == 12 + 1  # the overflow series
+    assert fed.sides == direct.sides
+    assert feed.decoder.hits > len(requests) // 2  # most lines took the short path

@@ -16,11 +16,15 @@ from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.als import SERVICE, AccessLogServer
 from agent.telemetry.labels import HTTP_LABELS, http_labels
 from agent.telemetry.wire import MAX_KEY_BYTES, HttpDecoder, stream_entries
+from protos import peers_pb2
 from protos import telemetry as t
 from tests.unit.test_telemetry_metrics import (
-    CLIENT_META,
+    PEERS,
+    SERVER,
+    SERVER_IP,
     SERVER_META,
     client_entry,
+    peer_table,
     server_entry,
     tcp_entry,
 )
@@ -40,7 +44,8 @@ def _vary_per_request_fields(e: HTTPAccessLogEntry, i: int) -> HTTPAccessLogEntr
     c.duration.FromNanoseconds(1_000_000 * (i + 1))
     c.downstream_remote_address.socket_address.address = f"10.0.0.{i % 250}"
     c.downstream_remote_address.socket_address.port_value = 30000 + i
-    c.upstream_remote_address.socket_address.address = f"10.1.0.{i % 250}"
+    # (The upstream's address names it: the same endpoint, a new local port.)
+    c.upstream_local_address.socket_address.address = f"10.1.0.{i % 250}"
     c.upstream_local_address.socket_address.port_value = 40000 + i
     c.upstream_wire_bytes_sent = 300 + i
     c.tls_properties.tls_session_id = f"{i:08x}"
@@ -56,7 +61,7 @@ def _vary_per_request_fields(e: HTTPAccessLogEntry, i: int) -> HTTPAccessLogEntr
 
 
 def test_decoded_observations_are_those_of_the_full_entry() -> None:
-    dec = HttpDecoder()
+    dec = HttpDecoder(peers=PEERS)
     for entry in (
         server_entry(),
         server_entry(peer=None),
@@ -64,10 +69,11 @@ def test_decoded_observations_are_those_of_the_full_entry() -> None:
         client_entry(),
         client_entry(upstream=""),
         _vary_per_request_fields(server_entry(), 7),
+        _vary_per_request_fields(client_entry(), 7),
     ):
         got = dec.decode(_raw(entry))
         c, req, resp = entry.common_properties, entry.request, entry.response
-        assert got.labels == http_labels(entry)
+        assert got.labels == http_labels(entry, PEERS)
         assert got.duration_ms == c.duration.ToNanoseconds() / 1e6
         assert got.request_bytes == req.request_headers_bytes + req.request_body_bytes
         assert got.response_bytes == resp.response_headers_bytes + resp.response_body_bytes
@@ -76,9 +82,10 @@ def test_decoded_observations_are_those_of_the_full_entry() -> None:
 def test_per_request_fields_are_no_part_of_the_labels() -> None:
     """The cache key leaves these out, so labels must not depend on them: if labels.py
     starts reading one, this fails (and the field belongs in wire.py's `_LABEL_FIELDS`)."""
-    base = http_labels(server_entry())
-    for i in range(3):
-        assert http_labels(_vary_per_request_fields(server_entry(), i)) == base
+    for entry in (server_entry, client_entry):
+        base = http_labels(entry(), PEERS)
+        for i in range(3):
+            assert http_labels(_vary_per_request_fields(entry(), i), PEERS) == base
 
 
 def test_a_repeat_request_is_a_cache_hit_with_its_own_values() -> None:
@@ -92,7 +99,7 @@ def test_a_repeat_request_is_a_cache_hit_with_its_own_values() -> None:
 
 
 def test_a_change_in_anything_labelled_is_a_new_label_set() -> None:
-    dec = HttpDecoder()
+    dec = HttpDecoder(peers=PEERS)
     other_peer = t.encode_peer({"workload": "batch", "workload_namespace": "jobs"})
     flagged = server_entry()
     flagged.common_properties.response_flags.upstream_request_timeout = True
@@ -105,11 +112,11 @@ def test_a_change_in_anything_labelled_is_a_new_label_set() -> None:
         server_entry(authority="db.shop.svc.cluster.local"),
         flagged,
         client_entry(),
-        client_entry(claimed=CLIENT_META),
+        client_entry(host="10.0.0.10"),
         client_entry(upstream=""),
     ]
     got = [dec.decode(_raw(e)).labels for e in entries]
-    assert got == [http_labels(e) for e in entries]
+    assert got == [http_labels(e, PEERS) for e in entries]
     assert len(set(got)) == len(entries)
     assert dec.misses == len(entries)
     # And each is remembered under its own key, not another's.
@@ -186,3 +193,26 @@ async def test_a_message_with_a_bad_entry_counts_nothing_and_ends_its_stream(
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (agg.entries, server.malformed) == (2, 1)
     assert sorted(s.requests for s in agg.http.values()) == [1, 1]
+
+
+async def test_the_access_log_service_names_upstreams_from_the_newest_table(
+    tmp_path: Path,
+) -> None:
+    """Label sets cached from one peer table are forgotten when another arrives."""
+    peers = peer_table((SERVER_IP, "web", "v1", SERVER))
+    agg = MetricsAggregator(peers=peers)
+    message = StreamAccessLogsMessage()
+    message.http_logs.log_entry.append(client_entry())
+    raw = message.SerializeToString()
+    async with AccessLogServer(tmp_path / "ALS", agg):
+        async with grpc.aio.insecure_channel(f"unix:{tmp_path / 'ALS'}") as channel:
+            call = channel.stream_unary(
+                f"/{SERVICE}/StreamAccessLogs",
+                request_serializer=lambda b: b,
+                response_deserializer=StreamAccessLogsResponse.FromString,
+            )
+            await call(iter([raw, raw]), timeout=10)
+            peers([peers_pb2.PeerTable()])  # web left that address
+            await call(iter([raw]), timeout=10)
+    workloads = {labels[6]: s.requests for labels, s in agg.http.items()}
+    assert workloads == {"web": 2, "unknown": 1}
