@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from agent.bindaddr import server_hosts
 from agent.httpwire import (
     MAX_HEAD,
     HttpWireError,
@@ -69,7 +70,9 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port (given, or picked when 0)."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
+        self._server = await asyncio.start_server(
+            self._serve, server_hosts(host), port, limit=MAX_HEAD
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ import logging
 import struct
 from typing import cast
 
+from agent.bindaddr import server_hosts, udp_socket
 from agent.dns.forwarder import Forwarder
 from agent.dns.responder import Forward, Responder
 from pilotfish_common.lifecycle import Lifecycle
@@ -66,12 +67,18 @@ class DnsServer(Lifecycle):
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         # TCP first: with port 0 it picks the port, and UDP then takes the same number.
-        self._tcp = await asyncio.start_server(self._serve_tcp, self.host, self.port)
+        self._tcp = await asyncio.start_server(self._serve_tcp, server_hosts(self.host), self.port)
         self.port = self._tcp.sockets[0].getsockname()[1]
         try:
-            transport, _ = await loop.create_datagram_endpoint(
-                lambda: _UdpProtocol(self), local_addr=(self.host, self.port)
-            )
+            sock = udp_socket(self.host, self.port)
+            if sock is None:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda: _UdpProtocol(self), local_addr=(self.host, self.port)
+                )
+            else:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda: _UdpProtocol(self), sock=sock
+                )
         except OSError:
             self._tcp.close()
             raise

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -96,6 +95,18 @@ def launcher(
 
 class EnvoyError(RuntimeError):
     """Envoy could not be started."""
+
+
+def _executable(cmd: str) -> bool:
+    """Whether `cmd` (a path, or a name looked up on PATH) is an executable file, as
+    shutil.which says: not with it, because shutil imports bz2 and lzma (~2 ms before Envoy's
+    launcher is spawned, and their memory for the agent's life)."""
+    dirs = [""] if os.sep in cmd else os.environ.get("PATH", os.defpath).split(os.pathsep)
+    for d in dirs:
+        path = os.path.join(d, cmd)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return True
+    return False
 
 
 def default_envoy_binary() -> str:
@@ -192,7 +203,7 @@ class EnvoySupervisor(Lifecycle):
         cmd = self.command()
         # The wrapper execs Envoy, so a missing binary would only show as an early exit:
         # check first, to say what is wrong.
-        if await asyncio.to_thread(shutil.which, cmd[0]) is None:
+        if not await asyncio.to_thread(_executable, cmd[0]):
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: not an executable file")
         read, write = os.pipe()
         try:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +89,10 @@ def write_cert_files(paths: CertPaths, cert: WorkloadCert) -> None:
     for old in top.iterdir():
         if old.name.startswith("..") and old.name not in (DATA_LINK, version):
             # Readers that opened an old file keep reading it; new opens see the new version.
+            # shutil here only (with bz2 and lzma behind it): the first write, on the way to
+            # ready, has no old version.
+            import shutil
+
             shutil.rmtree(old, ignore_errors=True)
 
 

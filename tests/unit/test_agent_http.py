@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.httpio import HttpClientError, HttpServer, Request, Response, fetch
 from agent.httpwire import (
+    _REASONS,
     HttpWireError,
     chunk_size,
     parse_request_head,
@@ -228,3 +229,14 @@ def test_content_length_is_ascii_digits_only(head: bytes) -> None:
 def test_chunk_size_is_hex_digits_only(line: bytes) -> None:
     with pytest.raises(HttpWireError):
         chunk_size(line)
+
+
+def test_reason_phrases_are_http_status_phrases() -> None:
+    """The agent's own table of reason phrases (no http.HTTPStatus on the way to ready) says
+    what HTTPStatus says, and a status outside it still gets its phrase."""
+    from http import HTTPStatus
+
+    for status, phrase in _REASONS.items():
+        assert HTTPStatus(status).phrase == phrase
+    assert render_response(418, b"").startswith(b"HTTP/1.1 418 I'm a Teapot\r\n")
+    assert render_response(599, b"").startswith(b"HTTP/1.1 599 Unknown\r\n")

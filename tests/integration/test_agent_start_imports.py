@@ -1,0 +1,95 @@
+"""What a real agent has imported once it is up and answering on its status port, Envoy's
+mode and proxy-only: none of the modules its start used to pull in for a line or two of
+work (issue 23, agent start and idle RSS). Each cost ~0.5-2 ms of the start, on the way to
+ready, and their memory for the agent's life; a regression shows here as a module name, not
+as milliseconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.envoy import envoy_binary
+from tests.support.fresh import ROOT
+from tests.support.net import free_port
+
+# shutil (with bz2, lzma): tempfile, shutil.which, argparse's help formatter; encodings.idna
+# (with stringprep, unicodedata): the event loop's and the socket module's IDNA encoding of
+# listening hosts; http: HTTPStatus for a reason phrase.
+FORBIDDEN = (
+    "shutil",
+    "tempfile",
+    "bz2",
+    "lzma",
+    "encodings.idna",
+    "stringprep",
+    "unicodedata",
+    "http",
+)
+
+# The agent as `python -m agent` runs it; a thread waits until its status server answers
+# (Agent.start has run: relay, certificate, DNS, status server), then lists what it imported.
+# Only modules the agent imports anyway here (the socket module's connect takes an ASCII
+# host without the IDNA codec).
+_LISTED = """
+import os, runpy, socket, sys, threading, time
+forbidden, port = sys.argv.pop(1).split(","), int(sys.argv.pop(1))
+
+def listed():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket() as s:
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /healthz/ready HTTP/1.1\\r\\nHost: agent\\r\\n\\r\\n")
+                if s.recv(64).startswith(b"HTTP/1.1 "):
+                    break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    else:
+        print("status server never answered", flush=True)
+        os._exit(1)
+    print(",".join(m for m in forbidden if m in sys.modules), flush=True)
+    os._exit(0)
+
+threading.Thread(target=listed, daemon=True).start()
+sys.argv[0] = "agent"
+runpy.run_module("agent", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("proxy_only", [False, True], ids=["envoy", "proxy-only"])
+def test_started_agent_imported_none_of_the_start_path_leftovers(
+    tmp_path: Path, proxy_only: bool
+) -> None:
+    status = free_port()
+    args = [
+        "--control-plane",
+        f"127.0.0.1:{free_port()}",  # nothing listens: the start does not wait for it
+        "--workdir",
+        str(tmp_path / "work"),
+        "--ip",
+        "127.0.0.1",
+        "--status-port",
+        str(status),
+        "--dns-port",
+        str(free_port()),
+        "--envoy-admin-port",
+        str(free_port()),
+        "--log-level",
+        "warning",
+    ]
+    args += ["--proxy-only"] if proxy_only else ["--envoy-binary", envoy_binary()]
+    out = subprocess.run(
+        [sys.executable, "-c", _LISTED, ",".join(FORBIDDEN), str(status), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert out.stdout.splitlines()[0] == "", f"the started agent imported {out.stdout}"
