@@ -31,6 +31,7 @@ from control.metrics import (
 )
 from control.model.index import MeshIndex, endpoints_only, rules_of
 from control.model.meshconfig import MeshSettings
+from control.model.peer import ConnectedPeer
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
@@ -78,14 +79,17 @@ class PushRecord:
 
 
 class WorkloadSource(Protocol):
-    """The workloads connected proxies registered (control/registry/keeper.py).
+    """The workloads connected proxies registered, and the connected proxies the agents' peer
+    table names (control/registry/keeper.py).
 
-    Contract: `workloads(config)` is a cheap read on the event loop (the set as the
-    WorkloadGroups of the snapshot being built admit it); a handler given to `subscribe`
-    is called with no arguments, on the event loop, each time that set changed, and must
-    return at once (the pipeline only notes that a push is due)."""
+    Contract: `workloads(config)` and `connected_peers()` are cheap reads on the event loop
+    (the set as the WorkloadGroups of the snapshot being built admit it); a handler given to
+    `subscribe` is called with no arguments, on the event loop, each time either changed, and
+    must return at once (the pipeline only notes that a push is due)."""
 
     def workloads(self, config: MeshConfig) -> tuple[Workload, ...]: ...
+
+    def connected_peers(self) -> tuple[ConnectedPeer, ...]: ...
 
     def subscribe(self, handler: Callable[[], None]) -> None: ...
 
@@ -155,11 +159,14 @@ class CurrentPush:
         workloads: Iterable[Workload],
         started: float | None = None,
         mesh: MeshSettings | None = None,
+        peers: tuple[ConnectedPeer, ...] = (),
     ) -> MeshIndex:
         """Move to the index of a new snapshot; returns the previous index. `started`: when
         the push that carries it began (None: the snapshot is not pushed, as at startup).
         `mesh`: the mesh config in effect (None: as before; its outbound traffic policy
-        replaces the constructor's, the trust domain stays the one the process started with)."""
+        replaces the constructor's, the trust domain stays the one the process started with).
+        `peers`: the connected proxies the agents' peer table names besides the index's
+        workloads (they change PEER_TABLE only: control/generate/peers.py)."""
         if started is not None:
             self._started = started
         if mesh is not None:
@@ -177,7 +184,7 @@ class CurrentPush:
             outbound_traffic_policy=self._outbound,
             mesh=self._mesh,
         )
-        self._ctx = next_context(self._ctx, index)
+        self._ctx = next_context(self._ctx, index, peers)
         return previous
 
     # --- ResourceSource (for the xDS server) -----------------------------------------------
@@ -295,7 +302,9 @@ class PushPipeline(Lifecycle):
 
     def _rebuild(self, started: float | None = None) -> MeshIndex:
         workloads = self._workloads.workloads(self._config)
-        previous = self._current.advance(self._config, workloads, started, self._mesh)
+        previous = self._current.advance(
+            self._config, workloads, started, self._mesh, self._workloads.connected_peers()
+        )
         self._metrics.services.set(len(self._current.index.services))
         self._metrics.virtual_services.set(len(self._config.virtual_services))
         mesh_errors = len(self._mesh_source.errors) if self._mesh_source is not None else 0

@@ -9,17 +9,14 @@ agree on these names; neither imports the other, so they live here:
   that name the cluster (Envoy rejects a listener whose logger names an unknown cluster).
 - Every generated logger has log name `LOG_NAME` and literal custom tags (`TAG_*`): who this
   proxy is, as the control plane knows it, and which side it reports for.
-- Peer metadata travels one way, in the `PEER_HEADER` request header (client sidecar →
-  server sidecar), value `encode_peer(...)`: an `application/x-www-form-urlencoded` list of
-  the `PEER_FIELDS`. The server sidecar moves it into dynamic metadata
-  `METADATA_NAMESPACE`/`METADATA_PEER` and strips it, so apps never see it and cannot set it.
-  Nothing comes back: the client side names its upstream from the control plane's peer
-  table (protos/peers.proto) by the upstream host's address and the SPIFFE ID in the
-  upstream's certificate (Istio answers with a response header; the table makes that header,
-  and the filters that add and strip it, unnecessary). On the client side of the ALS path,
-  `UPSTREAM_PEER_HEADER` (set by Envoy from the upstream's certificate, stripped at once)
-  carries that SPIFFE ID into `METADATA_UPSTREAM_PRINCIPAL` (an ALS entry has no upstream TLS
-  properties); a record has Envoy's `%UPSTREAM_PEER_URI_SAN%` instead.
+- No peer metadata travels in requests or responses: each side's agent names the other
+  workload from the control plane's peer table (protos/peers.proto), by the peer's address
+  and the SPIFFE ID in its certificate (the caller's on the server side, the upstream's on the
+  client side). Istio exchanges metadata in headers, which costs a filter on each side of
+  every request and lets a caller say who it is; the table costs neither. On the client side
+  of the ALS path, `UPSTREAM_PEER_HEADER` (set by Envoy from the upstream's certificate,
+  stripped at once) carries that SPIFFE ID into `METADATA_UPSTREAM_PRINCIPAL` (an ALS entry
+  has no upstream TLS properties); a record has Envoy's `%UPSTREAM_PEER_URI_SAN%` instead.
 - The Telemetry API's metric overrides for the side a logger reports (metrics not exported,
   labels removed per metric) travel as one more literal tag, `TAG_OVERRIDES`, value
   `encode_overrides(...)`; absent when nothing is overridden. A logger's config is what
@@ -57,16 +54,13 @@ import json
 import re
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import parse_qsl, urlencode
 
 ALS_CLUSTER: Final = "pilotfish-als"
 ALS_NODE_METADATA: Final = "PILOTFISH_ALS"
 LOG_NAME: Final = "pilotfish-metrics"
 
-PEER_HEADER: Final = "x-pilotfish-peer-metadata"
 UPSTREAM_PEER_HEADER: Final = "x-pilotfish-upstream-peer"
 METADATA_NAMESPACE: Final = "pilotfish.peer"
-METADATA_PEER: Final = "peer"
 METADATA_UPSTREAM_PRINCIPAL: Final = "upstream_principal"
 
 REPORTER_SOURCE: Final = "source"
@@ -92,17 +86,10 @@ TCP_METRICS: Final = (
 STANDARD_METRICS: Final = HTTP_METRICS + TCP_METRICS
 MAX_OVERRIDES_VALUE: Final = 4096
 
-# What a peer says about itself (the workload's own tags, without reporter and principal:
-# principals come from certificates only).
-PEER_FIELDS: Final = (TAG_WORKLOAD, TAG_NAMESPACE, TAG_APP, TAG_VERSION)
-
-# A longer header value is not decoded (a flood of bytes buys nothing).
-MAX_PEER_VALUE: Final = 1024
-
 # The HTTP metrics record (see the module doc).
 LOG_NODE_METADATA: Final = "PILOTFISH_METRICS_LOG"
 MAX_LOG_PATH: Final = 1024
-RECORD_VERSION: Final = "pf2"
+RECORD_VERSION: Final = "pf3"
 RECORD_SEPARATOR: Final = "\x1f"
 RECORD_TAGS: Final = (
     TAG_REPORTER,
@@ -114,14 +101,14 @@ RECORD_TAGS: Final = (
     TAG_CLUSTER_DOMAIN,
     TAG_OVERRIDES,
 )
-# (name, Envoy format command). A peer value one byte over MAX_PEER_VALUE still reads as
-# oversized (not decoded), as an untruncated one would. `upstream_principal` is the upstream
-# certificate's URI SANs, read by Envoy at log time: what the ALS path has Envoy copy into a
-# response header and from there into metadata, without that round trip. Envoy cannot
-# truncate it (the command takes no length), but a caller does not choose it: the upstream's
-# certificate does, and a record that a huge one made over-long is dropped and counted.
+# (name, Envoy format command). `upstream_principal` is the upstream certificate's URI SANs,
+# read by Envoy at log time: what the ALS path has Envoy copy into a response header and from
+# there into metadata, without that round trip. Envoy cannot truncate it (the command takes no
+# length), but a caller does not choose it: the upstream's certificate does, and a record that
+# a huge one made over-long is dropped and counted. `peer_host` is the caller's address as the
+# socket has it (not one `x-forwarded-for` could make up).
 RECORD_LABEL_FIELDS: Final = (
-    ("peer", f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_PEER}):{MAX_PEER_VALUE + 1}%"),
+    ("peer_host", "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT%"),
     ("upstream_principal", "%UPSTREAM_PEER_URI_SAN%"),
     ("upstream_host", "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
     ("peer_uri_san", "%DOWNSTREAM_PEER_URI_SAN%"),
@@ -136,11 +123,11 @@ RECORD_LABEL_FIELDS: Final = (
 )
 # The label fields a reporter's labels never read (agent/telemetry/labels.py): a record has
 # the literal `-` there instead, so Envoy does not look them up per request. The client side
-# judges neither the caller's certificate nor its own, and names its upstream from the peer
-# table (no metadata); the server side names the service from the authority, and its caller
-# from the downstream certificate and the caller's metadata.
+# judges neither the caller nor its own certificate, and names its upstream by the upstream's
+# address and certificate; the server side names the service from the authority, and its
+# caller by the caller's address and certificate.
 RECORD_UNREAD_FIELDS: Final = {
-    REPORTER_SOURCE: frozenset({"peer", "peer_uri_san", "local_uri_san"}),
+    REPORTER_SOURCE: frozenset({"peer_host", "peer_uri_san", "local_uri_san"}),
     REPORTER_DESTINATION: frozenset({"upstream_principal", "upstream_host", "upstream_cluster"}),
 }
 # Durations: microseconds from the first byte received to the last sent when Envoy has both
@@ -156,26 +143,6 @@ RECORD_VALUE_FIELDS: Final = (
 MAX_RECORD: Final = 16384
 
 _RECORD_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-# What a label value may hold (Kubernetes' rule); anything else is replaced by `_`, so the
-# encoded value never holds `%`, which Envoy's header formatter would read as a command.
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def encode_peer(fields: Mapping[str, str]) -> str:
-    return urlencode([(k, _UNSAFE.sub("_", fields[k])) for k in PEER_FIELDS if fields.get(k)])
-
-
-def decode_peer(value: str) -> dict[str, str]:
-    """The known fields of a `PEER_HEADER` value; {} for anything malformed or oversized."""
-    if not value or len(value) > MAX_PEER_VALUE:
-        return {}
-    try:
-        pairs = parse_qsl(value, strict_parsing=True, max_num_fields=len(PEER_FIELDS) * 2)
-    except ValueError:
-        return {}
-    return {k: v for k, v in pairs if k in PEER_FIELDS and v}
 
 
 def encode_overrides(disabled: frozenset[str], removed: Mapping[str, frozenset[str]]) -> str:

@@ -142,7 +142,7 @@ class MetricsAggregator:
         peers: PeerDirectory | None = None,
     ) -> None:
         self.max_series = max_series
-        self.peers = peers  # names HTTP upstreams and TCP callers (peers.py)
+        self.peers = peers  # names upstreams and callers (peers.py)
         self.max_connections = max_connections
         self.http: dict[LabelValues, HttpSeries] = {}
         self.tcp: dict[LabelValues, TcpSeries] = {}

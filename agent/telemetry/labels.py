@@ -3,16 +3,13 @@
 What a label may say, and where it comes from (protos/telemetry.py has the wire contract):
 
 - This proxy's own workload: the logger's literal tags, written by the control plane.
-- The caller's workload (server side): the peer-metadata header its sidecar sends, moved
-  into dynamic metadata by our Envoy, trusted only when the caller presented a certificate
-  (mTLS); otherwise `unknown`, as Istio reports a plaintext caller. A TCP caller (no header):
-  the control plane's table of workloads by address (peers.py), only for the workload whose
-  principal the caller's certificate names.
+- The caller's workload (server side): the control plane's table of workloads (peers.py),
+  by the connection's source address and the principal the caller's certificate names;
+  `unknown` for a caller without a certificate (plaintext), as Istio reports one.
 - The upstream's workload (client side): the same table, by the upstream host's address and
-  the principal its certificate names; `unknown` when it presented none. Nothing the server
-  sends is read, so the server sends nothing (no response header, no filter to strip one).
+  the principal its certificate names; `unknown` when it presented none.
 - Principals: the certificates (the caller's on the server side; the upstream's on the
-  client side), never a header.
+  client side). Nothing a peer sends is read: no header says who anyone is.
 """
 
 from __future__ import annotations
@@ -115,8 +112,8 @@ def response_flags(flags: ResponseFlags) -> str:
 
 
 def http_labels(entry: HTTPAccessLogEntry, peers: PeerDirectory | None = None) -> LabelValues:
-    """`peers`: the control plane's table, to name the upstream (and an mTLS caller that sent
-    no metadata); without it they are `unknown`."""
+    """`peers`: the control plane's table, to name the upstream (client side) or an mTLS
+    caller (server side); without it they are `unknown`."""
     common = entry.common_properties
     request, response = entry.request, entry.response
     grpc = request.request_headers.get("content-type", "").startswith("application/grpc")
@@ -145,7 +142,7 @@ def caller_unknown_yet(common: AccessLogCommon) -> bool:
 
 
 def tcp_labels(entry: TCPAccessLogEntry, peers: PeerDirectory | None = None) -> LabelValues:
-    """`peers`: the control plane's table, to name an mTLS caller that sent no metadata."""
+    """`peers`: the control plane's table, to name the upstream or an mTLS caller."""
     common = entry.common_properties
     values = _peer_labels(common, "", peers)
     values["request_protocol"] = "tcp"
@@ -163,16 +160,14 @@ def _peer_labels(
         "app": tags.get(t.TAG_APP) or UNKNOWN,
         "version": tags.get(t.TAG_VERSION) or UNKNOWN,
     }
-    meta = common.metadata.filter_metadata.get(t.METADATA_NAMESPACE)
-    fields = meta.fields if meta is not None else {}
-    claimed = fields[t.METADATA_PEER].string_value if t.METADATA_PEER in fields else ""
     reporter = tags.get(t.TAG_REPORTER, "")
     if reporter == t.REPORTER_DESTINATION:
         caller = _spiffe(common.tls_properties.peer_certificate_properties)
         mtls = caller != UNKNOWN
-        peer = _peer(claimed if mtls else "")
-        if peers is not None and mtls and not claimed:
-            remote = common.downstream_remote_address.socket_address.address
+        peer = _UNKNOWN_PEER
+        if peers is not None and mtls:
+            # The socket's peer: Envoy's "remote address" may come from x-forwarded-for.
+            remote = common.downstream_direct_remote_address.socket_address.address
             peer = peers.workload_at(remote, caller) or peer
         source, destination = peer, own
         source_principal = caller
@@ -187,6 +182,8 @@ def _peer_labels(
         )
     else:
         reporter = t.REPORTER_SOURCE
+        meta = common.metadata.filter_metadata.get(t.METADATA_NAMESPACE)
+        fields = meta.fields if meta is not None else {}
         sans = (
             fields[t.METADATA_UPSTREAM_PRINCIPAL].string_value
             if t.METADATA_UPSTREAM_PRINCIPAL in fields
@@ -237,21 +234,6 @@ _UNKNOWN_PEER: Final = {
 }
 
 
-# Label derivation runs once per request in the agent; the same few peers, authorities and
-# clusters recur, so their parsing is cached (bounded: distinct values beyond these sizes
-# only cost the parsing again).
-@lru_cache(maxsize=1024)
-def _peer(claimed: str) -> dict[str, str]:
-    """The peer's fields from its header value (callers must not modify the result)."""
-    decoded = t.decode_peer(claimed)
-    return {
-        "workload": decoded.get(t.TAG_WORKLOAD, UNKNOWN),
-        "workload_namespace": decoded.get(t.TAG_NAMESPACE, UNKNOWN),
-        "app": decoded.get(t.TAG_APP, UNKNOWN),
-        "version": decoded.get(t.TAG_VERSION, UNKNOWN),
-    }
-
-
 def _spiffe(cert: TLSProperties.CertificateProperties) -> str:
     for san in cert.subject_alt_name:
         if san.uri.startswith("spiffe://"):
@@ -259,6 +241,9 @@ def _spiffe(cert: TLSProperties.CertificateProperties) -> str:
     return UNKNOWN
 
 
+# Label derivation runs once per request in the agent; the same few authorities and clusters
+# recur, so their parsing is cached (bounded: distinct values beyond these sizes only cost the
+# parsing again).
 @lru_cache(maxsize=1024)
 def _outbound_service(cluster: str, authority: str) -> tuple[str, str, str]:
     """From the upstream cluster `outbound|PORT|SUBSET|HOST`, as Istio's client side names the

@@ -3,15 +3,16 @@
 The control plane sends `pilotfish.telemetry.v1.PeerTable` (protos/peers.proto) on the
 agent's own ADS stream; `PeerDirectory` is its handler. It names:
 
-- an HTTP request's upstream (client side), by the upstream host's address: the server
-  sends no metadata back, so what it is comes from the control plane, never from it;
-- a TCP caller (server side; a connection has no peer-metadata header), by the
-  connection's source address.
+- a request's upstream (client side), by the upstream host's address;
+- a caller (server side), by the connection's source address;
 
-Only when the peer's certificate (mTLS) names the principal the table gives for that
+each only when the peer's certificate (mTLS) names the principal the table gives for that
 address: an address alone proves nothing (a plaintext peer, or one whose certificate says
-another identity, stays `unknown`), and nothing the peer sends is read. `updates` counts the
-tables received, so that label sets computed from an older one can be forgotten.
+another identity, stays `unknown`), and nothing the peer sends is read. When no workload at
+that address has that principal, the one workload of the table that has it is named (a
+sidecar on a loopback alias calls from 127.0.0.1, a NATed caller from another address); with
+two or more, the caller stays `unknown` (its certificate cannot say which). `updates` counts
+the tables received, so that label sets computed from an older one can be forgotten.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class PeerDirectory:
     def __init__(self) -> None:
         # address -> ((principal, fields), ...)
         self._by_address: dict[str, tuple[tuple[str, PeerFields], ...]] = {}
+        # principal -> fields, for the principals exactly one workload has
+        self._sole: dict[str, PeerFields] = {}
         self.updates = 0
 
     def __call__(self, resources: Sequence[Message]) -> None:
@@ -62,6 +65,11 @@ class PeerDirectory:
             for a, entries in by_address.items()
             if len(entries) <= MAX_PER_ADDRESS
         }
+        holders: dict[str, list[PeerFields]] = {}
+        for entries in by_address.values():
+            for principal, fields in entries:
+                holders.setdefault(principal, []).append(fields)
+        self._sole = {p: found[0] for p, found in holders.items() if len(found) == 1}
         self.updates += 1
         logger.debug("peer table: %d addresses", len(self._by_address))
 
@@ -70,13 +78,14 @@ class PeerDirectory:
 
     def workload_at(self, address: str, principal: str) -> PeerFields | None:
         """The workload at `address` whose principal is `principal` (the peer's certified
-        SPIFFE ID), or None. Callers must not modify the result."""
+        SPIFFE ID), else the only workload with that principal, or None. Callers must not
+        modify the result."""
         if not principal.startswith("spiffe://"):
             return None
         for known, fields in self._by_address.get(_normal(address), ()):
             if known == principal:
                 return fields
-        return None
+        return self._sole.get(principal)
 
 
 def _normal(address: str) -> str:

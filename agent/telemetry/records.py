@@ -221,13 +221,9 @@ def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
     for name, tag in zip(t.RECORD_TAGS, tags, strict=True):
         if tag:
             common.custom_tags[name] = tag
-    for key, field in (
-        (t.METADATA_PEER, "peer"),
-        (t.METADATA_UPSTREAM_PRINCIPAL, "upstream_principal"),
-    ):
-        if value[field]:
-            meta = common.metadata.filter_metadata[t.METADATA_NAMESPACE]
-            meta.fields[key].string_value = value[field]
+    if value["upstream_principal"]:
+        meta = common.metadata.filter_metadata[t.METADATA_NAMESPACE]
+        meta.fields[t.METADATA_UPSTREAM_PRINCIPAL].string_value = value["upstream_principal"]
     tls = common.tls_properties
     for cert, field in (
         (tls.peer_certificate_properties, "peer_uri_san"),
@@ -239,6 +235,8 @@ def entry_of(tags: list[str], values: list[str]) -> HTTPAccessLogEntry | None:
     common.upstream_cluster = value["upstream_cluster"]
     if value["upstream_host"]:
         common.upstream_remote_address.socket_address.address = value["upstream_host"]
+    if value["peer_host"]:
+        common.downstream_direct_remote_address.socket_address.address = value["peer_host"]
     for short in value["response_flags"].split(","):
         flag = FLAG_FIELDS.get(short)
         if flag == "unauthorized_details":

@@ -56,6 +56,9 @@ _LABEL_FIELDS: Final[Selection] = {
         # The upstream's address, which names it (peers.py); the port is per endpoint, not
         # per request, so it does not split keys more than the address does.
         "upstream_remote_address": None,
+        # The caller's address names it (server side); its port is per connection, and
+        # would split keys by connection.
+        "downstream_direct_remote_address": {"socket_address": {"address": None}},
         "response_flags": None,
     },
     "request": {"authority": None, "request_headers": None},

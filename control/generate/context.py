@@ -9,6 +9,7 @@ from google.protobuf.message import Message
 
 from control.generate.conflicts import Conflicts
 from control.model.index import IndexChange, MeshIndex
+from control.model.peer import ConnectedPeer
 from control.xds.cache import Resource, ResourceCache
 
 T = TypeVar("T")
@@ -36,9 +37,16 @@ class GenContext:
     """
 
     def __init__(
-        self, index: MeshIndex, cache: ResourceCache, previous: GenContext | None = None
+        self,
+        index: MeshIndex,
+        cache: ResourceCache,
+        previous: GenContext | None = None,
+        peers: tuple[ConnectedPeer, ...] = (),
     ) -> None:
         self.index = index
+        # Connected proxies that the agents' peer table names besides the index's workloads
+        # (control/registry/peers.py).
+        self.peers = peers
         self.cache = cache
         # ResourceCache.get itself: (type URL, name, key, build, variant) -> Resource.
         self.resource = cache.get
@@ -109,14 +117,16 @@ class GenContext:
         return value
 
 
-def next_context(previous: GenContext, index: MeshIndex) -> GenContext:
+def next_context(
+    previous: GenContext, index: MeshIndex, peers: tuple[ConnectedPeer, ...] = ()
+) -> GenContext:
     """The generation state for the push after `previous`, with the index of the new snapshot
     (made by `previous.index.next(...)`). The cache's generation advances and stale entries
     are swept, as on every push; entries that an incremental push reuses from the previous
     one without asking the cache are marked in use by the generator that reuses them."""
     previous.cache.next_generation()
     previous.cache.sweep()
-    return GenContext(index, previous.cache, previous)
+    return GenContext(index, previous.cache, previous, peers)
 
 
 def variant_resource(

@@ -1,17 +1,19 @@
 """The mesh's workloads for the node agents' standard metrics (`pilotfish.telemetry.v1.
 PeerTable`, protos/peers.proto): who runs at which address, under which principal.
 
-Why: an HTTP caller's sidecar says who it is in the peer-metadata request header, but nothing
-comes back, and a TCP connection carries no header at all. With this table the client side's
-agent names an HTTP upstream by the upstream host's address, and the server side's agent a TCP
+Why: no peer metadata travels in requests (protos/telemetry.py). With this table the client
+side's agent names an upstream by the upstream host's address, and the server side's agent a
 caller by the connection's source address, only when the peer's certificate names the
-principal the table gives for that address (agent/telemetry/peers.py): the address alone is
-never trusted, nor anything the peer says.
+principal the table gives (agent/telemetry/peers.py): the address alone is never trusted, nor
+anything the peer says.
 
 The channel is the agent's own ADS stream (as the name table and the WorkloadGroup probe);
-one resource, `peers`, built once per push from the registered workloads (their identity as
-in the workload's own metrics tags: telemetry_metrics.py) and sent to the agents of proxies
-that report standard metrics. A workload that comes or goes changes it, as it changes EDS.
+one resource, `peers`, built once per push and sent to the agents of proxies that report
+standard metrics. Its rows: the registered workloads, and the connected proxies that report
+standard metrics and are not registered (control/registry/peers.py), each as its own metrics
+tags name it (telemetry_metrics.workload_telemetry: a registered workload by its registry,
+another by its node, under the identity its stream authenticated as). A workload or such a
+proxy that comes or goes changes it, as a workload changes EDS.
 """
 
 from __future__ import annotations
@@ -45,12 +47,21 @@ def _table(ctx: GenContext) -> ResourceSet:
 def rows_of(ctx: GenContext) -> tuple[PeerRow, ...]:
     trust_domain = ctx.index.trust_domain
     rows: set[PeerRow] = set()
+    registered: set[tuple[str, str]] = set()
     for w in ctx.index.workloads:
         if not w.address:
             continue
+        registered.add((w.address, w.namespace))
         name, labels, account = registered_identity(w)
         principal = spiffe_id(trust_domain, w.namespace, account)
         rows.add((w.address, name, w.namespace, app_of(labels), version_of(labels), principal))
+    for p in ctx.peers:
+        # A registered proxy is its registry's workload, as in its own metrics.
+        if (p.address, p.namespace) in registered:
+            continue
+        labels = dict(p.labels)
+        principal = spiffe_id(trust_domain, p.namespace, p.service_account)
+        rows.add((p.address, p.name, p.namespace, app_of(labels), version_of(labels), principal))
     return tuple(sorted(rows))
 
 

@@ -12,14 +12,11 @@ the rest from Envoy's gRPC access log (protos/telemetry.py has the contract and 
 - The Telemetry API's metrics settings: without a prometheus provider the proxy gets no
   loggers, and a side whose overrides disable every metric of a family (HTTP or TCP) none for
   that family; the rest of the overrides travel as one more literal tag (`TAG_OVERRIDES`,
-  applied by the agent: agent/telemetry/overrides.py). Peer metadata is exchanged either way:
-  the proxy's peers still count their side of the traffic.
-- Peer metadata: the client side sends its own in a request header, by the HCM's early
-  header mutation (no filter instance per request); the server side reads it (mTLS chains
-  only: a plaintext caller's claim is stripped unread; a side without an HTTP logger only
-  strips it) and strips it at the app boundary, so an app can neither read nor forge it.
-  Nothing is answered: the client's agent names the upstream from the control plane's peer
-  table (peers.py), so no response header is added, read or stripped.
+  applied by the agent: agent/telemetry/overrides.py).
+- No peer metadata is exchanged: each side's agent names the other workload from the control
+  plane's peer table (peers.py) by the peer's address and certificate, so no request or
+  response header is added, read or stripped, and no filter runs per request for it. (The
+  client side of the ALS path is the exception: `_client_filters`.)
 
 `instrument_listener` is the one entry point: listener builders (sidecar modes NONE and
 REDIRECT, gateways) hand it a finished listener and the proxy's `WorkloadTelemetry`.
@@ -38,7 +35,6 @@ from envoy.config.core.v3.base_pb2 import (
     TrafficDirection,
 )
 from envoy.config.core.v3.config_source_pb2 import ApiVersion
-from envoy.config.core.v3.extension_pb2 import TypedExtensionConfig
 from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
 from envoy.config.listener.v3.listener_components_pb2 import FilterChain
@@ -61,9 +57,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
-from envoy.extensions.http.early_header_mutation.header_mutation.v3.header_mutation_pb2 import (
-    HeaderMutation as EarlyHeaderMutation,
-)
 from envoy.type.tracing.v3.custom_tag_pb2 import CustomTag
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value
@@ -79,7 +72,6 @@ from protos import telemetry as t
 
 HEADER_TO_METADATA_FILTER = "envoy.filters.http.header_to_metadata"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
-EARLY_HEADER_MUTATION = "envoy.http.early_header_mutation.header_mutation"
 # Envoy batches entries for up to this long (it bounds how stale a scrape can be), or until
 # this many bytes. Large batches: while a worker's stream to the agent is still connecting,
 # Envoy drops every batch after the first, so the first should hold a burst.
@@ -135,16 +127,6 @@ class WorkloadTelemetry:
         if overrides:
             values[t.TAG_OVERRIDES] = overrides
         return values
-
-    def peer_value(self) -> str:
-        return t.encode_peer(
-            {
-                t.TAG_WORKLOAD: self.workload,
-                t.TAG_NAMESPACE: self.namespace,
-                t.TAG_APP: self.app,
-                t.TAG_VERSION: self.version,
-            }
-        )
 
 
 def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | None:
@@ -207,12 +189,11 @@ def instrument_listener(listener: Listener, telemetry: WorkloadTelemetry | None)
     if listener.HasField("default_filter_chain"):
         chains.append(listener.default_filter_chain)
     for chain in chains:
-        mtls = chain.HasField("transport_socket")
         for f in chain.filters:
             if f.name == HCM_FILTER:
                 hcm = HttpConnectionManager()
                 f.typed_config.Unpack(hcm)
-                _instrument_hcm(hcm, telemetry, reporter, mtls=mtls)
+                _instrument_hcm(hcm, telemetry, reporter)
                 f.typed_config.CopyFrom(pack(hcm))
             elif f.name == TCP_PROXY_FILTER:
                 proxy = TcpProxy()
@@ -223,23 +204,14 @@ def instrument_listener(listener: Listener, telemetry: WorkloadTelemetry | None)
 
 
 def _instrument_hcm(
-    hcm: HttpConnectionManager, telemetry: WorkloadTelemetry, reporter: str, *, mtls: bool
+    hcm: HttpConnectionManager, telemetry: WorkloadTelemetry, reporter: str
 ) -> None:
     logged = telemetry.reported and not telemetry.side(reporter).http_off
     logger = (_RECORDS if telemetry.log_path else _ALS) if logged else _NONE
     if reporter == t.REPORTER_SOURCE:
-        filters = _client_filters(logger)
-        # The HCM sets our header before any filter runs: no filter instance per request.
-        early = EarlyHeaderMutation(mutations=[_set(t.PEER_HEADER, telemetry.peer_value())])
-        hcm.early_header_mutation_extensions.append(
-            TypedExtensionConfig(name=EARLY_HEADER_MUTATION, typed_config=pack(early))
-        )
-    else:
-        filters = _server_filters(logger, mtls=mtls)
-    # First in the chain: requests are read (and our headers stripped) before RBAC, faults or
-    # the router see them, and responses are read after every other filter wrote them.
-    for i, f in enumerate(filters):
-        hcm.http_filters.insert(i, f)
+        # First in the chain: responses are read after every other filter wrote them.
+        for i, f in enumerate(_client_filters(logger)):
+            hcm.http_filters.insert(i, f)
     if logger == _NONE:
         return
     if logger == _RECORDS:
@@ -309,16 +281,6 @@ def _client_filters(logger: str) -> list[HttpFilter]:
         HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read)),
         _mutation_filter(write),
     ]
-
-
-def _server_filters(logger: str, *, mtls: bool) -> list[HttpFilter]:
-    """Inbound: on an mTLS chain with a logger, move the client's metadata into dynamic
-    metadata (the rule strips the header); otherwise only strip what a caller claims (it is
-    never read)."""
-    if mtls and logger != _NONE:
-        read = HeaderToMetadata(request_rules=[_to_metadata(t.PEER_HEADER, t.METADATA_PEER)])
-        return [HttpFilter(name=HEADER_TO_METADATA_FILTER, typed_config=pack(read))]
-    return [_mutation_filter(Mutations(request_mutations=[_remove(t.PEER_HEADER)]))]
 
 
 def _mutation_filter(mutations: Mutations) -> HttpFilter:

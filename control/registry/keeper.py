@@ -15,9 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from control.ca.identity import Identity
+from control.model.peer import ConnectedPeer
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
 from control.registry.autoregister import WorkloadRegistry
+from control.registry.peers import ConnectedPeers
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import deadline_passed
 
@@ -32,9 +34,11 @@ class WorkloadKeeper(Lifecycle):
     """Feeds stream events to the registry and keeps its set current and persisted; use
     `async with`, or start()/close().
 
-    `register=False` (Kubernetes mode: pods come from the API server) ignores connecting
-    proxies. Handlers given to `subscribe` are told, with no arguments, each time the
-    workload set changed; they must return at once (the push pipeline only notes it)."""
+    `register=False` (Kubernetes mode: pods come from the API server) registers no connecting
+    proxy. Connected proxies that report standard metrics are tracked either way, for the
+    agents' peer table (control/registry/peers.py). Handlers given to `subscribe` are told,
+    with no arguments, each time the workload set or the connected peers changed; they must
+    return at once (the push pipeline only notes it)."""
 
     def __init__(
         self,
@@ -45,6 +49,7 @@ class WorkloadKeeper(Lifecycle):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
+        self._peers = ConnectedPeers()
         self._path = Path(state_dir) / REGISTRY_FILE if state_dir else None
         self._register = register
         self._clock = clock
@@ -78,6 +83,9 @@ class WorkloadKeeper(Lifecycle):
             self._save_wake.set()
         return self.registry.workloads()
 
+    def connected_peers(self) -> tuple[ConnectedPeer, ...]:
+        return self._peers.peers()
+
     def subscribe(self, handler: Callable[[], None]) -> None:
         self._handlers.append(handler)
 
@@ -87,6 +95,8 @@ class WorkloadKeeper(Lifecycle):
         """A stream of `proxy`, authenticated as `identity` (None: the plaintext port), was
         admitted: its workload joins (or stays in) the set if its WorkloadGroup admits that
         identity (control/registry/autoregister.py)."""
+        if self._peers.connect(proxy, identity):
+            self._tell()
         if not self._register:
             return
         if self.registry.connect(proxy, identity):
@@ -95,6 +105,8 @@ class WorkloadKeeper(Lifecycle):
     def proxy_disconnected(self, proxy: Proxy, identity: Identity | None) -> None:
         """A stream of `proxy` ended: its workload goes after the grace period unless the
         proxy opens another stream."""
+        if self._peers.disconnect(proxy, identity):
+            self._tell()
         self.registry.disconnect(proxy, identity, self._clock())
         self._expiry_wake.set()
 
@@ -107,9 +119,12 @@ class WorkloadKeeper(Lifecycle):
     # --- internals -------------------------------------------------------------------------
 
     def _changed(self) -> None:
+        self._tell()
+        self._save_wake.set()
+
+    def _tell(self) -> None:
         for handler in self._handlers:
             handler()
-        self._save_wake.set()
 
     async def _expire(self) -> None:
         while True:

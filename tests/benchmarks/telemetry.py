@@ -190,11 +190,13 @@ def access_log_lines(path: Path) -> dict[str, int]:
     return counts
 
 
-def sample(text: str, name: str) -> float:
+def sample(text: str, name: str, having: str = "") -> float:
+    """The sum of `name`'s samples (those whose labels hold `having`, when given)."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
+            if having in line.partition(" ")[0]:
+                total += float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -345,7 +347,15 @@ async def main() -> int:
                         pair.rates.append(rate)
                         pair.p99s.append(p99)
                     loads.append(load_average())
-                counted = sample(scrape(on.backend_ip), "istio_requests_total")
+                backend_metrics = scrape(on.backend_ip)
+                counted = sample(backend_metrics, "istio_requests_total")
+                # The backend names its caller (from the peer table, not from anything the
+                # caller sends): what is measured is the full label set, not `unknown`.
+                named = sample(
+                    backend_metrics,
+                    "istio_requests_total",
+                    f'source_workload="client-{on.name}"',
+                )
                 # Envoy flushed its file within the 1.5 s the last round waited.
                 logged = {
                     r: await asyncio.to_thread(access_log_lines, path)
@@ -415,7 +425,8 @@ async def main() -> int:
         )
     print(
         f"telemetry requests counted by the backend agent: {counted:.0f} "
-        f"(>= {total + 2000}: rounds and warm-up); dropped (by Envoy's gRPC logger, or "
+        f"(>= {total + 2000}: rounds and warm-up), {named:.0f} of them with the client's "
+        f"workload as source_workload (>= {total}); dropped (by Envoy's gRPC logger, or "
         f"records the agent could not read): {dropped['client']:.0f} client-side and "
         f"{dropped['backend']:.0f} backend-side"
     )
@@ -425,6 +436,8 @@ async def main() -> int:
         + ", ".join(f"{k} {rss0[k]:.1f} -> {rss1[k]:.1f} MB" for k in rss0)
         + f"; series {series0:.0f} -> {series1:.0f} (target: unchanged, growth <= 20 MB)"
     )
+    if on.metrics and named < total:
+        raise SystemExit("telemetry: the backend did not name its caller")
     ok = ratio >= 0.85 and p99_ratio <= 1.3 and series1 == series0 and growth <= 20
     print(f"telemetry benchmark took {time.monotonic() - t0:.0f}s: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

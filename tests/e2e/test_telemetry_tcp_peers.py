@@ -1,11 +1,12 @@
 """TCP callers named in the standard metrics, with pods as network namespaces (interception
 mode REDIRECT: a connection arrives from the caller's pod address, as in Kubernetes).
 
-TCP has no peer-metadata header. The backend's agent names the caller from the control
-plane's table of registered workloads (protos/peers.proto) when the caller's certificate
-names the principal registered at the connection's source address: a registered client is
-`source_workload="client"` with its app and version; a caller with a valid mesh certificate
-that is registered nowhere stays `unknown` (its principal is still the certificate's).
+The backend's agent names the caller from the control plane's table of workloads
+(protos/peers.proto) when the caller's certificate names the principal the table gives the
+connection's source address: a registered client is `source_workload="client"` with its
+group's app and version; a sidecar with a valid mesh certificate that is registered nowhere
+is named as its own metrics name it (its pod, its node's labels, the service account its
+stream authenticated as), never as a registered workload.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _opened(e: object, account: str, workload: str) -> float:
     )
 
 
-async def test_tcp_callers_named_from_the_registry(tmp_path: Path, workdirs: Path) -> None:
+async def test_tcp_callers_named_from_the_peer_table(tmp_path: Path, workdirs: Path) -> None:
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "mesh.yaml").write_text(MESH)
@@ -86,7 +87,7 @@ async def test_tcp_callers_named_from_the_registry(tmp_path: Path, workdirs: Pat
                 order = (
                     (backend, "backend", "backend"),
                     (client, "client", "client"),
-                    (stranger, "stranger", ""),  # a mesh certificate, registered nowhere
+                    (stranger, "stranger", ""),  # a mesh sidecar, registered nowhere
                 )
                 for pod, app, group in order:
                     agent = start_sidecar(pod, cp, net.gateway, workdirs, tmp_path, app, group)
@@ -104,8 +105,8 @@ async def test_tcp_callers_named_from_the_registry(tmp_path: Path, workdirs: Pat
 
                 async def named() -> object | None:
                     e = await metrics(backend.ip)
-                    ok = _opened(e, "client", "client") >= 1 and _opened(e, "stranger", "unknown")
-                    return e if ok else None
+                    ok = _opened(e, "client", "client") >= 1
+                    return e if ok and _opened(e, "stranger", stranger.name) >= 1 else None
 
                 e = await eventually(named, timeout=30, what="both callers counted")
                 (series,) = [
@@ -116,12 +117,15 @@ async def test_tcp_callers_named_from_the_registry(tmp_path: Path, workdirs: Pat
                 assert series["source_app"] == "client" and series["source_version"] == "v3"
                 assert series["source_workload_namespace"] == "default"
                 assert series["request_protocol"] == "tcp"
-                # The stranger's connections are never credited to a registered workload.
-                assert all(
-                    s.get("source_workload") == "unknown"
+                # The stranger's connections are never credited to a registered workload:
+                # before the table names it, `unknown`; then its own pod.
+                strangers = [
+                    s
                     for s in e.series("istio_tcp_connections_opened_total")  # type: ignore[attr-defined]
                     if s.get("source_principal") == PRINCIPAL.format("stranger")
-                )
+                ]
+                assert {s["source_workload"] for s in strangers} <= {"unknown", stranger.name}
+                assert {s["source_app"] for s in strangers} <= {"unknown", "stranger"}
             except BaseException:
                 for a in agents:
                     print(f"--- {a.log_path.name}\n{a.log()[-3000:]}", file=sys.stderr)

@@ -209,9 +209,15 @@ async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_p
             # The push named alpha's assignment only: beta's EDS watch was not even called.
             assert (await envoy.stat(f"{alpha_cluster}.update_attempt") or 0) > alpha_updates
             assert await envoy.stat(f"{beta_cluster}.update_attempt") == beta_updates
-            (row,) = cp.views.syncz()
-            eds = row["types"][typeurls.ENDPOINT]
-            assert (eds["status"], eds["resources"]) == ("SYNCED", 2)
+
+            # Envoy routes by the new assignment before its ACK reaches the control plane: on
+            # a loaded machine the row may read STALE for a moment first.
+            async def synced() -> dict[str, object] | None:
+                (row,) = cp.views.syncz()
+                eds: dict[str, object] = row["types"][typeurls.ENDPOINT]
+                return eds if (eds["status"], eds["resources"]) == ("SYNCED", 2) else None
+
+            await eventually(synced, timeout=10, what="EDS acked")
         finally:
             envoy.stop()
     for a in apps:

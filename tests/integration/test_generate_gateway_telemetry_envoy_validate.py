@@ -26,7 +26,6 @@ from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.resource_names import CLUSTER_TYPE, LISTENER_TYPE
 from control.generate.telemetry_metrics import (
-    EARLY_HEADER_MUTATION,
     HEADER_MUTATION_FILTER,
     HEADER_TO_METADATA_FILTER,
     HTTP_GRPC_LOGGER,
@@ -86,14 +85,12 @@ def test_router_listeners_carry_logs_tracing_and_metrics(mode: str) -> None:
                     fmt = record.log_format.text_format_source.inline_string
                     fields = fmt.split(t.RECORD_SEPARATOR)[1 : 1 + len(t.RECORD_TAGS)]
                     _check_tags(dict(zip(t.RECORD_TAGS, fields, strict=True)))
-                    # Client side: send the router's metadata by the HCM's early header
-                    # mutation; the backend is named from the peer table: no filter.
+                    # Client side: no metadata sent (its peers name the router from the
+                    # peer table, as it names the backend): no filter, no early mutation.
                     names = [h.name for h in hcm.http_filters]
                     assert HEADER_TO_METADATA_FILTER not in names
                     assert HEADER_MUTATION_FILTER not in names
-                    [early] = hcm.early_header_mutation_extensions
-                    assert early.name == EARLY_HEADER_MUTATION
-                    assert t.PEER_HEADER in early.typed_config.value.decode("latin-1")
+                    assert not hcm.early_header_mutation_extensions
                 elif f.name == TCP_PROXY_FILTER:
                     tcps += 1
                     tcp = TcpProxy()

@@ -24,9 +24,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpConnectionManager,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
-from envoy.extensions.http.early_header_mutation.header_mutation.v3.header_mutation_pb2 import (
-    HeaderMutation as EarlyHeaderMutation,
-)
 
 from control.generate import GENERATORS
 from control.generate.access_logs import FILE_LOGGER
@@ -34,7 +31,6 @@ from control.generate.context import GenContext
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.resource_names import LISTENER_TYPE
 from control.generate.telemetry_metrics import (
-    EARLY_HEADER_MUTATION,
     HEADER_MUTATION_FILTER,
     HEADER_TO_METADATA_FILTER,
     HTTP_GRPC_LOGGER,
@@ -106,13 +102,12 @@ def test_every_hcm_and_tcp_proxy_reports(mode: str, log_path: str) -> None:
     for listener in _listeners(proxy, [registered], MtlsMode.PERMISSIVE):
         inbound = listener.traffic_direction == 1  # INBOUND
         for chain in _chains(listener):
-            mtls = chain.HasField("transport_socket")
             for f in chain.filters:
                 if f.name == HCM_FILTER:
                     hcms += 1
                     hcm = HttpConnectionManager()
                     f.typed_config.Unpack(hcm)
-                    _check_hcm(hcm, inbound=inbound, mtls=mtls, log=log_path)
+                    _check_hcm(hcm, inbound=inbound, log=log_path)
                 elif f.name == TCP_PROXY_FILTER:
                     tcps += 1
                     tcp = TcpProxy()
@@ -148,7 +143,7 @@ def _metrics_tags(hcm: HttpConnectionManager, log: str) -> dict[str, str]:
     return {tag.tag: tag.literal.value for tag in cfg.common_config.custom_tags}
 
 
-def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool, log: str) -> None:
+def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, log: str) -> None:
     tags = _metrics_tags(hcm, log)
     assert tags == {
         t.TAG_REPORTER: t.REPORTER_DESTINATION if inbound else t.REPORTER_SOURCE,
@@ -161,55 +156,29 @@ def _check_hcm(hcm: HttpConnectionManager, *, inbound: bool, mtls: bool, log: st
     }
     names = [f.name for f in hcm.http_filters]
     assert names[-1] == "envoy.filters.http.router"
-    mutation = HeaderMutation()
-    if HEADER_MUTATION_FILTER in names:
-        hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
-    requests = mutation.mutations.request_mutations
-    responses = mutation.mutations.response_mutations
-    own = "workload=reviews-group&workload_namespace=default&app=reviews&version=v1"
-    # Nothing is answered: no side adds the metadata header to a response.
-    assert not any(m.append.header.key == t.PEER_HEADER for m in responses)
-    if not inbound:
-        # Client side: ours is set by the HCM before any filter (no filter for it), and the
-        # upstream is named from the peer table, so nothing is read from the response.
-        [early_config] = hcm.early_header_mutation_extensions
-        assert early_config.name == EARLY_HEADER_MUTATION
-        early = EarlyHeaderMutation()
-        early_config.typed_config.Unpack(early)
-        assert [(m.append.header.key, m.append.header.value) for m in early.mutations] == [
-            (t.PEER_HEADER, own)
-        ]
-        if log:
-            # A record reads the upstream's certificate itself: no header round trip.
-            assert HEADER_TO_METADATA_FILTER not in names
-            assert HEADER_MUTATION_FILTER not in names
-            assert t.UPSTREAM_PEER_HEADER.encode() not in hcm.SerializeToString()
-        else:
-            # An ALS entry has no upstream certificate: Envoy copies its SPIFFE ID into a
-            # header (removing any the server sent first) for the metadata filter to read.
-            assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
-            read = HeaderToMetadata()
-            hcm.http_filters[0].typed_config.Unpack(read)
-            assert [(r.header, r.remove) for r in read.response_rules] == [
-                (t.UPSTREAM_PEER_HEADER, True)
-            ]
-            assert not requests
-            assert responses[0].remove == t.UPSTREAM_PEER_HEADER
-            assert responses[1].append.header.value == "%UPSTREAM_PEER_URI_SAN%"
-    elif mtls:
-        # One filter: its rule moves the caller's metadata into Envoy's and strips it.
-        assert names[0] == HEADER_TO_METADATA_FILTER
-        assert HEADER_MUTATION_FILTER not in names
-        read = HeaderToMetadata()
-        hcm.http_filters[0].typed_config.Unpack(read)
-        assert [(r.header, r.remove) for r in read.request_rules] == [(t.PEER_HEADER, True)]
-        assert not read.response_rules
-    else:
-        # Plaintext: the caller's claim is stripped unread.
-        assert names[0] == HEADER_MUTATION_FILTER
+    # No peer metadata is sent or read (the agents name peers from the peer table): no early
+    # header mutation, and on the server side, mTLS or not, no filter at all.
+    assert not hcm.early_header_mutation_extensions
+    if inbound or log:
+        # (A record reads the upstream's certificate itself: no header round trip.)
         assert HEADER_TO_METADATA_FILTER not in names
-        assert [m.remove for m in requests] == [t.PEER_HEADER]
-        assert not responses
+        assert HEADER_MUTATION_FILTER not in names
+        assert t.UPSTREAM_PEER_HEADER.encode() not in hcm.SerializeToString()
+        return
+    # Client side on the ALS path: an ALS entry has no upstream certificate, so Envoy copies
+    # its SPIFFE ID into a header (removing any the server sent first) for the metadata
+    # filter to read.
+    assert names[:2] == [HEADER_TO_METADATA_FILTER, HEADER_MUTATION_FILTER]
+    read = HeaderToMetadata()
+    hcm.http_filters[0].typed_config.Unpack(read)
+    assert [(r.header, r.remove) for r in read.response_rules] == [(t.UPSTREAM_PEER_HEADER, True)]
+    assert not read.request_rules
+    mutation = HeaderMutation()
+    hcm.http_filters[1].typed_config.Unpack(mutation)
+    responses = mutation.mutations.response_mutations
+    assert not mutation.mutations.request_mutations
+    assert responses[0].remove == t.UPSTREAM_PEER_HEADER
+    assert responses[1].append.header.value == "%UPSTREAM_PEER_URI_SAN%"
 
 
 @pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
@@ -219,7 +188,6 @@ def test_no_metrics_config_without_the_access_log_cluster(mode: str) -> None:
         text = listener.SerializeToString()
         assert t.ALS_CLUSTER.encode() not in text
         assert LOG_PATH.encode() not in text
-        assert t.PEER_HEADER.encode() not in text
 
 
 @pytest.mark.parametrize(

@@ -39,9 +39,9 @@ pytestmark = pytest.mark.envoy
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 UPSTREAM = "outbound|8080||web.shop.svc.cluster.local"
 GONE = "outbound|9090||gone.shop.svc.cluster.local"
-# A plaintext upstream outside the mesh that forges both peer headers in its responses.
+# A plaintext upstream outside the mesh that forges the ALS path's upstream-principal header
+# in its responses.
 FORGER = "outbound|7070||forger.shop.svc.cluster.local"
-FORGED_PEER = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
 FORGED_PRINCIPAL = "spiffe://cluster.local/ns/kube-system/sa/admin"
 TELEMETRY = WorkloadTelemetry(
     workload="client-7",
@@ -131,7 +131,7 @@ def _bootstrap(ip: str, ports: dict[str, int], workdir: Path) -> dict[str, Any]:
         _route(
             "/",
             status=200,
-            headers={t.PEER_HEADER: FORGED_PEER, t.UPSTREAM_PEER_HEADER: FORGED_PRINCIPAL},
+            headers={t.UPSTREAM_PEER_HEADER: FORGED_PRINCIPAL},
         )
     ]
     outbound = [

@@ -1,6 +1,6 @@
 """The agent's standard metrics without sockets: label derivation from access log entries
-(trust rules for peer metadata, principals, services), the histogram buckets, TCP byte deltas
-and the cardinality cap; and the peer-metadata encoding both sides share."""
+(peers named from the control plane's table by address and certificate, principals,
+services), the histogram buckets, TCP byte deltas and the cardinality cap."""
 
 from __future__ import annotations
 
@@ -21,13 +21,8 @@ from protos import telemetry as t
 
 CLIENT = "spiffe://cluster.local/ns/shop/sa/client"
 SERVER = "spiffe://cluster.local/ns/shop/sa/web"
-CLIENT_META = t.encode_peer(
-    {"workload": "client", "workload_namespace": "shop", "app": "client", "version": "v2"}
-)
-SERVER_META = t.encode_peer(
-    {"workload": "web", "workload_namespace": "shop", "app": "web", "version": "v1"}
-)
 SERVER_IP = "10.0.0.9"
+CLIENT_IP = "10.0.0.7"
 
 
 def peer_table(*peers: tuple[str, str, str, str]) -> PeerDirectory:
@@ -42,8 +37,8 @@ def peer_table(*peers: tuple[str, str, str, str]) -> PeerDirectory:
     return directory
 
 
-# The mesh as the control plane tells the client's agent: web at SERVER_IP.
-PEERS = peer_table((SERVER_IP, "web", "v1", SERVER))
+# The mesh as the control plane tells both agents: web at SERVER_IP, client at CLIENT_IP.
+PEERS = peer_table((SERVER_IP, "web", "v1", SERVER), (CLIENT_IP, "client", "v2", CLIENT))
 
 
 def _tags(entry_common: object, reporter: str, **own: str) -> None:
@@ -62,7 +57,7 @@ def _tags(entry_common: object, reporter: str, **own: str) -> None:
 def server_entry(
     *,
     peer: str | None = CLIENT,
-    claimed: str = CLIENT_META,
+    remote: str = CLIENT_IP,
     code: int = 200,
     duration_ms: float = 3.0,
     authority: str = "web:8080",
@@ -74,8 +69,8 @@ def server_entry(
     if peer is not None:
         c.tls_properties.peer_certificate_properties.subject_alt_name.add(uri=peer)
         c.tls_properties.local_certificate_properties.subject_alt_name.add(uri=SERVER)
-    if claimed:
-        c.metadata.filter_metadata[t.METADATA_NAMESPACE].update({t.METADATA_PEER: claimed})
+    c.downstream_direct_remote_address.socket_address.address = remote
+    c.downstream_direct_remote_address.socket_address.port_value = 40000
     c.duration.FromNanoseconds(int(duration_ms * 1e6))
     c.upstream_cluster = "inbound|8080||"
     e.request.authority = authority
@@ -87,24 +82,18 @@ def server_entry(
     return e
 
 
-def client_entry(
-    *, upstream: str = SERVER, claimed: str = "", host: str = SERVER_IP
-) -> HTTPAccessLogEntry:
-    """What the client side's logger sends for one request: `claimed` is metadata a server
-    could have answered with (our servers send none, and the labels never read it)."""
+def client_entry(*, upstream: str = SERVER, host: str = SERVER_IP) -> HTTPAccessLogEntry:
+    """What the client side's logger sends for one request."""
     e = HTTPAccessLogEntry()
     c = e.common_properties
     if host:
         c.upstream_remote_address.socket_address.address = host
         c.upstream_remote_address.socket_address.port_value = 8080
     _tags(c, t.REPORTER_SOURCE, workload="client", app="client", version="v2", principal=CLIENT)
-    meta = {}
-    if claimed:
-        meta[t.METADATA_PEER] = claimed
     if upstream:
-        meta[t.METADATA_UPSTREAM_PRINCIPAL] = upstream
-    if meta:
-        c.metadata.filter_metadata[t.METADATA_NAMESPACE].update(meta)
+        c.metadata.filter_metadata[t.METADATA_NAMESPACE].update(
+            {t.METADATA_UPSTREAM_PRINCIPAL: upstream}
+        )
     c.upstream_cluster = "outbound|8080|v1|web.shop.svc.cluster.local"
     e.request.authority = "web:8080"
     e.request.request_headers["content-type"] = "application/grpc"
@@ -121,7 +110,7 @@ def labels(values: tuple[str, ...], names: tuple[str, ...] = HTTP_LABELS) -> dic
 
 
 def test_server_side_labels_from_mtls_peer_and_own_tags() -> None:
-    got = labels(http_labels(server_entry()))
+    got = labels(http_labels(server_entry(), PEERS))
     assert got == {
         "reporter": "destination",
         "source_workload": "client",
@@ -145,9 +134,8 @@ def test_server_side_labels_from_mtls_peer_and_own_tags() -> None:
     }
 
 
-def test_a_plaintext_callers_claims_are_not_trusted() -> None:
-    forged = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
-    got = labels(http_labels(server_entry(peer=None, claimed=forged)))
+def test_a_plaintext_caller_is_unknown_even_from_a_known_address() -> None:
+    got = labels(http_labels(server_entry(peer=None), PEERS))
     assert got["source_workload"] == "unknown"
     assert got["source_workload_namespace"] == "unknown"
     assert got["source_app"] == "unknown"
@@ -156,13 +144,31 @@ def test_a_plaintext_callers_claims_are_not_trusted() -> None:
     assert got["connection_security_policy"] == "none"
     # The server's own side still comes from its tags.
     assert got["destination_workload"] == "web" and got["destination_app"] == "web"
+    # Without the control plane's table nobody is named, certificate or not.
+    assert labels(http_labels(server_entry()))["source_workload"] == "unknown"
 
 
-def test_garbage_peer_metadata_reads_as_unknown() -> None:
-    for claimed in ("%%%", "a" * (t.MAX_PEER_VALUE + 1), "workload", "=x&&"):
-        got = labels(http_labels(server_entry(claimed=claimed)))
-        assert got["source_workload"] == "unknown", claimed
-        assert got["source_principal"] == CLIENT  # the certificate still counts
+def test_a_caller_is_named_by_its_address_and_certificate() -> None:
+    other = "spiffe://cluster.local/ns/shop/sa/other"
+    # Another identity at the client's address: not the client; its certificate still counts.
+    got = labels(http_labels(server_entry(peer=other), PEERS))
+    assert got["source_workload"] == "unknown" and got["source_principal"] == other
+    # Envoy's "remote address" (which x-forwarded-for can set) is not read, only the socket's.
+    entry = server_entry(peer=other)
+    entry.common_properties.downstream_remote_address.socket_address.address = CLIENT_IP
+    assert labels(http_labels(entry, PEERS))["source_workload"] == "unknown"
+    # From another address (a loopback alias calls from 127.0.0.1; NAT): the one workload
+    # with that principal.
+    moved = labels(http_labels(server_entry(remote="127.0.0.1"), PEERS))
+    assert moved["source_workload"] == "client" and moved["source_version"] == "v2"
+    # Two workloads with one principal: the address says which; elsewhere, neither.
+    twins = peer_table(
+        (CLIENT_IP, "client", "v2", CLIENT), ("10.0.0.8", "client-canary", "v3", CLIENT)
+    )
+    for remote, want in ((CLIENT_IP, "v2"), ("10.0.0.8", "v3"), ("127.0.0.1", "unknown")):
+        got = labels(http_labels(server_entry(remote=remote), twins))
+        assert got["source_version"] == want, remote
+        assert got["source_principal"] == CLIENT
 
 
 def test_client_side_names_its_mtls_upstream_from_the_peer_table() -> None:
@@ -182,17 +188,14 @@ def test_client_side_names_its_mtls_upstream_from_the_peer_table() -> None:
     assert plaintext["destination_principal"] == "unknown"
     assert plaintext["source_principal"] == "unknown"
 
-    # What a server answers is never read: metadata in the response names nobody.
-    forged = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
-    claimed = labels(http_labels(client_entry(claimed=forged), PEERS))
-    assert claimed["destination_workload"] == "web"
-    assert labels(http_labels(client_entry(claimed=forged)))["destination_workload"] == "unknown"
-
-    # The address alone proves nothing: another identity there, or another address.
+    # The address alone proves nothing: another identity there is not web.
     other = "spiffe://cluster.local/ns/shop/sa/other"
-    for entry in (client_entry(upstream=other), client_entry(host="10.0.0.10")):
-        got = labels(http_labels(entry, PEERS))
-        assert got["destination_workload"] == "unknown" and got["destination_app"] == "unknown"
+    got = labels(http_labels(client_entry(upstream=other), PEERS))
+    assert got["destination_workload"] == "unknown" and got["destination_app"] == "unknown"
+    # Web's certificate at an address the table does not give it: web is the only workload
+    # with that principal (a caller is named the same way: test_a_caller_is_named_by_...).
+    moved = labels(http_labels(client_entry(host="10.0.0.10"), PEERS))
+    assert moved["destination_workload"] == "web"
     assert labels(http_labels(client_entry(upstream=other), PEERS))["destination_principal"] == (
         other
     )
@@ -226,7 +229,7 @@ def test_service_names_from_the_authority_and_the_cluster() -> None:
     assert got["destination_service_name"] == "PassthroughCluster"
 
     # A fault abort answers before any cluster is picked: the service the client addressed.
-    aborted = client_entry(upstream="", claimed="")
+    aborted = client_entry(upstream="")
     aborted.common_properties.ClearField("upstream_cluster")
     aborted.common_properties.response_flags.fault_injected = True
     aborted.response.response_code.value = 503
@@ -388,15 +391,3 @@ def test_tcp_labels_for_the_source_side() -> None:
     agg = MetricsAggregator()
     agg.record_tcp(e)  # the client side counts the connection at once
     assert next(iter(agg.tcp.values())).opened == 1
-
-
-# --- the shared encoding ---------------------------------------------------------------------
-
-
-def test_peer_metadata_round_trip_and_safe_characters() -> None:
-    fields = {"workload": "web", "workload_namespace": "shop", "app": "web", "version": "v1"}
-    assert t.decode_peer(t.encode_peer(fields)) == fields
-    odd = t.encode_peer({"workload": "a b%c", "app": "x"})
-    assert "%" not in odd  # Envoy would read % as a formatter command
-    assert t.decode_peer(odd) == {"workload": "a_b_c", "app": "x"}
-    assert t.decode_peer("unknown_field=1&workload=w") == {"workload": "w"}

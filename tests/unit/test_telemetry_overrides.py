@@ -22,7 +22,6 @@ from control.config.meshconfig import parse_mesh_config
 from control.generate.access_logs import HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
 from control.generate.telemetry_metrics import (
-    EARLY_HEADER_MUTATION,
     HEADER_MUTATION_FILTER,
     HEADER_TO_METADATA_FILTER,
 )
@@ -32,7 +31,7 @@ from control.model.telemetry import WorkloadMode
 from protos import telemetry as t
 from tests.support.traffic import mesh_config
 from tests.unit.test_telemetry import APP, filters, listeners, telemetry
-from tests.unit.test_telemetry_metrics import client_entry, server_entry, tcp_entry
+from tests.unit.test_telemetry_metrics import PEERS, client_entry, server_entry, tcp_entry
 
 # --- the wire value --------------------------------------------------------------------------
 
@@ -177,7 +176,7 @@ def _loggers(doc: str, direction: str) -> dict[str, dict[str, str]]:
     for _, typed in filters(ls, HCM_FILTER):
         hcm = HttpConnectionManager()
         assert typed.Unpack(hcm)
-        _sends_or_strips_peer_metadata(hcm, inbound=inbound)
+        _no_peer_metadata(hcm, inbound=inbound)
         for log in hcm.access_log:
             if log.name == HTTP_GRPC_LOGGER:
                 http = HttpGrpcAccessLogConfig()
@@ -194,25 +193,24 @@ def _loggers(doc: str, direction: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def _sends_or_strips_peer_metadata(hcm: HttpConnectionManager, *, inbound: bool) -> None:
-    """Outbound: the HCM's early mutation sends ours. Inbound: a filter strips the caller's
-    (the metadata filter's rule when a logger reads it, else the header mutation)."""
+def _no_peer_metadata(hcm: HttpConnectionManager, *, inbound: bool) -> None:
+    """No peer metadata is sent or read (the agents name peers from the control plane's
+    table): no early header mutation, and no filter on the server side. A client on the ALS
+    path has the two that carry its upstream's certificate into metadata (response only)."""
     from envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2 import (
         HeaderMutation,
     )
 
-    if not inbound:
-        [early] = [e for e in hcm.early_header_mutation_extensions]
-        assert early.name == EARLY_HEADER_MUTATION
-        assert t.PEER_HEADER.encode() in early.typed_config.value
-        return
+    assert not hcm.early_header_mutation_extensions
     names = [f.name for f in hcm.http_filters]
-    if HEADER_TO_METADATA_FILTER in names:
-        return  # its rule strips (test_generate_metrics_envoy_validate checks the rule)
+    if inbound or HEADER_TO_METADATA_FILTER not in names:
+        assert HEADER_TO_METADATA_FILTER not in names and HEADER_MUTATION_FILTER not in names
+        return
     mutation = HeaderMutation()
     hcm.http_filters[names.index(HEADER_MUTATION_FILTER)].typed_config.Unpack(mutation)
-    assert [m.remove for m in mutation.mutations.request_mutations] == [t.PEER_HEADER]
-    assert not mutation.mutations.response_mutations
+    assert not mutation.mutations.request_mutations
+    touched = {m.remove or m.append.header.key for m in mutation.mutations.response_mutations}
+    assert touched == {t.UPSTREAM_PEER_HEADER}
 
 
 def test_loggers_carry_the_sides_overrides() -> None:
@@ -257,15 +255,12 @@ def test_no_logger_where_nothing_would_be_exported() -> None:
     mesh_off = telemetry(
         "nometrics", "istio-system", "metrics:\n- providers: [{name: envoy}]"
     )  # envoy is a file logger, not a metrics provider
-    # Peer metadata is still exchanged (checked in _loggers): peers keep their labels.
     assert _loggers(mesh_off, "inbound") == {} and _loggers(mesh_off, "outbound") == {}
 
 
-def test_a_side_without_an_http_logger_only_exchanges_peer_metadata() -> None:
-    """Nothing would read the caller's metadata, so no filter moves it into Envoy's metadata:
-    the server only strips it, the client still sends its own (peers keep their labels)."""
+def test_a_side_without_an_http_logger_has_no_telemetry_filter() -> None:
+    """Its peers name it from the control plane's table, so nothing is sent for them."""
     mesh_off = telemetry("nometrics", "istio-system", "metrics:\n- providers: [{name: envoy}]")
-    own = "workload=client-1&workload_namespace=default&app=client"
     for direction, p in (("inbound", _proxy()), ("outbound", _proxy("client", "127.0.1.6"))):
         want = TrafficDirection.INBOUND if direction == "inbound" else TrafficDirection.OUTBOUND
         ls = [
@@ -278,13 +273,11 @@ def test_a_side_without_an_http_logger_only_exchanges_peer_metadata() -> None:
             hcms.append(hcm)
         assert hcms, direction
         for hcm in hcms:
+            assert not hcm.early_header_mutation_extensions, direction
             names = [f.name for f in hcm.http_filters]
             assert HEADER_TO_METADATA_FILTER not in names, direction
-            _sends_or_strips_peer_metadata(hcm, inbound=direction == "inbound")
-            if direction == "outbound":
-                assert HEADER_MUTATION_FILTER not in names
-                early = hcm.early_header_mutation_extensions[0].typed_config.value
-                assert own.encode() in early
+            assert HEADER_MUTATION_FILTER not in names, direction
+            assert not hcm.access_log, direction
 
 
 # --- the agent -------------------------------------------------------------------------------
@@ -320,7 +313,7 @@ def test_a_disabled_metric_is_not_exported_for_its_side_only() -> None:
 
 
 def test_removed_labels_are_gone_and_their_series_summed() -> None:
-    agg = MetricsAggregator()
+    agg = MetricsAggregator(peers=PEERS)
     # Only the response code differs; REQUEST_COUNT drops it, the histograms keep it.
     for code in (200, 200, 503):
         agg.record_http(_tagged(server_entry(code=code), REQUEST_COUNT="response_code"))

@@ -48,17 +48,15 @@ def record(
     c, rq, rs = entry.common_properties, entry.request, entry.response
     meta = c.metadata.filter_metadata.get(t.METADATA_NAMESPACE)
     fields = meta.fields if meta is not None else {}
-
-    def meta_value(key: str) -> str:
-        return fields[key].string_value if key in fields else ""
+    upstream_principal = fields[t.METADATA_UPSTREAM_PRINCIPAL].string_value if fields else ""
 
     def sans(cert: object) -> str:
         return ",".join(s.uri for s in cert.subject_alt_name)  # type: ignore[attr-defined]
 
     flags = response_flags(c.response_flags)
     label_values = {
-        "peer": meta_value(t.METADATA_PEER)[: t.MAX_PEER_VALUE + 1],
-        "upstream_principal": meta_value(t.METADATA_UPSTREAM_PRINCIPAL),
+        "peer_host": c.downstream_direct_remote_address.socket_address.address,
+        "upstream_principal": upstream_principal,
         "upstream_host": c.upstream_remote_address.socket_address.address,
         "peer_uri_san": sans(c.tls_properties.peer_certificate_properties),
         "local_uri_san": sans(c.tls_properties.local_certificate_properties),
@@ -109,9 +107,9 @@ def _entries() -> list[HTTPAccessLogEntry]:
     grpc_header.response.response_headers["grpc-status"] = "3"
     return [
         server_entry(),
-        server_entry(peer=None),  # plaintext: the claim is not trusted
-        server_entry(claimed="a" * (t.MAX_PEER_VALUE + 5)),  # oversized claim
-        server_entry(claimed=""),
+        server_entry(peer=None),  # plaintext: not named
+        server_entry(remote="10.0.0.10"),  # an address the table does not give the client
+        server_entry(peer="spiffe://cluster.local/ns/shop/sa/other"),  # not the client
         server_entry(authority="10.0.0.1:8080"),
         server_entry(code=0),  # no response (a reset)
         flagged,
@@ -142,12 +140,11 @@ def test_fields_a_side_leaves_out_change_no_label(index: int) -> None:
     """What a side's format writes as `-` instead of a command, its labels never read: the
     same request with anything there (a certificate, a cluster) has the same labels."""
     entry = _entries()[index]
-    admin = t.encode_peer({"workload": "admin", "workload_namespace": "kube-system"})
     for junk in (
         "spiffe://cluster.local/ns/kube-system/sa/admin",
         "outbound|1||x.y.svc.z",
         "10.0.0.9",
-        admin,
+        "10.0.0.7",
     ):
         observation = RecordDecoder(peers=PEERS).decode(record(entry, unread=junk)[:-1])
         assert observation is not None
@@ -163,11 +160,12 @@ def test_each_side_formats_only_the_fields_it_reads() -> None:
     client, server = commands(t.REPORTER_SOURCE), commands(t.REPORTER_DESTINATION)
     assert client["upstream_principal"] == "%UPSTREAM_PEER_URI_SAN%"
     assert client["upstream_host"] == "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"
-    assert client["peer"] == client["peer_uri_san"] == client["local_uri_san"] == "-"
+    assert client["peer_host"] == client["peer_uri_san"] == client["local_uri_san"] == "-"
     assert server["upstream_principal"] == server["upstream_cluster"] == "-"
     assert server["upstream_host"] == "-"
     assert server["peer_uri_san"] == "%DOWNSTREAM_PEER_URI_SAN%"
-    assert server["peer"].startswith("%DYNAMIC_METADATA(")
+    # The socket's peer, not an address x-forwarded-for could name.
+    assert server["peer_host"] == "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT%"
 
 
 def test_values_without_envoys_microseconds_use_its_milliseconds() -> None:
@@ -338,7 +336,7 @@ def test_a_new_peer_table_is_read_by_the_next_batch() -> None:
 
 
 def test_principals_come_from_certificates_in_records_too() -> None:
-    """A peer's claimed metadata names no principal; the SANs do."""
+    """The SANs name the principals."""
     observation = RecordDecoder().decode(record(server_entry())[:-1])
     assert observation is not None
     assert (observation.labels[3], observation.labels[8]) == (CLIENT, SERVER)

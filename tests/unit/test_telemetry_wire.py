@@ -19,10 +19,11 @@ from agent.telemetry.wire import MAX_KEY_BYTES, HttpDecoder, stream_entries
 from protos import peers_pb2
 from protos import telemetry as t
 from tests.unit.test_telemetry_metrics import (
+    CLIENT,
+    CLIENT_IP,
     PEERS,
     SERVER,
     SERVER_IP,
-    SERVER_META,
     client_entry,
     peer_table,
     server_entry,
@@ -42,8 +43,11 @@ def _vary_per_request_fields(e: HTTPAccessLogEntry, i: int) -> HTTPAccessLogEntr
     c.start_time.FromNanoseconds(1_700_000_000_000_000_000 + i)
     c.time_to_last_rx_byte.FromNanoseconds(1000 + i)
     c.duration.FromNanoseconds(1_000_000 * (i + 1))
+    # (Envoy's "remote address" may come from x-forwarded-for: never read. The caller's
+    # socket address names it: the same caller, a new port per connection.)
     c.downstream_remote_address.socket_address.address = f"10.0.0.{i % 250}"
     c.downstream_remote_address.socket_address.port_value = 30000 + i
+    c.downstream_direct_remote_address.socket_address.port_value = 30000 + i
     # (The upstream's address names it: the same endpoint, a new local port.)
     c.upstream_local_address.socket_address.address = f"10.1.0.{i % 250}"
     c.upstream_local_address.socket_address.port_value = 40000 + i
@@ -99,15 +103,21 @@ def test_a_repeat_request_is_a_cache_hit_with_its_own_values() -> None:
 
 
 def test_a_change_in_anything_labelled_is_a_new_label_set() -> None:
-    dec = HttpDecoder(peers=PEERS)
-    other_peer = t.encode_peer({"workload": "batch", "workload_namespace": "jobs"})
+    # Two workloads per principal: an address names one of them.
+    peers = peer_table(
+        (SERVER_IP, "web", "v1", SERVER),
+        ("10.0.0.10", "web-canary", "v2", SERVER),
+        (CLIENT_IP, "client", "v2", CLIENT),
+        ("10.0.0.8", "client-canary", "v3", CLIENT),
+    )
+    dec = HttpDecoder(peers=peers)
     flagged = server_entry()
     flagged.common_properties.response_flags.upstream_request_timeout = True
     entries = [
         server_entry(),
         server_entry(code=503),
-        server_entry(claimed=other_peer),
-        server_entry(peer="spiffe://cluster.local/ns/jobs/sa/batch", claimed=other_peer),
+        server_entry(remote="10.0.0.8"),
+        server_entry(peer="spiffe://cluster.local/ns/jobs/sa/batch"),
         server_entry(peer=None),
         server_entry(authority="db.shop.svc.cluster.local"),
         flagged,
@@ -116,7 +126,7 @@ def test_a_change_in_anything_labelled_is_a_new_label_set() -> None:
         client_entry(upstream=""),
     ]
     got = [dec.decode(_raw(e)).labels for e in entries]
-    assert got == [http_labels(e, PEERS) for e in entries]
+    assert got == [http_labels(e, peers) for e in entries]
     assert len(set(got)) == len(entries)
     assert dec.misses == len(entries)
     # And each is remembered under its own key, not another's.
@@ -154,7 +164,7 @@ def test_grpc_status_and_protocol_come_through() -> None:
 def test_stream_entries_keep_http_and_tcp_apart() -> None:
     message = StreamAccessLogsMessage()
     message.http_logs.log_entry.append(server_entry())
-    message.http_logs.log_entry.append(client_entry(claimed=SERVER_META))
+    message.http_logs.log_entry.append(client_entry())
     message.identifier.log_name = t.LOG_NAME
     got = stream_entries(message.SerializeToString())
     assert [HTTPAccessLogEntry.FromString(r) for r in got.http] == list(message.http_logs.log_entry)
