@@ -155,11 +155,23 @@ async def test_gateway_logs_metrics_and_traces(tmp_path: Path) -> None:
             await eventually(
                 lambda: _is_ok(through_gateway("/warmup")), timeout=30, what="gateway -> backend"
             )
+            warmups = 1
             before_spans = {s.trace_id for s in zipkin.spans}
-            # The warm-up's OK is counted first (the loggers flush every second), so the
-            # baseline holds it.
+
+            # Each side names the other once its agent has the peer table with the other's
+            # row (the router's arrives with the push its connection caused): until then
+            # requests count as `unknown`, so the warm-up goes on until both name the other.
+            async def named_both_ways() -> bool:
+                nonlocal warmups
+                assert await through_gateway("/warmup") == 200
+                warmups += 1
+                return await _counts(router.ip, backend_ip, 1) is not None
+
+            await eventually(named_both_ways, timeout=30, what="the warm-up named")
+            # Every warm-up OK is counted (named or not: the loggers flush every second)
+            # before the baselines are read, so the baselines hold them all.
             source_before, dest_before = await eventually(
-                lambda: _counts(router.ip, backend_ip, 1), timeout=30, what="warm-up counted"
+                lambda: _warmed(router.ip, backend_ip, warmups), timeout=30, what="warm-up counted"
             )
             for i in range(REQUESTS):
                 assert await through_gateway(f"/edge/{i}") == 200
@@ -211,6 +223,29 @@ async def _counts(router_ip: str, backend_ip: str, n: int) -> tuple[float, float
     source = source_requests(await metrics(router_ip))
     dest = destination_requests(await metrics(backend_ip))
     return (source, dest) if source >= n and dest >= n else None
+
+
+async def _warmed(router_ip: str, backend_ip: str, n: int) -> tuple[float, float] | None:
+    """The named (source, destination) counts once each side counted `n` gateway OKs in all,
+    named or `unknown`."""
+    router, backend = await metrics(router_ip), await metrics(backend_ip)
+    counted = (
+        router.total(
+            "istio_requests_total",
+            reporter="source",
+            source_workload=ROUTER_WORKLOAD,
+            response_code="200",
+        ),
+        backend.total(
+            "istio_requests_total",
+            reporter="destination",
+            source_principal=GATEWAY_SPIFFE,
+            response_code="200",
+        ),
+    )
+    if counted != (n, n):
+        return None
+    return source_requests(router), destination_requests(backend)
 
 
 def _at_least(lines: list[dict[str, str]], n: int) -> list[dict[str, str]] | None:

@@ -149,22 +149,22 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
                 lambda: _ok(_get(url, "backend", {})), timeout=40, what="client -> backend"
             )
             await eventually(prom.ready, timeout=30, what="prometheus ready")
-            # Stored before the burst: a rate needs a sample from before the increase.
-            await eventually(
-                lambda: prom.query(
-                    'istio_requests_total{reporter="destination",source_workload="client"}'
-                ),
-                timeout=30,
-                what="the warm-up scraped",
-            )
-            # ...and named on the source side too (each agent's table has the other).
-            await eventually(
-                lambda: prom.query(
-                    'istio_requests_total{reporter="source",destination_workload="backend"}'
-                ),
-                timeout=30,
-                what="the source side names the backend",
-            )
+
+            # Stored before the burst (a rate needs a sample from before the increase), and
+            # named on both sides: the client's row reaches the backend's agent with the push
+            # its connection caused, and requests before that are `unknown`, so the warm-up
+            # goes on until both sides name the other.
+            async def named_both_ways() -> bool:
+                await _get(url, "backend", {})
+                for promql in (
+                    'istio_requests_total{reporter="destination",source_workload="client"}',
+                    'istio_requests_total{reporter="source",destination_workload="backend"}',
+                ):
+                    if not await prom.query(promql):
+                        return False
+                return True
+
+            await eventually(named_both_ways, timeout=60, what="the warm-up named and scraped")
             before = len(app.headers_seen)
 
             # The client app forges peer metadata on every request: its sidecar replaces it.
@@ -197,9 +197,10 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
                 got = await prom.value(promql)
                 return got if got == want else None
 
+            # By the client's certificate: the warm-up's first requests may be `unknown`.
             ok_query = (
                 f'sum(istio_requests_total{{{dest},response_code="200",'
-                f'destination_service_name="backend",source_workload="client"}})'
+                f'destination_service_name="backend",source_principal="{CLIENT_ID}"}})'
             )
             await eventually(
                 lambda: count(ok_query, served), timeout=60, what="180 OKs in prometheus"
@@ -220,6 +221,8 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
                 f'istio_requests_total{{{dest},response_code="200",source_workload="client"}}'
             )
             assert len(series) == 1, series
+            # Every request of the burst named its caller (the table had arrived).
+            assert float(series[0]["value"][1]) >= 180, series
             labels = series[0]["metric"]
             assert labels["source_principal"] == CLIENT_ID
             assert labels["destination_principal"] == BACKEND_ID
