@@ -1,5 +1,6 @@
-"""The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`): binding them
-privately and stopping them without hanging (`UnixGrpcServer` does both)."""
+"""The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`, `ALS`): binding
+them privately and stopping them without hanging (`UnixGrpcServer` does both), and the base of
+the services served on them (`UnixService`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import contextlib
 import logging
 import os
 import stat
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
+
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +166,33 @@ class UnixGrpcServer:
             self._started = False
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+class UnixService(Lifecycle):
+    """A gRPC service on one of the agent's sockets (xDS proxy, SDS, access logs): `start()`
+    serves `_handler()` on `server`, `close(grace)` stops it and removes the socket. What a
+    subclass adds is its handler and the state its calls share."""
+
+    label: ClassVar[str]  # what the log calls it: "SDS server", …
+
+    def __init__(self, socket_path: Path, server: UnixGrpcServer) -> None:
+        self.socket_path = socket_path
+        self._server = server
+
+    @abstractmethod
+    def _handler(self) -> grpc.GenericRpcHandler:
+        """The service's methods (built once, at `start()`)."""
+
+    async def start(self) -> None:
+        await self._server.start(self._handler())
+        # The subclass's module logger: the line is filed under the service, as it was when
+        # each server logged it itself.
+        logging.getLogger(type(self).__module__).info(
+            "%s listening on %s", self.label, self.socket_path
+        )
+
+    async def close(self, grace: float = 0.5) -> None:
+        await self._server.close(grace)
 
 
 # The agent's three sockets: who may connect and what they carry.

@@ -27,8 +27,7 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
-from agent.unixsocket import UnixGrpcServer, sds_socket_server
-from pilotfish_common.lifecycle import Lifecycle
+from agent.unixsocket import UnixGrpcServer, UnixService, sds_socket_server
 from protos import typeurls
 
 logger = logging.getLogger(__name__)
@@ -36,7 +35,9 @@ logger = logging.getLogger(__name__)
 SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 
 
-class SdsServer(Lifecycle):
+class SdsServer(UnixService):
+    label = "SDS server"
+
     def __init__(
         self,
         socket_path: Path,
@@ -49,19 +50,11 @@ class SdsServer(Lifecycle):
         """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
         agent); the socket stays 0600, owned by that user. `server`: the socket, when it
         was bound beforehand (agent/launch.py)."""
-        self.socket_path = socket_path
+        super().__init__(socket_path, server or sds_socket_server(socket_path, owner))
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
-        self._server = server or sds_socket_server(socket_path, owner)
         self._ids = itertools.count(1)
         self.active = 0  # open StreamSecrets streams
-
-    async def start(self) -> None:
-        await self._server.start(self._handler())
-        logger.info("SDS server listening on %s", self.socket_path)
-
-    async def close(self, grace: float = 0.5) -> None:
-        await self._server.close(grace)
 
     def _handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
