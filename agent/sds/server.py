@@ -29,6 +29,7 @@ from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
 from agent.unixsocket import UnixGrpcServer, UnixService, sds_socket_server
 from protos import typeurls
+from protos.rawcalls import bytes_in
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +61,11 @@ class SdsServer(UnixService):
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                # Requests arrive as bytes and are decoded here: one protobuf cannot parse
-                # (nested past its depth limit, say) ends that call with INVALID_ARGUMENT. A
-                # deserializer's DecodeError would escape into gRPC instead (the stream
-                # ended with OK and an unretrieved task exception; a fetch got UNKNOWN).
-                "StreamSecrets": grpc.stream_stream_rpc_method_handler(
-                    self._stream,
-                    request_deserializer=None,
-                    response_serializer=DiscoveryResponse.SerializeToString,
+                "StreamSecrets": bytes_in(
+                    grpc.stream_stream_rpc_method_handler, self._stream, DiscoveryResponse
                 ),
-                "FetchSecrets": grpc.unary_unary_rpc_method_handler(
-                    self._fetch_raw,
-                    request_deserializer=None,
-                    response_serializer=DiscoveryResponse.SerializeToString,
+                "FetchSecrets": bytes_in(
+                    grpc.unary_unary_rpc_method_handler, self._fetch_raw, DiscoveryResponse
                 ),
             },
         )

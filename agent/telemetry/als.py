@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.wire import HttpDecoder, stream_entries
 from agent.unixsocket import UnixGrpcServer, UnixService, als_socket_server
+from protos.rawcalls import bytes_in
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +52,8 @@ class AccessLogServer(UnixService):
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                # Bytes in, decoded here: a DecodeError in a deserializer would escape into
-                # gRPC instead of ending the stream cleanly.
-                "StreamAccessLogs": grpc.stream_unary_rpc_method_handler(
-                    self._stream,
-                    request_deserializer=None,
-                    response_serializer=StreamAccessLogsResponse.SerializeToString,
+                "StreamAccessLogs": bytes_in(
+                    grpc.stream_unary_rpc_method_handler, self._stream, StreamAccessLogsResponse
                 )
             },
         )
