@@ -4,7 +4,6 @@ the services served on them (`UnixService`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -16,6 +15,7 @@ from typing import Any, ClassVar
 
 import grpc
 
+from pilotfish_common.grpcserver import stop_bounded
 from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
@@ -92,17 +92,6 @@ def _restrict(path: Path, mode: int, owner: int | None) -> None:
         os.chown(path, owner, -1)
 
 
-async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
-    """`server.stop(grace)`, but never longer than `grace` + 5 s: grpc.aio's shutdown has been
-    seen to wait forever on a call that will not finish, and an agent that is stopping must
-    not hang on it."""
-    try:
-        async with asyncio.timeout(grace + 5.0):
-            await server.stop(grace)
-    except TimeoutError:
-        logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)
-
-
 # Envoy pings the agent every 30 s on its ADS, SDS and ALS connections (the bootstrap's
 # `connection_keepalive`), through streams that are idle for as long as nothing changes. A gRPC
 # server's default ping policy (a ping without data at most every 5 minutes, hang up on the
@@ -159,7 +148,7 @@ class UnixGrpcServer:
     async def close(self, grace: float) -> None:
         if self._server is not None:
             if self._started:
-                await stop_bounded(self._server, grace)
+                await stop_bounded(self._server, grace, "local gRPC server")
             else:  # bound, never served: nothing to drain
                 await self._server.stop(None)
             self._server = None

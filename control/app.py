@@ -12,7 +12,6 @@ control/xds/views.py) are handed in from here; none of them holds the control pl
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -46,6 +45,7 @@ from control.xds.cache import ResourceCache, ResourceSet
 from control.xds.options import XdsOptions, grpc_connection_options, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
+from pilotfish_common.grpcserver import stop_bounded
 from pilotfish_common.lifecycle import Lifecycle
 from protos import typeurls
 
@@ -219,12 +219,7 @@ class ControlPlane(Lifecycle):
         await self.keeper.close()
         await self.pipeline.close()
         if self._grpc is not None:
-            try:
-                # Bounded: shutdown must not hang on a stream that will not finish.
-                async with asyncio.timeout(grace + 5.0):
-                    await self._grpc.stop(grace)
-            except TimeoutError:
-                logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
+            await stop_bounded(self._grpc, grace)
             self._grpc = None
         await self.xds.close()
         await self.security.close()
