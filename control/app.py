@@ -46,7 +46,7 @@ from control.xds.options import XdsOptions, grpc_connection_options, grpc_stream
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
 from pilotfish_common.grpcserver import stop_bounded
-from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.lifecycle import Lifecycle, close_each
 from protos import typeurls
 
 # ControlPlaneOptions lives in control/options.py; it is imported from here too.
@@ -210,21 +210,13 @@ class ControlPlane(Lifecycle):
         """Stop in the reverse order of start(): nothing new arrives (HTTP, webhook, pushes,
         streams) before what serves it goes (certificates, CA, config)."""
         self.ready = False
-        await self.debug.close()
-        if self.ui is not None:
-            await self.ui.close()
-        if self.root_cert_publisher is not None:
-            await self.root_cert_publisher.close()
-        await self.injector.close()
-        await self.keeper.close()
-        await self.pipeline.close()
+        await close_each(
+            self.debug, self.ui, self.root_cert_publisher, self.injector, self.keeper, self.pipeline
+        )
         if self._grpc is not None:
             await stop_bounded(self._grpc, grace)
             self._grpc = None
-        await self.xds.close()
-        await self.security.close()
-        await self.mesh.close()
-        await self.watcher.close()
+        await close_each(self.xds, self.security, self.mesh, self.watcher)
 
     # --- for tests, benchmarks and pilotfish-ctl -------------------------------------------
 
