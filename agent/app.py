@@ -32,7 +32,7 @@ from agent.startup import StartupTimeline
 from agent.status import StatusServer
 from agent.xdsproxy.agentstream import AgentStream
 from agent.xdsproxy.handlers import HandlerRegistry
-from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.lifecycle import Lifecycle, close_each
 from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
 if TYPE_CHECKING:
@@ -307,24 +307,20 @@ class Agent(Lifecycle):
         for task in self._timeline_tasks:
             task.cancel()
         await asyncio.gather(*self._timeline_tasks, return_exceptions=True)
-        if self.dns_local6 is not None:
-            await self.dns_local6.close()
-        if self.dns_local is not None:
-            await self.dns_local.close()
-        if self.dns is not None:
-            await self.dns.close()
-        if self.health is not None:
-            await self.health.close()
-        await self.agent_stream.close()
-        if self.als is not None:
-            await self.als.close()
-        await self.downstream.close()
-        await self.sds.close()
-        if self.cert_files is not None:
-            await self.cert_files.close()
-        await self.secrets.close()
-        await self.handlers.close()
-        await self.launch.close()  # the upstream channel (the rest is closed above)
+        await close_each(
+            self.dns_local6,
+            self.dns_local,
+            self.dns,
+            self.health,
+            self.agent_stream,
+            self.als,
+            self.downstream,
+            self.sds,
+            self.cert_files,
+            self.secrets,
+            self.handlers,
+            self.launch,  # the upstream channel (the rest is closed above)
+        )
 
     def _setup_dns(self, cfg: AgentConfig) -> None:
         """The DNS server and the NameTable handler that feeds it (through the registry,

@@ -1,18 +1,22 @@
-"""The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`): binding them
-privately and stopping them without hanging (`UnixGrpcServer` does both)."""
+"""The agent's local gRPC servers on Unix sockets in the workdir (`XDS`, `SDS`, `ALS`): binding
+them privately and stopping them without hanging (`UnixGrpcServer` does both), and the base of
+the services served on them (`UnixService`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import stat
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
+
+from pilotfish_common.grpcserver import stop_bounded
+from pilotfish_common.lifecycle import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +92,6 @@ def _restrict(path: Path, mode: int, owner: int | None) -> None:
         os.chown(path, owner, -1)
 
 
-async def stop_bounded(server: grpc.aio.Server, grace: float) -> None:
-    """`server.stop(grace)`, but never longer than `grace` + 5 s: grpc.aio's shutdown has been
-    seen to wait forever on a call that will not finish, and an agent that is stopping must
-    not hang on it."""
-    try:
-        async with asyncio.timeout(grace + 5.0):
-            await server.stop(grace)
-    except TimeoutError:
-        logger.warning("local gRPC server did not stop within %.1fs", grace + 5.0)
-
-
 # Envoy pings the agent every 30 s on its ADS, SDS and ALS connections (the bootstrap's
 # `connection_keepalive`), through streams that are idle for as long as nothing changes. A gRPC
 # server's default ping policy (a ping without data at most every 5 minutes, hang up on the
@@ -155,13 +148,40 @@ class UnixGrpcServer:
     async def close(self, grace: float) -> None:
         if self._server is not None:
             if self._started:
-                await stop_bounded(self._server, grace)
+                await stop_bounded(self._server, grace, "local gRPC server")
             else:  # bound, never served: nothing to drain
                 await self._server.stop(None)
             self._server = None
             self._started = False
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+class UnixService(Lifecycle):
+    """A gRPC service on one of the agent's sockets (xDS proxy, SDS, access logs): `start()`
+    serves `_handler()` on `server`, `close(grace)` stops it and removes the socket. What a
+    subclass adds is its handler and the state its calls share."""
+
+    label: ClassVar[str]  # what the log calls it: "SDS server", …
+
+    def __init__(self, socket_path: Path, server: UnixGrpcServer) -> None:
+        self.socket_path = socket_path
+        self._server = server
+
+    @abstractmethod
+    def _handler(self) -> grpc.GenericRpcHandler:
+        """The service's methods (built once, at `start()`)."""
+
+    async def start(self) -> None:
+        await self._server.start(self._handler())
+        # The subclass's module logger: the line is filed under the service, as it was when
+        # each server logged it itself.
+        logging.getLogger(type(self).__module__).info(
+            "%s listening on %s", self.label, self.socket_path
+        )
+
+    async def close(self, grace: float = 0.5) -> None:
+        await self._server.close(grace)
 
 
 # The agent's three sockets: who may connect and what they carry.

@@ -12,7 +12,6 @@ control/xds/views.py) are handed in from here; none of them holds the control pl
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -46,7 +45,8 @@ from control.xds.cache import ResourceCache, ResourceSet
 from control.xds.options import XdsOptions, grpc_connection_options, grpc_stream_options
 from control.xds.server import XdsServer
 from control.xds.views import StreamViews
-from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.grpcserver import stop_bounded
+from pilotfish_common.lifecycle import Lifecycle, close_each
 from protos import typeurls
 
 # ControlPlaneOptions lives in control/options.py; it is imported from here too.
@@ -210,26 +210,13 @@ class ControlPlane(Lifecycle):
         """Stop in the reverse order of start(): nothing new arrives (HTTP, webhook, pushes,
         streams) before what serves it goes (certificates, CA, config)."""
         self.ready = False
-        await self.debug.close()
-        if self.ui is not None:
-            await self.ui.close()
-        if self.root_cert_publisher is not None:
-            await self.root_cert_publisher.close()
-        await self.injector.close()
-        await self.keeper.close()
-        await self.pipeline.close()
+        await close_each(
+            self.debug, self.ui, self.root_cert_publisher, self.injector, self.keeper, self.pipeline
+        )
         if self._grpc is not None:
-            try:
-                # Bounded: shutdown must not hang on a stream that will not finish.
-                async with asyncio.timeout(grace + 5.0):
-                    await self._grpc.stop(grace)
-            except TimeoutError:
-                logger.warning("gRPC server did not stop within %.1fs", grace + 5.0)
+            await stop_bounded(self._grpc, grace)
             self._grpc = None
-        await self.xds.close()
-        await self.security.close()
-        await self.mesh.close()
-        await self.watcher.close()
+        await close_each(self.xds, self.security, self.mesh, self.watcher)
 
     # --- for tests, benchmarks and pilotfish-ctl -------------------------------------------
 

@@ -1,9 +1,9 @@
-"""`async with` for objects that have `start()` and `close()`."""
+"""`async with` for objects that have `start()` and `close()`, and closing several in order."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Self
+from typing import Protocol, Self
 
 
 class Lifecycle(ABC):
@@ -26,3 +26,15 @@ class Lifecycle(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class Closable(Protocol):
+    async def close(self) -> object: ...
+
+
+async def close_each(*parts: Closable | None) -> None:
+    """`close()` each of `parts` in the order given (an owner's reverse start order), one
+    after the other; None entries (parts that this configuration does not have) are skipped."""
+    for part in parts:
+        if part is not None:
+            await part.close()

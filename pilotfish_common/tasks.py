@@ -1,11 +1,11 @@
-"""Background tasks: stopping them, and the step of a timer loop."""
+"""Background tasks: stopping them, and timer loops."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 
 async def cancel(*tasks: asyncio.Task[Any] | None) -> None:
@@ -41,3 +41,18 @@ async def deadline_passed(
     await wake.wait()
     wake.clear()
     return False
+
+
+async def at_deadlines(
+    wake: asyncio.Event,
+    deadline: Callable[[], float | None],
+    clock: Callable[[], float],
+    act: Callable[[float], Awaitable[object]],
+) -> NoReturn:
+    """A timer loop for a task's life: each time `deadline()` (on `clock`; None: nothing is
+    due) has passed, `await act(now)`. The deadline is asked again after every act and every
+    time `wake` is set, so an owner whose next deadline moves (a new event to debounce, a new
+    entry to expire) sets `wake`; `act` must move it past `now` or the loop spins."""
+    while True:
+        if await deadline_passed(wake, deadline(), clock):
+            await act(clock())

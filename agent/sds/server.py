@@ -27,16 +27,18 @@ from agent.sds.files import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream
-from agent.unixsocket import UnixGrpcServer, sds_socket_server
-from pilotfish_common.lifecycle import Lifecycle
+from agent.unixsocket import UnixGrpcServer, UnixService, sds_socket_server
 from protos import typeurls
+from protos.rawcalls import bytes_in
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 
 
-class SdsServer(Lifecycle):
+class SdsServer(UnixService):
+    label = "SDS server"
+
     def __init__(
         self,
         socket_path: Path,
@@ -49,37 +51,21 @@ class SdsServer(Lifecycle):
         """`owner`: the UID that may connect (Envoy's, when it runs as another user than the
         agent); the socket stays 0600, owned by that user. `server`: the socket, when it
         was bound beforehand (agent/launch.py)."""
-        self.socket_path = socket_path
+        super().__init__(socket_path, server or sds_socket_server(socket_path, owner))
         self._secrets = secrets
         self._fetch_timeout = fetch_timeout
-        self._server = server or sds_socket_server(socket_path, owner)
         self._ids = itertools.count(1)
         self.active = 0  # open StreamSecrets streams
-
-    async def start(self) -> None:
-        await self._server.start(self._handler())
-        logger.info("SDS server listening on %s", self.socket_path)
-
-    async def close(self, grace: float = 0.5) -> None:
-        await self._server.close(grace)
 
     def _handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                # Requests arrive as bytes and are decoded here: one protobuf cannot parse
-                # (nested past its depth limit, say) ends that call with INVALID_ARGUMENT. A
-                # deserializer's DecodeError would escape into gRPC instead (the stream
-                # ended with OK and an unretrieved task exception; a fetch got UNKNOWN).
-                "StreamSecrets": grpc.stream_stream_rpc_method_handler(
-                    self._stream,
-                    request_deserializer=None,
-                    response_serializer=DiscoveryResponse.SerializeToString,
+                "StreamSecrets": bytes_in(
+                    grpc.stream_stream_rpc_method_handler, self._stream, DiscoveryResponse
                 ),
-                "FetchSecrets": grpc.unary_unary_rpc_method_handler(
-                    self._fetch_raw,
-                    request_deserializer=None,
-                    response_serializer=DiscoveryResponse.SerializeToString,
+                "FetchSecrets": bytes_in(
+                    grpc.unary_unary_rpc_method_handler, self._fetch_raw, DiscoveryResponse
                 ),
             },
         )

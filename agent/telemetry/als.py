@@ -21,15 +21,17 @@ from google.protobuf.message import DecodeError
 
 from agent.telemetry.aggregator import MetricsAggregator
 from agent.telemetry.wire import HttpDecoder, stream_entries
-from agent.unixsocket import UnixGrpcServer, als_socket_server
-from pilotfish_common.lifecycle import Lifecycle
+from agent.unixsocket import UnixGrpcServer, UnixService, als_socket_server
+from protos.rawcalls import bytes_in
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.accesslog.v3.AccessLogService"
 
 
-class AccessLogServer(Lifecycle):
+class AccessLogServer(UnixService):
+    label = "access log service"
+
     def __init__(
         self,
         socket_path: Path,
@@ -39,33 +41,22 @@ class AccessLogServer(Lifecycle):
         server: UnixGrpcServer | None = None,
     ) -> None:
         """`server`: the socket, when it was bound beforehand (agent/launch.py)."""
-        self.socket_path = socket_path
+        super().__init__(socket_path, server or als_socket_server(socket_path, owner))
         self.aggregator = aggregator
-        self._server = server or als_socket_server(socket_path, owner)
         # Shared by all streams: the same loggers' label sets recur on every one.
         self._decoder = HttpDecoder(peers=aggregator.peers)
         self.streams = 0
         self.malformed = 0
 
-    async def start(self) -> None:
-        await self._server.start(
-            grpc.method_handlers_generic_handler(
-                SERVICE,
-                {
-                    # Bytes in, decoded here: a DecodeError in a deserializer would escape into
-                    # gRPC instead of ending the stream cleanly.
-                    "StreamAccessLogs": grpc.stream_unary_rpc_method_handler(
-                        self._stream,
-                        request_deserializer=None,
-                        response_serializer=StreamAccessLogsResponse.SerializeToString,
-                    )
-                },
-            )
+    def _handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "StreamAccessLogs": bytes_in(
+                    grpc.stream_unary_rpc_method_handler, self._stream, StreamAccessLogsResponse
+                )
+            },
         )
-        logger.info("access log service listening on %s", self.socket_path)
-
-    async def close(self, grace: float = 0.5) -> None:
-        await self._server.close(grace)
 
     async def _stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

@@ -14,7 +14,6 @@ What a label may say, and where it comes from (protos/telemetry.py has the wire 
 
 from __future__ import annotations
 
-import ipaddress
 from functools import lru_cache
 from operator import itemgetter
 from typing import Final
@@ -29,6 +28,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import (
 )
 
 from agent.telemetry.peers import PeerDirectory
+from pilotfish_common.addresses import is_ip
 from protos import telemetry as t
 
 UNKNOWN: Final = "unknown"
@@ -263,7 +263,7 @@ def _inbound_service(authority: str, namespace: str, domain: str) -> tuple[str, 
     """From the request's authority, completed as a Kubernetes name in this workload's
     namespace (`backend` → `backend.<ns>.svc.<domain>`); unknown for an IP or none."""
     host = _host(authority)
-    if not host or _is_ip(host):
+    if not host or is_ip(host):
         return UNKNOWN, UNKNOWN, UNKNOWN
     domain = domain or "cluster.local"
     labels = host.split(".")
@@ -290,14 +290,6 @@ def _host(authority: str) -> str:
     if host and port.isdigit():
         return host.lower()
     return authority.lower()
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 __all__ = [

@@ -32,7 +32,6 @@ each entry point names a callable `setup(registry)` that calls `registry.registe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -45,6 +44,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
 from agent.xdsproxy.pluginscan import may_declare
+from pilotfish_common.tasks import cancel
 from protos.messages import UnknownMessageType, message_class
 
 logger = logging.getLogger(__name__)
@@ -371,11 +371,8 @@ class _ObserverQueue:
         await self._queue.join()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
 
 def _class_for(type_url: str) -> type[Message]:

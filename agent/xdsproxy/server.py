@@ -10,17 +10,18 @@ from pathlib import Path
 
 import grpc
 
-from agent.unixsocket import UnixGrpcServer, xds_socket_server
+from agent.unixsocket import UnixGrpcServer, UnixService, xds_socket_server
 from agent.xdsproxy.handlers import HandlerRegistry
 from agent.xdsproxy.relay import Relay, RelayStats
 from agent.xdsproxy.upstream import UpstreamChannel
-from pilotfish_common.lifecycle import Lifecycle
 from protos.ads import raw_ads_handler
 
 logger = logging.getLogger(__name__)
 
 
-class DownstreamServer(Lifecycle):
+class DownstreamServer(UnixService):
+    label = "xDS proxy"
+
     def __init__(
         self,
         socket_path: Path,
@@ -30,20 +31,15 @@ class DownstreamServer(Lifecycle):
         server: UnixGrpcServer | None = None,
     ) -> None:
         """`server`: the socket, when it was bound beforehand (agent/launch.py)."""
-        self.socket_path = socket_path
+        super().__init__(socket_path, server or xds_socket_server(socket_path))
         self._upstream = upstream
         self._handlers = handlers
         self._stats = stats
-        self._server = server or xds_socket_server(socket_path)
         self._ids = itertools.count(1)
         self.active = 0
 
-    async def start(self) -> None:
-        await self._server.start(raw_ads_handler(self._sotw, self._delta))
-        logger.info("xDS proxy listening on %s", self.socket_path)
-
-    async def close(self, grace: float = 0.5) -> None:
-        await self._server.close(grace)
+    def _handler(self) -> grpc.GenericRpcHandler:
+        return raw_ads_handler(self._sotw, self._delta)
 
     async def _sotw(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

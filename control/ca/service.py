@@ -21,6 +21,7 @@ from control.ca.signer import ProcessSigner, SignerFailed, SignerUnavailable
 from control.metrics import Metrics
 from pilotfish_common.lifecycle import Lifecycle
 from protos import ca_pb2
+from protos.rawcalls import bytes_in
 
 SERVICE = "istio.v1.auth.IstioCertificateService"
 
@@ -55,17 +56,15 @@ class CertificateService(Lifecycle):
         await self.signer.close()
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        # Requests arrive as bytes and are decoded in `_create_raw`: a request protobuf cannot
-        # parse (nested past its depth limit, say) is then the caller's INVALID_ARGUMENT. With
-        # the generated deserializer its DecodeError escapes into gRPC, which answers UNKNOWN
-        # and logs a traceback for each such call.
+        # Requests arrive as bytes and are decoded in `_create_raw` (see bytes_in: a request
+        # that does not parse is the caller's INVALID_ARGUMENT, not gRPC's UNKNOWN).
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                "CreateCertificate": grpc.unary_unary_rpc_method_handler(
+                "CreateCertificate": bytes_in(
+                    grpc.unary_unary_rpc_method_handler,
                     self._create_raw,
-                    request_deserializer=None,
-                    response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+                    ca_pb2.IstioCertificateResponse,
                 )
             },
         )

@@ -38,6 +38,7 @@ from control.ca.signwire import (
     sign_frame,
 )
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +134,7 @@ class ProcessSigner(Lifecycle):
                     await asyncio.shield(self._supervisor)
             except TimeoutError:
                 logger.warning("CA signing worker did not stop in %.0fs", self._close_timeout)
-                self._supervisor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._supervisor
+                await cancel(self._supervisor)
         if self._proc is not None:
             await _kill(self._proc)
             self._proc = None

@@ -18,22 +18,23 @@ _IANA_SVC_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 def dns1123_label(value: str) -> str | None:
     """Namespaces, port names: lowercase alphanumerics and '-', at most 63 characters."""
-    if len(value) <= 63 and _DNS1123_LABEL.match(value):
-        return None
-    return (
-        "must be a DNS label: at most 63 lowercase letters, digits and '-', "
-        "starting and ending with a letter or digit"
-    )
+    return _label(value, _DNS1123_LABEL, "DNS label", "starting and ending with a letter or digit")
 
 
 def dns1035_label(value: str) -> str | None:
     """Kubernetes Service names: a DNS label that starts with a letter."""
-    if len(value) <= 63 and _DNS1035_LABEL.match(value):
-        return None
-    return (
-        "must be a DNS-1035 label: at most 63 lowercase letters, digits and '-', "
-        "starting with a letter and ending with a letter or digit"
+    return _label(
+        value,
+        _DNS1035_LABEL,
+        "DNS-1035 label",
+        "starting with a letter and ending with a letter or digit",
     )
+
+
+def _label(value: str, pattern: re.Pattern[str], kind: str, ends: str) -> str | None:
+    if len(value) <= 63 and pattern.match(value):
+        return None
+    return f"must be a {kind}: at most 63 lowercase letters, digits and '-', {ends}"
 
 
 def dns1123_subdomain(value: str) -> str | None:

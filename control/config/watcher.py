@@ -12,7 +12,6 @@ is different from the current one. It implements `control.config.source.ConfigSo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -30,6 +29,7 @@ from control.config.objects import FileConfig
 from control.gatewayapi.translate import Translator
 from control.model.types import MeshConfig
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 if TYPE_CHECKING:
     from control.kube.client import KubeClient
@@ -206,10 +206,7 @@ class ConfigWatcher(Lifecycle):
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     @property
     def files(self) -> list[str]:

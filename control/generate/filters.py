@@ -2,12 +2,16 @@
 modes NONE and REDIRECT, proxyless gRPC listeners): their names, the HttpConnectionManager of
 a sidecar with its defaults, the router that ends every HTTP filter chain, the route table of
 a listener with one destination, and the plain TCP proxy. Each listener module adds what only
-it decides (RBAC, TLS, routes by host, fault injection).
+it decides (RBAC, TLS, routes by host, fault injection). `edit_proxies` changes the HTTP and
+TCP proxies of a built listener.
 """
 
 from __future__ import annotations
 
-from envoy.config.listener.v3.listener_components_pb2 import Filter
+from collections.abc import Callable
+
+from envoy.config.listener.v3.listener_components_pb2 import Filter, FilterChain
+from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_components_pb2 import (
     NonForwardingAction,
     Route,
@@ -76,3 +80,29 @@ def tcp_proxy(cluster: str) -> Filter:
     return Filter(
         name=TCP_PROXY_FILTER, typed_config=pack(TcpProxy(stat_prefix=cluster, cluster=cluster))
     )
+
+
+def edit_proxies(
+    listener: Listener,
+    hcm: Callable[[HttpConnectionManager], object] | None = None,
+    tcp: Callable[[TcpProxy], object] | None = None,
+) -> None:
+    """Apply `hcm` to every HttpConnectionManager and `tcp` to every TCP proxy of `listener`
+    (None: leave those as they are), in each filter chain and the default one, in place:
+    each config is unpacked, edited and packed again. For what is added to listeners after
+    they are built (telemetry), whatever the listener module that built them."""
+    chains: list[FilterChain] = list(listener.filter_chains)
+    if listener.HasField("default_filter_chain"):
+        chains.append(listener.default_filter_chain)
+    for chain in chains:
+        for f in chain.filters:
+            if f.name == HCM_FILTER and hcm is not None:
+                manager = HttpConnectionManager()
+                f.typed_config.Unpack(manager)
+                hcm(manager)
+                f.typed_config.CopyFrom(pack(manager))
+            elif f.name == TCP_PROXY_FILTER and tcp is not None:
+                proxy = TcpProxy()
+                f.typed_config.Unpack(proxy)
+                tcp(proxy)
+                f.typed_config.CopyFrom(pack(proxy))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envoy.config.listener.v3.listener_components_pb2 import FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
@@ -18,14 +17,13 @@ from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
 
 from control.generate.access_logs import access_logs
 from control.generate.context import GenContext
-from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
+from control.generate.filters import edit_proxies
 from control.generate.tracing import (
     hcm_tracing,
     istio_tags,
     request_id_extension,
     service_name,
 )
-from control.generate.wire import pack
 from control.model.proxy import Proxy
 from control.model.telemetry import SideTelemetry, WorkloadMode
 
@@ -65,23 +63,16 @@ def with_telemetry(listener: Listener, telemetry: ListenerTelemetry) -> Listener
     hcm_trace = (
         hcm_tracing(tracing, telemetry.service, telemetry.tags) if tracing is not None else None
     )
-    chains: list[FilterChain] = list(listener.filter_chains)
-    if listener.HasField("default_filter_chain"):
-        chains.append(listener.default_filter_chain)
-    for chain in chains:
-        for f in chain.filters:
-            if f.name == HCM_FILTER:
-                hcm = HttpConnectionManager()
-                f.typed_config.Unpack(hcm)
-                hcm.access_log.extend(logs)
-                if hcm_trace is not None:
-                    hcm.tracing.CopyFrom(hcm_trace)
-                if tracing is not None and not tracing.use_request_id:
-                    hcm.request_id_extension.typed_config.CopyFrom(request_id_extension(False))
-                f.typed_config.CopyFrom(pack(hcm))
-            elif f.name == TCP_PROXY_FILTER and tcp_logs:
-                tcp = TcpProxy()
-                f.typed_config.Unpack(tcp)
-                tcp.access_log.extend(tcp_logs)
-                f.typed_config.CopyFrom(pack(tcp))
+
+    def on_hcm(hcm: HttpConnectionManager) -> None:
+        hcm.access_log.extend(logs)
+        if hcm_trace is not None:
+            hcm.tracing.CopyFrom(hcm_trace)
+        if tracing is not None and not tracing.use_request_id:
+            hcm.request_id_extension.typed_config.CopyFrom(request_id_extension(False))
+
+    def on_tcp(tcp: TcpProxy) -> None:
+        tcp.access_log.extend(tcp_logs)
+
+    edit_proxies(listener, on_hcm, on_tcp if tcp_logs else None)
     return listener

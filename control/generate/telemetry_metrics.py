@@ -37,7 +37,6 @@ from envoy.config.core.v3.base_pb2 import (
 from envoy.config.core.v3.config_source_pb2 import ApiVersion
 from envoy.config.core.v3.grpc_service_pb2 import GrpcService
 from envoy.config.core.v3.substitution_format_string_pb2 import SubstitutionFormatString
-from envoy.config.listener.v3.listener_components_pb2 import FilterChain
 from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.extensions.access_loggers.file.v3.file_pb2 import FileAccessLog
 from envoy.extensions.access_loggers.grpc.v3.als_pb2 import (
@@ -63,7 +62,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate.access_logs import FILE_LOGGER, HTTP_GRPC_LOGGER, TCP_GRPC_LOGGER
 from control.generate.context import GenContext
-from control.generate.filters import HCM_FILTER, TCP_PROXY_FILTER
+from control.generate.filters import edit_proxies
 from control.generate.wire import pack
 from control.model.proxy import Proxy
 from control.model.telemetry import NO_METRIC_OVERRIDES, SideMetrics, WorkloadMode
@@ -185,21 +184,11 @@ def instrument_listener(listener: Listener, telemetry: WorkloadTelemetry | None)
         return listener
     inbound = listener.traffic_direction == TrafficDirection.INBOUND
     reporter = t.REPORTER_DESTINATION if inbound else t.REPORTER_SOURCE
-    chains: list[FilterChain] = list(listener.filter_chains)
-    if listener.HasField("default_filter_chain"):
-        chains.append(listener.default_filter_chain)
-    for chain in chains:
-        for f in chain.filters:
-            if f.name == HCM_FILTER:
-                hcm = HttpConnectionManager()
-                f.typed_config.Unpack(hcm)
-                _instrument_hcm(hcm, telemetry, reporter)
-                f.typed_config.CopyFrom(pack(hcm))
-            elif f.name == TCP_PROXY_FILTER:
-                proxy = TcpProxy()
-                f.typed_config.Unpack(proxy)
-                _instrument_tcp(proxy, telemetry, reporter)
-                f.typed_config.CopyFrom(pack(proxy))
+    edit_proxies(
+        listener,
+        lambda hcm: _instrument_hcm(hcm, telemetry, reporter),
+        lambda proxy: _instrument_tcp(proxy, telemetry, reporter),
+    )
     return listener
 
 

@@ -21,7 +21,7 @@ from control.model.types import MeshConfig, Workload
 from control.registry.autoregister import WorkloadRegistry
 from control.registry.peers import ConnectedPeers
 from pilotfish_common.lifecycle import Lifecycle
-from pilotfish_common.tasks import deadline_passed
+from pilotfish_common.tasks import at_deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +127,13 @@ class WorkloadKeeper(Lifecycle):
             handler()
 
     async def _expire(self) -> None:
-        while True:
-            deadline = self.registry.next_expiry()
-            if not await deadline_passed(self._expiry_wake, deadline, self._clock):
-                continue
-            removed = self.registry.expire(self._clock())
-            if removed:
-                logger.info("workloads removed after grace: %s", [w.address for w in removed])
-                self._changed()
+        await at_deadlines(self._expiry_wake, self.registry.next_expiry, self._clock, self._expired)
+
+    async def _expired(self, now: float) -> None:
+        removed = self.registry.expire(now)
+        if removed:
+            logger.info("workloads removed after grace: %s", [w.address for w in removed])
+            self._changed()
 
     async def _restore(self) -> None:
         path = self._path

@@ -22,7 +22,7 @@ its mTLS share is always the server's (a caller reports `connection_security_pol
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from control.ui.quantile import histogram_quantiles
 from control.ui.samples import FlowCounters, LabelSet, Snapshot
@@ -40,13 +40,7 @@ class Node:
     app: str = ""
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "namespace": self.namespace,
-            "name": self.name,
-            "app": self.app,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

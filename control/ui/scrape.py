@@ -12,7 +12,6 @@ the graph starts them again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from control.ui.history import SnapshotHistory
 from control.ui.promtext import PromTextError, parse_samples
 from control.ui.samples import FlowCounters, LabelSet, Snapshot, TargetSamples, aggregate
 from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +88,8 @@ class AgentScraper(Lifecycle):
         self._task = asyncio.create_task(self._run(), name="ui-scraper")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -25,7 +25,7 @@ from control.webhook.review import NamespaceLabels
 from control.webhook.server import WebhookServer
 from control.webhook.template import DEFAULT_TEMPLATE, load_template
 from control.webhook.values import InjectionValues
-from pilotfish_common.lifecycle import Lifecycle
+from pilotfish_common.lifecycle import Lifecycle, close_each
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,7 @@ class Injector(Lifecycle):
             await self.ca_bundle_patcher.start()
 
     async def close(self) -> None:
-        if self.ca_bundle_patcher is not None:
-            await self.ca_bundle_patcher.close()
-        if self.server is not None:
-            await self.server.close()
+        await close_each(self.ca_bundle_patcher, self.server)
 
     def _count(self, result: str) -> None:
         m = self.metrics

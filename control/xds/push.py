@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pilotfish_common.lifecycle import Lifecycle
-from pilotfish_common.tasks import deadline_passed
+from pilotfish_common.tasks import at_deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -94,16 +94,15 @@ class PushLoop(Lifecycle):
             self._task = None
 
     async def _run(self) -> None:
-        while True:
-            deadline = self._debouncer.deadline()
-            if not await deadline_passed(self._wake, deadline, self._clock):
-                continue
-            flushed = self._debouncer.flush(self._clock())
-            if flushed is None:
-                continue
-            count, reasons, waited = flushed
-            logger.debug("push after %d events (%.3fs): %s", count, waited, sorted(reasons))
-            try:
-                await self._on_push(reasons, waited)
-            except Exception:
-                logger.exception("push failed")
+        await at_deadlines(self._wake, self._debouncer.deadline, self._clock, self._flush)
+
+    async def _flush(self, now: float) -> None:
+        flushed = self._debouncer.flush(now)
+        if flushed is None:
+            return
+        count, reasons, waited = flushed
+        logger.debug("push after %d events (%.3fs): %s", count, waited, sorted(reasons))
+        try:
+            await self._on_push(reasons, waited)
+        except Exception:
+            logger.exception("push failed")
