@@ -25,6 +25,7 @@ from control.ca.serving import ServingCertificates
 from control.config.source import ConfigSource
 from control.debug import DebugServer
 from control.debugaccess import debug_middleware, debug_policy
+from control.gcsettings import YoungThreshold
 from control.inputs import config_source, mesh_source
 from control.kube.rootcert import RootCertPublisher
 from control.metrics import Metrics
@@ -157,6 +158,7 @@ class ControlPlane(Lifecycle):
             mesh=self.mesh.status,
             routes=(self.ui.add_to,) if self.ui is not None else (),
         )
+        self._gc = YoungThreshold(options.gc_young_threshold)
         self._grpc: grpc.aio.Server | None = None
         self.root_cert_publisher: RootCertPublisher | None = None
         self.xds_port = 0
@@ -168,6 +170,8 @@ class ControlPlane(Lifecycle):
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Before the first config is read: loading and indexing it allocate as pushes do.
+        self._gc.apply()
         await self.watcher.start()  # raises ConfigError on a bad file at startup
         await self.mesh.start()  # the same for --mesh-config
         # Restored workloads are in the first snapshot: no gap in EDS across a restart.
@@ -217,6 +221,7 @@ class ControlPlane(Lifecycle):
             await stop_bounded(self._grpc, grace)
             self._grpc = None
         await close_each(self.xds, self.security, self.mesh, self.watcher)
+        self._gc.restore()
 
     # --- for tests, benchmarks and pilotfish-ctl -------------------------------------------
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from control.ca.authority import SERVING_VALIDITY
 from control.debugaccess import DebugAllow
+from control.gcsettings import DEFAULT_YOUNG_THRESHOLD
 from control.kube.rootcert import DEFAULT_EXCLUDED
 from control.model.meshconfig import MeshOverrides
 from control.security import SecurityOptions
@@ -80,6 +81,11 @@ class ControlPlaneOptions:
     ui: bool = True
     prometheus_url: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
+    # The garbage collector's generation-0 threshold while the control plane runs
+    # (control/gcsettings.py: pushes allocate in bursts that die by reference count, and the
+    # interpreter's 700 had the collector walk them every few streams). None: the
+    # interpreter's own setting is left alone.
+    gc_young_threshold: int | None = DEFAULT_YOUNG_THRESHOLD
     # Istio MeshConfig YAML ("" = none; Kubernetes mode also reads the ConfigMap `istio`).
     mesh_config: str = ""
     # Which options were given as flags and so win over the mesh config (names of the

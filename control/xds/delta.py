@@ -28,6 +28,7 @@ from control.xds.state import (
     StreamRules,
     SyncStatus,
     ordered,
+    shared_outcome,
     sync_status,
 )
 from protos import typeurls
@@ -47,21 +48,6 @@ class DeltaResponse:
     selection: Selection | None = None
     # Set when the response is a change shared with other streams: so is its encoding.
     change: DeltaChange | None = None
-
-
-# The outcomes without an error message, by (type, kind, must_respond): one object each
-# instead of one per request (frozen, so shared safely). Bounded: clients name the types.
-_outcomes: dict[tuple[str, RequestKind, bool], RequestOutcome] = {}
-
-
-def _outcome(type_url: str, kind: RequestKind, must_respond: bool) -> RequestOutcome:
-    key = (type_url, kind, must_respond)
-    found = _outcomes.get(key)
-    if found is None:
-        found = RequestOutcome(type_url, kind, must_respond)
-        if len(_outcomes) < 256:
-            _outcomes[key] = found
-    return found
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,7 +177,7 @@ class DeltaStream(StreamRules[_TypeState]):
             added.add(WILDCARD)  # newly subscribed to everything: answer it (rule 4)
 
         if first:
-            return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
+            return shared_outcome(type_url, RequestKind.INITIAL, True)
         return self._answered(st, req, bool(added))
 
     def _answered(
@@ -201,14 +187,14 @@ class DeltaStream(StreamRules[_TypeState]):
         type_url = st.type_url
         nonce = req.response_nonce
         if not nonce:
-            return _outcome(type_url, RequestKind.UPDATE, must_respond)
+            return shared_outcome(type_url, RequestKind.UPDATE, must_respond)
         # Ours, not the client's copy: that would be one more string per stream, where ours
         # is shared (see CountStrings).
         outstanding = st.outstanding
         ours = next((n for n in outstanding if n == nonce), None)
         if ours is None:
             # Stale or unknown nonce: only the subscription change counts.
-            return _outcome(type_url, RequestKind.STALE, must_respond)
+            return shared_outcome(type_url, RequestKind.STALE, must_respond)
         nonce = ours
         # Usually the only one outstanding.
         st.outstanding = (
@@ -226,7 +212,7 @@ class DeltaStream(StreamRules[_TypeState]):
         if nonce == st.sent_nonce:
             st.nack_message = ""
             st.nacked_nonce = ""
-        return _outcome(type_url, RequestKind.ACK, must_respond)
+        return shared_outcome(type_url, RequestKind.ACK, must_respond)
 
     def respond(
         self,

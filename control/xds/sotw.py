@@ -31,6 +31,7 @@ from control.xds.state import (
     StreamRules,
     SyncStatus,
     ordered,
+    shared_outcome,
     sync_status,
 )
 from protos import typeurls, wire
@@ -156,10 +157,10 @@ class SotwStream(StreamRules[_TypeState]):
             if req.error_detail.message or req.error_detail.code:
                 # A NACK as the very first request (the client restarted mid-NACK): record it.
                 st.nack_message = req.error_detail.message
-            return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
+            return shared_outcome(type_url, RequestKind.INITIAL, True)
 
         if nonce and nonce != st.sent_nonce:
-            return RequestOutcome(type_url, RequestKind.STALE, must_respond=False)
+            return shared_outcome(type_url, RequestKind.STALE, False)
         if not nonce:
             # The client (re)starts this subscription, e.g. after it lost the stream's state:
             # answer with what it asks for whatever we believe it has.
@@ -168,7 +169,7 @@ class SotwStream(StreamRules[_TypeState]):
             # spec); a later empty list unsubscribes from everything.
             st.legacy_wildcard = st.legacy_wildcard and not names
             st.sent = None
-            return RequestOutcome(type_url, RequestKind.INITIAL, must_respond=True)
+            return shared_outcome(type_url, RequestKind.INITIAL, True)
 
         added = names - st.names
         st.names, st.raw_names, st.names_wire = names, raw_names, names_wire
@@ -188,7 +189,8 @@ class SotwStream(StreamRules[_TypeState]):
         st.acked_nonce = st.sent_nonce  # equal to the request's, and shared (see _emit)
         st.nack_message = ""
         st.nacked_nonce = ""
-        return RequestOutcome(type_url, RequestKind.ACK, must_respond=bool(added))
+        # Shared, not built per ACK: a push to a thousand streams brings a thousand of them.
+        return shared_outcome(type_url, RequestKind.ACK, bool(added))
 
     # --- responses -------------------------------------------------------------------------
 

@@ -40,6 +40,25 @@ class RequestOutcome:
     error_message: str = ""
 
 
+# The outcomes without an error message, by (type, kind, must_respond): one object each
+# instead of one per request (frozen, so shared safely). Every ACK of every stream needs
+# one, and a push to a thousand streams brings a thousand ACKs. Bounded: clients name the
+# types, so past the bound an outcome is built for the request as before.
+_outcomes: dict[tuple[str, RequestKind, bool], RequestOutcome] = {}
+
+
+def shared_outcome(type_url: str, kind: RequestKind, must_respond: bool) -> RequestOutcome:
+    """The outcome of a request that carries no error message, shared by every request that
+    comes to the same (SotW and delta alike: the stream kind is not part of an outcome)."""
+    key = (type_url, kind, must_respond)
+    found = _outcomes.get(key)
+    if found is None:
+        found = RequestOutcome(type_url, kind, must_respond)
+        if len(_outcomes) < 256:
+            _outcomes[key] = found
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class TypeStatus:
     """One row of syncz for one type on one stream."""

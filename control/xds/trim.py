@@ -8,11 +8,17 @@ resident, after the storm (1-4 KB per stream at 5,000 proxies). After pushes to 
 already there it is not worth it: the next push's copies reuse that room, and trimming it
 would only have the pages faulted in again (and hold glibc's arena locks while gRPC threads
 wait).
+
+Before trimming it collects the two young generations: with the young threshold raised
+(control/gcsettings.py) up to that many young objects caught in reference cycles may still
+wait for a collection when the storm ends, and the memory they hold could not be given back
+with the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 
 
@@ -67,6 +73,10 @@ class HeapTrimmer:
 
     async def _run(self, trim: Callable[[], object]) -> None:
         try:
+            # On the event loop, not in the trim's thread: finalizers of what it frees
+            # (asyncio's futures and tasks among them) may touch the loop. Young generations
+            # only: a full collection walks every object the control plane holds.
+            gc.collect(1)
             await asyncio.to_thread(trim)  # it walks every heap: not on the event loop
             self.trims += 1
         finally:

@@ -99,6 +99,30 @@ def test_an_unchanged_sotw_ack_makes_no_strings_of_its_names() -> None:
     assert grown < 4_000, grown
 
 
+def test_unchanged_sotw_acks_share_one_outcome() -> None:
+    # A thousand streams ACK each push: one outcome object for all of them, not one each.
+    outcomes = []
+    for _ in range(3):
+        s, nonce = _stream_holding_endpoints()
+        raw = _raw(version_info="v", resource_names=NAMES, type_url=EDS, response_nonce=nonce)
+        outcomes.append(s.receive(_decoded(raw), raw))
+    assert all(o is outcomes[0] for o in outcomes)
+    assert outcomes[0].kind is RequestKind.ACK and not outcomes[0].must_respond
+    # The same outcome a delta ACK gets: the stream kind is not part of it.
+    d = DeltaStream("d")
+    d.receive(DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=NAMES[:3]))
+    (first,) = d.push({EDS: ResourceSet(())})
+    ack = DeltaDiscoveryRequest(type_url=EDS, response_nonce=first.nonce)
+    assert d.receive(ack) is outcomes[0]
+    # One with an error message is the request's own.
+    s, nonce = _stream_holding_endpoints()
+    nack = _raw(
+        resource_names=NAMES, type_url=EDS, response_nonce=nonce, error_detail=Status(message="x")
+    )
+    got = s.receive(_decoded(nack), nack)
+    assert got.kind is RequestKind.NACK and got.error_message == "x"
+
+
 def test_a_changed_sotw_subscription_is_still_seen() -> None:
     s, nonce = _stream_holding_endpoints()
     raw = _raw(resource_names=[*NAMES, "new"], type_url=EDS, response_nonce=nonce)
