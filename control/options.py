@@ -82,8 +82,8 @@ class ControlPlaneOptions:
     prometheus_url: str = ""
     xds: XdsOptions = field(default_factory=XdsOptions)
     # The garbage collector's generation-0 threshold while the control plane runs
-    # (control/gcsettings.py: pushes allocate in bursts that die by reference count, and the
-    # interpreter's 700 had the collector walk them every few streams). None: the
+    # (control/gcsettings.py: a push allocates a burst per stream, and with the
+    # interpreter's 700 the collector ran a few times in every push). None: the
     # interpreter's own setting is left alone.
     gc_young_threshold: int | None = DEFAULT_YOUNG_THRESHOLD
     # Istio MeshConfig YAML ("" = none; Kubernetes mode also reads the ConfigMap `istio`).
