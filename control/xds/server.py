@@ -260,7 +260,7 @@ class XdsServer:
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
             while (raw := await context.read()) is not grpc.aio.EOF:
-                self._handle_request(conn, decode_request(raw, conn.delta), raw)
+                self._read(conn, raw)
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
                     self._schedule(conn)
@@ -289,7 +289,22 @@ class XdsServer:
                 self._metrics.stream_errors.labels(conn.error.kind).inc()
             await end_stream(context, conn.error)
 
-    def _handle_request(self, conn: Connection, req: Any, raw: bytes | None = None) -> None:
+    def _read(self, conn: Connection, raw: bytes) -> None:
+        """Decode and handle a request that follows the stream's first."""
+        state = conn.state
+        if isinstance(state, SotwStream):
+            # Most requests after the first are ACKs naming what the one before named:
+            # decoded without the names (SotwStream.decode_unchanged). A guarded type is
+            # decoded whole: its guard judges the names themselves.
+            slim = state.decode_unchanged(raw)
+            if slim is not None and slim.type_url not in self._guards:
+                self._handle_request(conn, slim, raw, same_names=True)
+                return
+        self._handle_request(conn, decode_request(raw, conn.delta), raw)
+
+    def _handle_request(
+        self, conn: Connection, req: Any, raw: bytes | None = None, same_names: bool = False
+    ) -> None:
         if not req.type_url:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
         if req.type_url == typeurls.HEALTH:
@@ -306,7 +321,13 @@ class XdsServer:
                 # This stream only: the proxy's other streams (its Envoy's ADS) go on.
                 logger.info("stream %s refused: %s", conn.id, refused.message)
                 raise StreamError(refused.code, refused.message, kind="refused") from None
-        outcome: RequestOutcome = conn.state.receive(req, raw)
+        state = conn.state
+        outcome: RequestOutcome
+        if same_names:  # req has no names: see _read
+            assert isinstance(state, SotwStream)
+            outcome = state.receive(req, raw, same_names=True)
+        else:
+            outcome = state.receive(req, raw)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
             if self._admission.unsettled(conn.id) and conn.state.in_sync():
