@@ -507,15 +507,19 @@ class XdsServer:
                 self._syncz_filter,
             )
         frames: list[tuple[str, bytes]] = []
-        answered: set[str] = set()
         if push:
-            for resp in state.push({t: sets[t] for t in pushed}):
+            # Without forced types the sets are the pushed ones (a set for every type asked,
+            # ResourceSource): no copy of them per stream on the push's hot path.
+            exact = not forced and len(sets) == len(pushed)
+            for resp in state.push(sets if exact else {t: sets[t] for t in pushed}):
                 frames.append((resp.type_url, encode_response(resp, self._control_plane)))
                 if conn.push_nonces is None:
                     conn.push_nonces = {}
                 # From the oldest push this response carries (see Connection.push_since).
                 conn.push_nonces[resp.type_url] = (resp.nonce, conn.push_since)
-                answered.add(resp.type_url)
+        if not forced:  # the push's common case: nothing else to answer
+            return frames
+        answered = {type_url for type_url, _ in frames}
         for type_url in sorted(forced - answered):
             answer = state.respond(type_url, sets.get(type_url, ResourceSet(())), force=True)
             if answer is not None:
