@@ -13,12 +13,12 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from control.config.source import ConfigSource, MeshConfigSource
-from control.generate import generators_for
+from control.generate import BY_VISIBILITY, Generator, generators_for
 from control.generate.conflicts import Conflict
 from control.generate.context import GenContext, next_context
 from control.metrics import (
@@ -34,6 +34,7 @@ from control.model.meshconfig import MeshSettings
 from control.model.peer import ConnectedPeer
 from control.model.proxy import Proxy
 from control.model.types import MeshConfig, Workload
+from control.model.visibility_index import visibility_class
 from control.xds.cache import EMPTY, ResourceCache, ResourceSet
 from control.xds.push import PushLoop
 from pilotfish_common.lifecycle import Lifecycle
@@ -142,6 +143,10 @@ class CurrentPush:
             cache,
         )
         self._started = time.monotonic()
+        # This push's sets of the BY_VISIBILITY generators, by (generator, visibility class):
+        # one per class, not a walk of the generator's lookups per stream. Emptied whenever
+        # the generator context changes (advance), so a set never outlives its push.
+        self._by_class: dict[tuple[Generator, Hashable], ResourceSet] = {}
         # Istio's conflict gauges: what generating the current push has met so far.
         for kind, name in _CONFLICT_GAUGES.items():
             metrics.conflicts[name].set_function(functools.partial(self._conflicts, kind))
@@ -185,6 +190,7 @@ class CurrentPush:
             mesh=self._mesh,
         )
         self._ctx = next_context(self._ctx, index, peers)
+        self._by_class = {}
         return previous
 
     # --- ResourceSource (for the xDS server) -----------------------------------------------
@@ -194,9 +200,19 @@ class CurrentPush:
         before = self.cache.serializations
         out: dict[str, ResourceSet] = {}
         generators = generators_for(proxy)
+        by_class = self._by_class
         for t in type_urls:
             gen = generators.get(t)
-            out[t] = gen(ctx, proxy) if gen is not None else EMPTY
+            if gen is None:
+                out[t] = EMPTY
+            elif gen in BY_VISIBILITY:
+                key = (gen, visibility_class(proxy))
+                found = by_class.get(key)
+                if found is None:
+                    found = by_class[key] = gen(ctx, proxy)
+                out[t] = found
+            else:
+                out[t] = gen(ctx, proxy)
         made = self.cache.serializations - before
         if made:
             self._metrics.serializations.inc(made)

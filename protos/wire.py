@@ -209,11 +209,42 @@ def request_names_match(raw: bytes, names: bytes) -> bool:
     return _first_name(raw, at + len(names), end) == end
 
 
+def first_request_name(raw: bytes) -> int:
+    """Where the first ``resource_names`` field of the serialized DiscoveryRequest `raw`
+    starts: ``len(raw)`` when it has none, -1 when `raw` is not whole fields."""
+    return _first_name(raw, 0, len(raw))
+
+
+def without_request_names(raw: bytes, at: int, names: bytes) -> bytes | None:
+    """`raw` with the resource names `names` (non-empty, from ``request_names``) cut out,
+    when they are exactly its names and start at `at` (``first_request_name``); else None.
+
+    What is left decodes as the request without its names, and decoding that is a fraction
+    of decoding the whole: every name would become a string (an EDS ACK names every cluster
+    the proxy uses)."""
+    if at < 0 or not names or not raw.startswith(names, at):
+        return None
+    after = at + len(names)
+    end = len(raw)
+    if _first_name(raw, after, end) != end:
+        return None
+    return raw[:at] + raw[after:]
+
+
 def _first_name(raw: bytes, i: int, end: int) -> int:
     """Where the first DiscoveryRequest.resource_names field of raw[i:end] starts: `end` when
     it is whole fields without one, -1 when it is not whole fields."""
     try:
         while i < end:
+            key = raw[i]
+            if key == _NAMES_KEY:
+                return i
+            # A one-byte key of a length-delimited field shorter than 128 bytes (every field
+            # of an ACK but the names and the node): skipped without the general varint
+            # reader, which costs a call per varint, and an ACK is scanned on each push.
+            if key < 0x80 and key & 7 == _LEN and i + 1 < end and raw[i + 1] < 0x80:
+                i += 2 + raw[i + 1]
+                continue
             start = i
             key, i = _read_varint(raw, i)
             if key >> 3 == DREQ_RESOURCE_NAMES:
@@ -222,6 +253,10 @@ def _first_name(raw: bytes, i: int, end: int) -> int:
     except ValueError:
         return -1
     return end if i == end else -1
+
+
+# The one-byte key of DiscoveryRequest.resource_names (field 3, length-delimited).
+_NAMES_KEY: Final = (DREQ_RESOURCE_NAMES << 3) | _LEN
 
 
 def scan_strings(data: bytes, wanted: frozenset[int]) -> dict[int, str]:

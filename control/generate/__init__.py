@@ -91,6 +91,14 @@ ROUTER_GENERATORS: Final[dict[str, Generator]] = {
 }
 
 
+# Generators whose answer depends on the proxy only through its visibility class
+# (control/model/visibility_index.py): EDS is the outbound plan's assignments, and the plan
+# is keyed by the visible services and the traffic scope alone. Every proxy of a class gets
+# the same set object anyway (the per-push memo); naming them here lets the push ask once per
+# class instead of walking the plan lookups for each of a thousand streams.
+BY_VISIBILITY: Final[frozenset[Generator]] = frozenset((endpoints.generate,))
+
+
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
     """The generator table that speaks the proxy's dialect."""
     if proxy.is_grpc:
@@ -98,4 +106,11 @@ def generators_for(proxy: Proxy) -> dict[str, Generator]:
     return ROUTER_GENERATORS if proxy.is_router else GENERATORS
 
 
-__all__ = ["GENERATORS", "GRPC_GENERATORS", "ROUTER_GENERATORS", "Generator", "generators_for"]
+__all__ = [
+    "BY_VISIBILITY",
+    "GENERATORS",
+    "GRPC_GENERATORS",
+    "ROUTER_GENERATORS",
+    "Generator",
+    "generators_for",
+]

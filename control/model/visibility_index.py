@@ -89,7 +89,7 @@ class VisibilityIndex:
 
     def visible_services(self, proxy: Proxy) -> tuple[Service, ...]:
         """Services a proxy may reach: all of them, or what its Sidecar's egress hosts allow."""
-        of_proxy = (proxy.type, proxy.namespace, proxy.labels)
+        of_proxy = visibility_class(proxy)
         found = self._visible_for.get(of_proxy)
         if found is not None:
             return found
@@ -113,6 +113,12 @@ class VisibilityIndex:
             result = tuple(s for s in self._services if _host_allowed(s, hosts, proxy.namespace))
         self._visible[key] = result
         return result
+
+
+def visibility_class(proxy: Proxy) -> tuple[str, str, Labels]:
+    """What of a proxy picks its Sidecar and so its visible services: proxies alike in these
+    see the same services (and, the namespace being part of it, share a traffic scope)."""
+    return (proxy.type, proxy.namespace, proxy.labels)
 
 
 def _host_allowed(service: Service, hosts: list[str], proxy_namespace: str) -> bool:

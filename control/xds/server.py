@@ -260,7 +260,7 @@ class XdsServer:
             del first, first_raw  # the first request would otherwise live as long as the stream
             self._schedule(conn)
             while (raw := await context.read()) is not grpc.aio.EOF:
-                self._handle_request(conn, decode_request(raw, conn.delta), raw)
+                self._read(conn, raw)
                 del raw  # do not hold the last request's bytes while waiting for the next
                 if conn.respond_types:
                     self._schedule(conn)
@@ -289,7 +289,22 @@ class XdsServer:
                 self._metrics.stream_errors.labels(conn.error.kind).inc()
             await end_stream(context, conn.error)
 
-    def _handle_request(self, conn: Connection, req: Any, raw: bytes | None = None) -> None:
+    def _read(self, conn: Connection, raw: bytes) -> None:
+        """Decode and handle a request that follows the stream's first."""
+        state = conn.state
+        if isinstance(state, SotwStream):
+            # Most requests after the first are ACKs naming what the one before named:
+            # decoded without the names (SotwStream.decode_unchanged). A guarded type is
+            # decoded whole: its guard judges the names themselves.
+            slim = state.decode_unchanged(raw)
+            if slim is not None and slim.type_url not in self._guards:
+                self._handle_request(conn, slim, raw, same_names=True)
+                return
+        self._handle_request(conn, decode_request(raw, conn.delta), raw)
+
+    def _handle_request(
+        self, conn: Connection, req: Any, raw: bytes | None = None, same_names: bool = False
+    ) -> None:
         if not req.type_url:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "request without type_url")
         if req.type_url == typeurls.HEALTH:
@@ -306,7 +321,13 @@ class XdsServer:
                 # This stream only: the proxy's other streams (its Envoy's ADS) go on.
                 logger.info("stream %s refused: %s", conn.id, refused.message)
                 raise StreamError(refused.code, refused.message, kind="refused") from None
-        outcome: RequestOutcome = conn.state.receive(req, raw)
+        state = conn.state
+        outcome: RequestOutcome
+        if same_names:  # req has no names: see _read
+            assert isinstance(state, SotwStream)
+            outcome = state.receive(req, raw, same_names=True)
+        else:
+            outcome = state.receive(req, raw)
         if outcome.kind is RequestKind.ACK:
             self.acks += 1
             if self._admission.unsettled(conn.id) and conn.state.in_sync():
@@ -486,15 +507,19 @@ class XdsServer:
                 self._syncz_filter,
             )
         frames: list[tuple[str, bytes]] = []
-        answered: set[str] = set()
         if push:
-            for resp in state.push({t: sets[t] for t in pushed}):
+            # Without forced types the sets are the pushed ones (a set for every type asked,
+            # ResourceSource): no copy of them per stream on the push's hot path.
+            exact = not forced and len(sets) == len(pushed)
+            for resp in state.push(sets if exact else {t: sets[t] for t in pushed}):
                 frames.append((resp.type_url, encode_response(resp, self._control_plane)))
                 if conn.push_nonces is None:
                     conn.push_nonces = {}
                 # From the oldest push this response carries (see Connection.push_since).
                 conn.push_nonces[resp.type_url] = (resp.nonce, conn.push_since)
-                answered.add(resp.type_url)
+        if not forced:  # the push's common case: nothing else to answer
+            return frames
+        answered = {type_url for type_url, _ in frames}
         for type_url in sorted(forced - answered):
             answer = state.respond(type_url, sets.get(type_url, ResourceSet(())), force=True)
             if answer is not None:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
+from google.protobuf.message import DecodeError
 
 from control.xds.cache import Resource, ResourceSet, View
 from control.xds.state import (
@@ -118,19 +119,52 @@ class SotwStream(StreamRules[_TypeState]):
 
     # --- requests --------------------------------------------------------------------------
 
-    def receive(self, req: DiscoveryRequest, raw: bytes | None = None) -> RequestOutcome:
+    def decode_unchanged(self, raw: bytes) -> DiscoveryRequest | None:
+        """The request `raw` decoded without its resource names, when its bytes show that
+        they are the names the last request of its type named; then pass it on as
+        `receive(req, raw, same_names=True)`. None: decode it whole (the names changed, or
+        cannot be told from the bytes). Decoding makes a string of every name, and an EDS
+        ACK names every cluster the proxy uses: for an unchanged list that was most of the
+        cost of the ACK, and a push brings one ACK per stream."""
+        at = -2  # not looked for yet: only a stream with a named subscription needs it
+        for st in self._types.values():
+            names = st.names_wire
+            if not names:  # no names (a wildcard), or not comparable on the bytes
+                continue
+            if at == -2:
+                at = wire.first_request_name(raw)
+            rest = wire.without_request_names(raw, at, names)
+            if rest is None:
+                continue
+            try:
+                req = DiscoveryRequest.FromString(rest)
+            except DecodeError:
+                return None  # decoded whole, the error is reported as for any request
+            # Another type's names (two types subscribed to the same list): decoded whole.
+            return req if req.type_url == st.type_url else None
+        return None
+
+    def receive(
+        self, req: DiscoveryRequest, raw: bytes | None = None, *, same_names: bool = False
+    ) -> RequestOutcome:
         """Classify a request and update the subscription it carries. `raw`: the request as
-        it came (optional), to tell an unchanged list of names from its bytes."""
+        it came (optional), to tell an unchanged list of names from its bytes. `same_names`:
+        `req` came from `decode_unchanged`, without its names, which are the type's last."""
         self.requests += 1
         type_url = sys.intern(req.type_url)  # one copy per type, not one per stream
         st = self._types.get(type_url)
         nonce = req.response_nonce
         names_wire = st.names_wire if st is not None else None
-        if (
-            st is not None
-            and names_wire is not None
-            and raw is not None
-            and wire.request_names_match(raw, names_wire)
+        if same_names and not names_wire:
+            # Its names are not in `req`: reading them as empty would unsubscribe them all.
+            raise ValueError(f"{type_url}: same_names without names seen on the bytes")
+        if st is not None and (
+            same_names
+            or (
+                names_wire is not None
+                and raw is not None
+                and wire.request_names_match(raw, names_wire)
+            )
         ):
             # Unchanged (the common ACK), seen on the bytes: keep the shared state.
             raw_names, names = st.raw_names, st.names
