@@ -50,6 +50,8 @@ demo: $(STAMP)
 # Scale the xDS benchmarks down with e.g. XDS_STORM_ARGS="--proxies 1000 --services 200"
 # XDS_CHURN_ARGS="--seconds 20 --mode delta" FANOUT_5000_ARGS="--streams 2000".
 XDS_STORM_ARGS ?=
+# The storm again with a connection per proxy, as sidecars have (issue 23, target 2).
+XDS_STORM_PER_CONNECTION_ARGS ?= --per-channel 1 --proxies 1000
 XDS_CHURN_ARGS ?=
 FANOUT_5000_ARGS ?= --streams 5000
 # e.g. TELEMETRY_BENCH_ARGS="--paths-requests 1000000" (issue 20's figure; default 200,000).
@@ -59,6 +61,7 @@ bench: $(STAMP) sysdeps
 	$(BIN)/python tests/benchmarks/push_fanout.py
 	$(BIN)/python tests/benchmarks/push_fanout.py $(FANOUT_5000_ARGS)
 	$(BIN)/python tests/benchmarks/xds_storm.py $(XDS_STORM_ARGS)
+	$(BIN)/python tests/benchmarks/xds_storm.py $(XDS_STORM_PER_CONNECTION_ARGS)
 	$(BIN)/python tests/benchmarks/xds_churn.py $(XDS_CHURN_ARGS)
 	$(BIN)/python tests/benchmarks/relay.py
 	$(BIN)/python tests/benchmarks/gateway.py

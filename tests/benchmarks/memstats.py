@@ -5,6 +5,11 @@ Python's small-object allocator (pymalloc's allocated blocks). RSS says what the
 holds resident; these say what it allocated, so a benchmark can tell the two apart: memory
 freed earlier and reused, or allocated and never touched, moves one and not the other.
 
+It also reports pymalloc's free room: the free blocks of its pools and its empty pools, in
+arenas it keeps because a few objects still live in them. That room is resident (it held
+objects once) and new objects fill it before pymalloc maps another arena, so a process that
+freed a lot before a measurement takes its next objects without its RSS growing.
+
 Usage (the benchmarks start ours and the floor through it; see MemProbe):
 
     python memstats.py --dump FILE -m control ARGS...
@@ -47,8 +52,10 @@ def _malloc_in_use() -> int:
     return used
 
 
-def _pymalloc_in_use() -> int:
-    """Bytes in pymalloc's allocated blocks (sys._debugmallocstats writes to C stderr)."""
+def pymalloc_stats() -> dict[str, int]:
+    """pymalloc's bytes in allocated blocks ("python") and its free room ("python_free": free
+    blocks in pools in use, and empty pools); -1 where the interpreter does not say.
+    sys._debugmallocstats writes to C stderr."""
     saved = os.dup(2)
     with tempfile.TemporaryFile("w+") as out:
         os.dup2(out.fileno(), 2)
@@ -58,15 +65,22 @@ def _pymalloc_in_use() -> int:
             os.dup2(saved, 2)
             os.close(saved)
         out.seek(0)
+        found: dict[str, int] = {}
         for line in out:
+            key, _, value = line.partition("=")
             if line.startswith("# bytes in allocated blocks"):
-                return int(line.split("=")[1].replace(",", ""))
-    return -1
+                found["allocated"] = int(value.replace(",", ""))
+            elif line.startswith("# bytes in available blocks"):
+                found["available"] = int(value.replace(",", ""))
+            elif "unused pools *" in key:
+                found["unused"] = int(value.replace(",", ""))
+    free = found["available"] + found["unused"] if {"available", "unused"} <= found.keys() else -1
+    return {"python": found.get("allocated", -1), "python_free": free}
 
 
 def _install(dump: str) -> None:
     def probe(_signum: int, _frame: object) -> None:
-        sample = {"malloc": _malloc_in_use(), "python": _pymalloc_in_use()}
+        sample = {"malloc": _malloc_in_use(), **pymalloc_stats()}
         with open(dump, "a") as f:
             f.write(json.dumps(sample) + "\n")
 

@@ -20,7 +20,8 @@ same way:
 - beside RSS, what each process allocated per stream at the same two moments, as its
   allocators count it (memstats.py: malloc's bytes in use and Python's small objects): RSS
   also moves with memory the process reuses from before the storm or allocates and never
-  touches, which these do not.
+  touches, which these do not; and how much of Python's free room from before the storm
+  the streams' objects filled (memory that was resident already, so not in RSS per stream).
 
 SotW and delta, one after the other (--mode to pick one).
 
@@ -117,6 +118,7 @@ async def storm(
         "rss_per_stream": (rss1 - rss0) / args.proxies,
         "malloc_per_stream": (used1["malloc"] - used0["malloc"]) / args.proxies,
         "python_per_stream": (used1["python"] - used0["python"]) / args.proxies,
+        "python_free": (used0["python_free"], used1["python_free"]),
         "rss_base": rss0,
         "peak": peak,
         "cpu": cpu1 - cpu0,
@@ -219,6 +221,22 @@ async def _run_mode(args: argparse.Namespace, delta: bool, tmp: Path) -> bool:
         f"{ours['python_per_stream'] / 1024:.1f}); floor: {allocated[1] / 1024:.1f} KB "
         f"({floor['malloc_per_stream'] / 1024:.1f} + {floor['python_per_stream'] / 1024:.1f}); "
         f"ratio {allocated[0] / max(1.0, allocated[1]):.2f}"
+    )
+    # The floor generates the config it serves with our generators and keeps only the bytes:
+    # what it drops leaves pymalloc room, resident, that the storm's Python objects fill
+    # without new pages, so its RSS per stream leaves out memory its streams hold (README
+    # footnote 16). Said beside the target's figure, not instead of it.
+    free = [r["python_free"] for r in (ours, floor)]
+    with_room = [
+        r["rss_per_stream"] + max(0, f[0] - f[1]) / args.proxies
+        for r, f in zip((ours, floor), free, strict=True)
+    ]
+    print(
+        f"{name} Python's free room (pymalloc, resident) before -> after the storm ours: "
+        f"{free[0][0] / 2**20:.1f} -> {free[0][1] / 2**20:.1f} MB; floor: "
+        f"{free[1][0] / 2**20:.1f} -> {free[1][1] / 2**20:.1f} MB; RSS per stream counting "
+        f"the room the streams filled ours: {with_room[0] / 1024:.1f} KB; floor: "
+        f"{with_room[1] / 1024:.1f} KB; ratio {with_room[0] / max(1.0, with_room[1]):.2f}"
     )
     print(
         f"{name} server CPU ours: {ours['cpu']:.1f} s; floor: {floor['cpu']:.1f} s; "
