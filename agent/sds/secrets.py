@@ -24,7 +24,6 @@ from types import MappingProxyType
 
 import grpc
 
-from agent.sds.fetch import REMOTE_PREFIX, is_remote_name
 from agent.sds.files import (
     FileSecretError,
     FileSource,
@@ -35,6 +34,7 @@ from agent.sds.files import (
 )
 from agent.sds.firstsign import Signed, sign_new_key
 from agent.sds.keys import KeyType, spiffe_id
+from agent.sds.names import REMOTE_PREFIX, is_remote_name
 from agent.sds.remote import RemoteSecrets
 from agent.sds.resources import (
     ROOT_CERT,

@@ -33,7 +33,8 @@ FORBIDDEN = (
 
 # The agent's own modules for what this agent does not have: the app's probes' (parser,
 # prober, checks) without ISTIO_KUBE_APP_PROBERS, ECDS's Wasm rewriter until an ECDS response
-# comes, and in proxy-only mode the standard metrics' FIFO and wire contract. Each is its
+# comes, a gateway certificate's stream rules until one is asked for, and in proxy-only mode
+# the standard metrics' FIFO and wire contract. Each is its
 # code objects and dataclass methods for the agent's life (tracemalloc: 15-70 KB apiece)
 # and ~0.5-2 ms of the start.
 UNUSED = (
@@ -41,6 +42,7 @@ UNUSED = (
     "agent.health.appprobe",
     "agent.health.checks",
     "agent.xdsproxy.ecds",
+    "agent.sds.fetch",
 )
 UNUSED_PROXY_ONLY = ("agent.telemetry.fifo", "protos.telemetry")
 
