@@ -33,8 +33,9 @@ FORBIDDEN = (
 
 # The agent's own modules for what this agent does not have: the app's probes' (parser,
 # prober, checks) without ISTIO_KUBE_APP_PROBERS, ECDS's Wasm rewriter until an ECDS response
-# comes, a gateway certificate's stream rules until one is asked for, and in proxy-only mode
-# the standard metrics' FIFO and wire contract. Each is its
+# comes, a gateway certificate's stream rules and the file-mounted secrets' reader until one
+# such secret is asked for, and in proxy-only mode the standard metrics' FIFO and wire
+# contract. Each is its
 # code objects and dataclass methods for the agent's life (tracemalloc: 15-70 KB apiece)
 # and ~0.5-2 ms of the start.
 UNUSED = (
@@ -43,6 +44,7 @@ UNUSED = (
     "agent.health.checks",
     "agent.xdsproxy.ecds",
     "agent.sds.fetch",
+    "agent.sds.files",
 )
 UNUSED_PROXY_ONLY = ("agent.telemetry.fifo", "protos.telemetry")
 
