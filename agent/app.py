@@ -87,8 +87,9 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
 
 def mode_modules(cfg: AgentConfig) -> list[str]:
     """What `Agent(cfg)` imports only for its mode (below): the standard metrics' modules
-    with Envoy, the health checker for a WorkloadGroup member. `agent/__main__.py` imports
-    them in its thread with this module, not on the event loop when the agent is made."""
+    with Envoy, the health checker for a WorkloadGroup member, the app probes' for a pod that
+    has some. `agent/__main__.py` imports them in its thread with this module, not on the
+    event loop when the agent is made."""
     modules = []
     if cfg.standard_metrics and not cfg.proxy_only:
         modules += [
@@ -100,6 +101,8 @@ def mode_modules(cfg: AgentConfig) -> list[str]:
         ]
     if cfg.workload_group:
         modules.append("agent.health.checker")
+    if cfg.app_probers:
+        modules.append("agent.health.appprobe")
     return modules
 
 
