@@ -22,7 +22,6 @@ from agent.dns.handler import NameTableHandler
 from agent.dns.responder import Responder
 from agent.dns.server import DnsServer
 from agent.dns.table import LookupTable, kubernetes_search_domains
-from agent.health.appprobe import AppProbes, probe_destination
 from agent.httpio import HttpClientError, fetch
 from agent.launch import Launch
 from agent.metrics import AgentMetrics
@@ -37,6 +36,7 @@ from protos.typeurls import NAME_TABLE, PEER_TABLE, WORKLOAD_PROBE
 
 if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
+    from agent.health.appprobe import AppProbes
     from agent.health.checker import HealthChecker
     from agent.telemetry.als import AccessLogServer
     from agent.telemetry.records import RecordFeed
@@ -87,11 +87,13 @@ def grpc_bootstrap(cfg: AgentConfig) -> dict[str, Any]:
 
 def mode_modules(cfg: AgentConfig) -> list[str]:
     """What `Agent(cfg)` imports only for its mode (below): the standard metrics' modules
-    with Envoy, the health checker for a WorkloadGroup member. `agent/__main__.py` imports
-    them in its thread with this module, not on the event loop when the agent is made."""
+    with Envoy, the health checker for a WorkloadGroup member, the app probes' for a pod that
+    has some. `agent/__main__.py` imports them in its thread with this module, not on the
+    event loop when the agent is made."""
     modules = []
     if cfg.standard_metrics and not cfg.proxy_only:
         modules += [
+            "agent.telemetry.fifo",  # for a `Launch` made by `Agent` (agent/launch.py)
             "agent.telemetry.aggregator",
             "agent.telemetry.als",
             "agent.telemetry.peers",
@@ -99,6 +101,8 @@ def mode_modules(cfg: AgentConfig) -> list[str]:
         ]
     if cfg.workload_group:
         modules.append("agent.health.checker")
+    if cfg.app_probers:
+        modules.append("agent.health.appprobe")
     return modules
 
 
@@ -201,12 +205,17 @@ class Agent(Lifecycle):
             self.records = RecordFeed(aggregator)
         self.envoy: EnvoySupervisor | None = self.launch.envoy
         admin = self._admin = self.launch.admin_url
-        # The app's own probes, rewritten by the injector to come through here.
-        self.app_probes = AppProbes(
-            cfg.app_probers,
-            probe_destination(cfg.ip, cfg.app_probe_localhost),
-            cfg.status_port,
-        )
+        # The app's own probes, rewritten by the injector to come through here; their
+        # modules only for a pod that has some (as the parser's, agent/config.py).
+        self.app_probes: AppProbes | None = None
+        if cfg.app_probers:
+            from agent.health.appprobe import AppProbes, probe_destination
+
+            self.app_probes = AppProbes(
+                cfg.app_probers,
+                probe_destination(cfg.ip, cfg.app_probe_localhost),
+                cfg.status_port,
+            )
         self.status = StatusServer(
             cfg.ip,
             cfg.status_port,
@@ -216,7 +225,7 @@ class Agent(Lifecycle):
             on_quit=self.request_stop,
             on_drain=self._start_drain,
             ndsz=self.names.ndsz if self.names else lambda: {"dns": "disabled"},
-            app_probe=self.app_probes.answer,
+            app_probe=self.app_probes.answer if self.app_probes else None,
             app_probe_paths=cfg.app_probers,
             handlers=self.handlers.describe,
         )

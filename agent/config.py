@@ -20,13 +20,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.dns.forwarder import parse_upstream
-from agent.health.appprobers import ENV as APP_PROBERS_ENV
-from agent.health.appprobers import AppProber, AppProbersError, parse_app_probers
+from agent.health import APP_PROBERS_ENV
 from pilotfish_common import logsetup
 from protos.nodeid import identity_metadata, node_id
-from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA
+
+if TYPE_CHECKING:
+    from agent.health.appprobers import AppProber
 
 # Where the control plane keeps its root by default (its --state-dir is ./pilotfish-state):
 # the agent's root when it talks TLS on port 15012 locally and no --ca-root-cert is given.
@@ -154,6 +156,9 @@ class AgentConfig:
             # may use it (agent and app streams must say the same, they are one workload).
             meta["CERTIFICATE_PROVIDER"] = "default"
         elif self.standard_metrics:
+            # Imported here: a proxy-only agent has no use for the telemetry wire contract.
+            from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA
+
             # Envoy's bootstrap has the access log cluster (agent/envoy/bootstrap.py).
             meta[ALS_NODE_METADATA] = "true"
             meta[LOG_NODE_METADATA] = str(self.metrics_fifo.absolute())
@@ -421,6 +426,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _app_probers(text: str) -> dict[str, AppProber]:
+    """ISTIO_KUBE_APP_PROBERS parsed. Its parser (and the probes' modules after it,
+    agent/app.py) only for a pod that has probes: an agent without any loads none of it."""
+    if not text.strip():
+        return {}
+    from agent.health.appprobers import AppProbersError, parse_app_probers
+
+    try:
+        return parse_app_probers(text)
+    except AppProbersError as e:
+        raise AgentConfigError(str(e)) from None
+
+
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
@@ -451,10 +469,7 @@ def config_from_args(
             raise AgentConfigError(f"INSTANCE_IPS: {i!r} is not an IP address") from None
     if instance_ips and args.ip not in instance_ips:
         instance_ips = (args.ip, *instance_ips)
-    try:
-        app_probers = parse_app_probers(environ.get(APP_PROBERS_ENV, ""))
-    except AppProbersError as e:
-        raise AgentConfigError(str(e)) from None
+    app_probers = _app_probers(environ.get(APP_PROBERS_ENV, ""))
     upstream = tuple(u.strip() for u in args.dns_upstream.split(",") if u.strip())
     for u in upstream:
         try:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 from agent.config import AgentConfig
 from agent.envoystart import admin_url, envoy_run_as, envoy_supervisor
 from agent.startup import StartupTimeline
-from agent.telemetry.fifo import MetricsFifo
 from agent.unixsocket import (
     UnixGrpcServer,
     als_socket_server,
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from agent.metrics import AgentMetrics
     from agent.relaystart import LocalRelay
     from agent.sds.firstsign import Signed
+    from agent.telemetry.fifo import MetricsFifo
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +102,8 @@ class Launch(Lifecycle):
         self.als_server: UnixGrpcServer | None = None
         self.metrics_fifo: MetricsFifo | None = None
         if cfg.standard_metrics and not cfg.proxy_only:
+            from agent.telemetry.fifo import MetricsFifo
+
             self.als_server = als_socket_server(cfg.als_socket, owner)
             self.metrics_fifo = MetricsFifo(cfg.metrics_fifo, owner)
         self.upstream = upstream_channel(cfg)

@@ -10,18 +10,24 @@ SDS, DNS and status parts, instead of after.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
 from agent.handlermetrics import HandlerMetricsObserver
 from agent.metrics import AgentMetrics, MetricsObserver
 from agent.startup import StartupTimeline
 from agent.unixsocket import UnixGrpcServer
-from agent.xdsproxy.ecds import EXTENSION_CONFIG, ExtensionConfigRewriter, fetch_http
-from agent.xdsproxy.handlers import HandlerRegistry
+from agent.xdsproxy.handlers import Fetch, HandlerRegistry
 from agent.xdsproxy.relay import RelayStats
 from agent.xdsproxy.server import DownstreamServer
 from agent.xdsproxy.upstream import UpstreamChannel
+from protos.typeurls import EXTENSION_CONFIG
+
+if TYPE_CHECKING:
+    from agent.xdsproxy.ecds import ExtensionConfigRewriter
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +52,9 @@ class LocalRelay:
         self.handlers.observer = HandlerMetricsObserver(metrics)
         # ECDS: remote Wasm code becomes a file in the workdir before Envoy sees the config;
         # plug-ins add fetchers for other schemes (registry.register_fetcher).
-        self.handlers.fetchers.setdefault("http", fetch_http)
+        self.handlers.fetchers.setdefault("http", _fetch_http)
         self.handlers.rewriters.setdefault(
-            EXTENSION_CONFIG, ExtensionConfigRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
+            EXTENSION_CONFIG, LazyEcdsRewriter(cfg.workdir / "wasm", self.handlers.fetchers)
         )
         self.stats = RelayStats(
             observer=MetricsObserver(metrics),
@@ -71,3 +77,32 @@ class LocalRelay:
             logger.info("response handlers from plug-ins: %s", ", ".join(loaded))
         await self.downstream.start()
         self.timeline.mark("xds served")
+
+
+class LazyEcdsRewriter:
+    """ECDS's rewriter (agent/xdsproxy/ecds.py), made with the first ECDS response: remote Wasm
+    is rare, and an agent that is never sent ECDS loads none of it (its start and its idle
+    memory, issue 23)."""
+
+    def __init__(self, cache_dir: Path, fetchers: dict[str, Fetch]) -> None:
+        self.cache_dir = cache_dir
+        self._fetchers = fetchers
+        self.rewriter: ExtensionConfigRewriter | None = None
+
+    async def rewrite(self, raw: bytes, *, delta: bool) -> bytes | None:
+        if self.rewriter is None:
+            await asyncio.to_thread(importlib.import_module, "agent.xdsproxy.ecds")
+            from agent.xdsproxy.ecds import ExtensionConfigRewriter
+
+            # Checked again after the wait: two streams' first responses make one rewriter
+            # (its locks are what fetches each module once).
+            if self.rewriter is None:
+                self.rewriter = ExtensionConfigRewriter(self.cache_dir, self._fetchers)
+        return await self.rewriter.rewrite(raw, delta=delta)
+
+
+async def _fetch_http(uri: str) -> bytes:
+    """ECDS's built-in http fetcher: called only by the rewriter, which imported its module."""
+    from agent.xdsproxy.ecds import fetch_http
+
+    return await fetch_http(uri)

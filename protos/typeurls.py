@@ -13,6 +13,8 @@ ENDPOINT: Final = _PREFIX + "envoy.config.endpoint.v3.ClusterLoadAssignment"
 ROUTE: Final = _PREFIX + "envoy.config.route.v3.RouteConfiguration"
 SECRET: Final = _PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
 NAME_TABLE: Final = _PREFIX + "istio.networking.nds.v1.NameTable"
+# ECDS, which the agent rewrites when it carries remote Wasm code (agent/xdsproxy/ecds.py).
+EXTENSION_CONFIG: Final = _PREFIX + "envoy.config.core.v3.TypedExtensionConfig"
 PROXY_CONFIG: Final = _PREFIX + "istio.mesh.v1alpha1.ProxyConfig"
 # The readiness probe of a WorkloadGroup member, for its agent (protos/probe.proto).
 WORKLOAD_PROBE: Final = _PREFIX + "pilotfish.health.v1.WorkloadProbe"

@@ -16,7 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-ENV = "ISTIO_KUBE_APP_PROBERS"
+from agent.health import APP_PROBERS_ENV as ENV
+
 _PATH = re.compile(r"/app-health/[^/]+/(livez|readyz|startupz)")
 _KINDS = ("httpGet", "tcpSocket", "grpc")
 _FIELDS = {

@@ -21,16 +21,11 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, Discovery
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
+from agent.sds.names import REMOTE_PREFIX, is_remote_name
 from agent.sds.resources import SecretEntry
 from protos import typeurls
 
-# Istio's names for Secrets the control plane holds (credentialName / certificateRefs).
-REMOTE_PREFIX = "kubernetes://"
 CACERT_SUFFIX = "-cacert"
-
-
-def is_remote_name(name: str) -> bool:
-    return name.startswith(REMOTE_PREFIX) and len(name) > len(REMOTE_PREFIX)
 
 
 class Outcome(enum.StrEnum):
@@ -127,6 +122,7 @@ class SecretFetch:
 
 
 __all__ = [
+    "REMOTE_PREFIX",
     "FetchEnd",
     "FetchStep",
     "Outcome",

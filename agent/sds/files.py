@@ -12,14 +12,11 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from agent.sds.names import FILE_CERT_PREFIX as FILE_CERT_PREFIX
+from agent.sds.names import FILE_ROOT_PREFIX as FILE_ROOT_PREFIX
+from agent.sds.names import FileSecretError, file_resource_paths
+from agent.sds.names import is_file_resource as is_file_resource
 from agent.sds.resources import SecretEntry, tls_certificate, validation_context
-
-FILE_CERT_PREFIX = "file-cert:"
-FILE_ROOT_PREFIX = "file-root:"
-
-
-class FileSecretError(ValueError):
-    """A file-mounted secret is malformed: a bad resource name, a missing or invalid file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,23 +41,12 @@ class FileRoot:
 FileSource = FileCert | FileRoot
 
 
-def is_file_resource(name: str) -> bool:
-    return name.startswith((FILE_CERT_PREFIX, FILE_ROOT_PREFIX))
-
-
 def parse_file_resource(name: str) -> FileSource:
     """The files behind a `file-cert:`/`file-root:` name; FileSecretError if malformed."""
-    if name.startswith(FILE_CERT_PREFIX):
-        cert, sep, key = name.removeprefix(FILE_CERT_PREFIX).partition("~")
-        if not sep or not cert or not key:
-            raise FileSecretError(f"{name!r}: expected file-cert:<cert path>~<key path>")
-        return FileCert(Path(cert), Path(key))
-    if name.startswith(FILE_ROOT_PREFIX):
-        ca = name.removeprefix(FILE_ROOT_PREFIX)
-        if not ca:
-            raise FileSecretError(f"{name!r}: expected file-root:<ca path>")
-        return FileRoot(Path(ca))
-    raise FileSecretError(f"{name!r} is not a file-mounted secret")
+    paths = file_resource_paths(name)
+    if len(paths) == 2:
+        return FileCert(Path(paths[0]), Path(paths[1]))
+    return FileRoot(Path(paths[0]))
 
 
 def read_contents(source: FileSource) -> tuple[bytes, ...]:

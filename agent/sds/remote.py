@@ -11,19 +11,23 @@ agent never writes them to disk, and never logs their contents.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 
-from agent.sds.fetch import Outcome, SecretFetch
 from agent.sds.resources import SecretEntry
 from agent.xdsproxy.handlers import serialize
 from pilotfish_common.backoff import Backoff
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
+
+if TYPE_CHECKING:
+    from agent.sds.fetch import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +117,11 @@ class RemoteSecrets(Lifecycle):
     # --- one secret's stream ---------------------------------------------------------------
 
     async def _run(self, f: _Fetch) -> None:
+        # The stream's rules and the Secret protos, with the first gateway certificate: an
+        # agent that serves none never loads them (agent/sds/names.py).
+        await asyncio.to_thread(importlib.import_module, "agent.sds.fetch")
+        from agent.sds.fetch import SecretFetch
+
         while True:
             fetch = SecretFetch(f.name, self._node_id, self._metadata)
             call = self._open()
@@ -143,6 +152,8 @@ class RemoteSecrets(Lifecycle):
             await asyncio.sleep(f.backoff.next_delay())
 
     def _apply(self, f: _Fetch, outcome: Outcome, entry: SecretEntry | None, error: str) -> None:
+        from agent.sds.fetch import Outcome  # imported by `_run` already
+
         if outcome is Outcome.REJECTED:
             logger.warning("secret %s: unusable response from the control plane: %s", f.name, error)
             return

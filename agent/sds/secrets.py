@@ -14,27 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import grpc
 
-from agent.sds.fetch import REMOTE_PREFIX, is_remote_name
-from agent.sds.files import (
-    FileSecretError,
-    FileSource,
-    build_entry,
-    is_file_resource,
-    parse_file_resource,
-    read_contents,
-)
 from agent.sds.firstsign import Signed, sign_new_key
 from agent.sds.keys import KeyType, spiffe_id
+from agent.sds.names import (
+    REMOTE_PREFIX,
+    FileSecretError,
+    file_resource_paths,
+    is_file_resource,
+    is_remote_name,
+)
 from agent.sds.remote import RemoteSecrets
 from agent.sds.resources import (
     ROOT_CERT,
@@ -48,6 +49,9 @@ from agent.sds.signer import CertificateSigner, is_retryable
 from agent.sds.workloadcert import SdsStats, WorkloadCert, checked_cert
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
+
+if TYPE_CHECKING:
+    from agent.sds.files import FileSource
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +174,7 @@ class SecretManager(Lifecycle):
         if name in (WORKLOAD_CERT, ROOT_CERT) or (remote and is_remote_name(name)):
             return
         if is_file_resource(name):
-            parse_file_resource(name)
+            file_resource_paths(name)
             return
         also = f", {REMOTE_PREFIX}<name>" if remote else ""
         raise FileSecretError(
@@ -213,6 +217,11 @@ class SecretManager(Lifecycle):
             return
         if not is_file_resource(name):
             return
+        if "agent.sds.files" not in sys.modules:
+            # Reading and checking them (agent/sds/names.py): imported with the first one.
+            await asyncio.to_thread(importlib.import_module, "agent.sds.files")
+        from agent.sds.files import parse_file_resource
+
         source = parse_file_resource(name)
         watched = self._files.get(name)
         if watched is not None:
@@ -349,6 +358,8 @@ def _scan_files(
 ) -> list[tuple[str, tuple[bytes, ...], SecretEntry | FileSecretError | None]]:
     """Read each source; build entries for the ones whose bytes changed (None: unchanged)
     (blocking)."""
+    from agent.sds.files import build_entry, read_contents  # imported by `acquire` already
+
     out: list[tuple[str, tuple[bytes, ...], SecretEntry | FileSecretError | None]] = []
     for name, source, previous in items:
         try:

@@ -23,7 +23,7 @@ import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf.message import DecodeError
 
-from agent.sds.files import FileSecretError
+from agent.sds.names import FileSecretError
 from agent.sds.resources import view_version
 from agent.sds.secrets import SecretManager
 from agent.sds.stream import RequestKind, SdsProtocolError, SdsStream

@@ -32,11 +32,12 @@ from google.protobuf.message import DecodeError, Message
 
 from agent.httpio import HttpClientError, fetch
 from agent.xdsproxy.handlers import HandlerError
+from protos import typeurls
 from protos.messages import message_class
 
 logger = logging.getLogger(__name__)
 
-EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+EXTENSION_CONFIG = typeurls.EXTENSION_CONFIG
 # Looked up (imported) on the first ECDS response, not at the agent's start.
 WASM_TYPES = frozenset(
     (

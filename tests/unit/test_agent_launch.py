@@ -151,8 +151,9 @@ def test_envoy_launcher_is_spawned_before_grpc_and_execs_only_when_told(tmp_path
 
 def test_making_the_agent_imports_nothing_its_thread_did_not() -> None:
     """`Agent(cfg)` runs on the event loop: every module it needs for its mode (Envoy with
-    the standard metrics, a WorkloadGroup member) was imported beforehand, in the thread
-    that imports agent.app (agent/__main__.py)."""
+    the standard metrics, a WorkloadGroup member, a pod with app probes) was imported
+    beforehand, in the thread that imports agent.app (agent/__main__.py)."""
+    probers = '{"/app-health/app/readyz": {"tcpSocket": {"port": 8080}}}'
     code = (
         "import asyncio, os, sys, tempfile\n"
         "from agent.__main__ import _import_agent\n"
@@ -160,7 +161,9 @@ def test_making_the_agent_imports_nothing_its_thread_did_not() -> None:
         "import agent.envoystart, agent.envoy.process  # first, for Envoy's launcher\n"
         "async def main():\n"
         "    args = ['--workdir', tempfile.mkdtemp(), '--control-plane', '127.0.0.1:1']\n"
-        "    cfg = config_from_args(build_parser().parse_args(args))\n"
+        f"    env = {{**os.environ, 'ISTIO_KUBE_APP_PROBERS': {probers!r}}}\n"
+        "    cfg = config_from_args(build_parser().parse_args(args), env)\n"
+        "    assert cfg.app_probers\n"
         "    object.__setattr__(cfg, 'workload_group', 'group')\n"
         "    _import_agent(cfg)\n"
         "    before = set(sys.modules)\n"

@@ -140,3 +140,33 @@ def test_a_module_it_cannot_have_is_a_nack_reason(
     assert not list((tmp_path / "wasm").glob("0000*"))
     with pytest.raises(HandlerError, match="cannot decode the ECDS response"):
         asyncio.run(rw.rewrite(b"\xff\xff", delta=False))
+
+
+def test_the_relays_rewriter_is_made_with_the_first_response_and_only_once(
+    tmp_path: Path,
+) -> None:
+    """The relay's ECDS rewriter (agent/relaystart.py) is a stand-in until an ECDS response
+    comes; then one real rewriter serves all streams, with the fetchers as given then."""
+    from agent.relaystart import LazyEcdsRewriter
+    from protos import typeurls
+
+    assert typeurls.EXTENSION_CONFIG == EXTENSION_CONFIG
+    fetched: list[str] = []
+
+    async def fetch(uri: str) -> bytes:
+        fetched.append(uri)
+        return MODULE
+
+    lazy = LazyEcdsRewriter(tmp_path / "wasm", {"http": fetch})
+    assert lazy.rewriter is None
+
+    async def two_streams() -> list[bytes | None]:
+        return await asyncio.gather(
+            lazy.rewrite(sotw(wasm_config("a")), delta=False),
+            lazy.rewrite(sotw(wasm_config("b")), delta=False),
+        )
+
+    outs = asyncio.run(two_streams())
+    assert isinstance(lazy.rewriter, ExtensionConfigRewriter)
+    assert all(out is not None for out in outs)
+    assert fetched == [URI] and lazy.rewriter.fetched == 1  # one module, one fetch

@@ -22,6 +22,7 @@ from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.signer import SigningError
 from agent.sds.workloadcert import SdsStats
 from tests.support.controlplane import eventually
+from tests.support.fresh import fresh_lines
 from tests.support.testca import TestCA
 
 ID = "spiffe://cluster.local/ns/shop/sa/cart"
@@ -387,3 +388,26 @@ async def test_a_failed_first_attempt_is_retried_by_the_manager() -> None:
         assert await manager.wait_ready(10)
         assert ca.calls == 1
         assert manager.stats.signing_failures == 1 and manager.stats.sign_attempts == 2
+
+
+def test_file_secrets_reader_is_loaded_with_the_first_file_secret(tmp_path: Path) -> None:
+    """agent/sds/files.py (certificate checks, dataclasses) is imported by the first
+    `file-…` secret a stream asks for, not before: names are told apart without it
+    (agent/sds/names.py). Run in a fresh interpreter, where nothing has imported it yet."""
+    ca_path = tmp_path / "root.pem"
+    ca_path.write_bytes(TestCA().root_pem)
+    code = (
+        "import asyncio, sys\n"
+        "from agent.sds.secrets import SdsConfig, SecretManager\n"
+        "from tests.support.testca import TestCA\n"
+        "async def main():\n"
+        f"    name = 'file-root:{ca_path}'\n"
+        "    async with SecretManager(TestCA(), SdsConfig(cert_ttl=3600)) as manager:\n"
+        "        SecretManager.check_name(name)\n"
+        "        SecretManager.check_name('kubernetes://gw-cert', remote=True)\n"
+        "        print('agent.sds.files' in sys.modules, 'agent.sds.fetch' in sys.modules)\n"
+        "        await manager.acquire(name)\n"
+        "        print('agent.sds.files' in sys.modules, manager.get(name) is not None)\n"
+        "asyncio.run(main())\n"
+    )
+    assert fresh_lines(code)[:2] == ["False False", "True True"]
