@@ -47,6 +47,8 @@ class AgentConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
+    """The agent's settings, from its flags and environment (`config_from_args`)."""
+
     control_plane: tuple[str, ...] = ("127.0.0.1:15010",)
     workdir: Path = Path("pilotfish-run")
     ip: str = "127.0.0.1"

@@ -30,6 +30,8 @@ IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next req
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """A request to the HTTP server: its head and the caller's IP."""
+
     head: RequestHead
     remote: str | None  # the caller's IP
 
@@ -44,6 +46,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Response:
+    """What an HTTP server route answers."""
+
     status: int = 200
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"

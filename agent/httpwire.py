@@ -22,6 +22,8 @@ class HttpWireError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestHead:
+    """An HTTP/1.x request line and headers."""
+
     method: str
     target: str  # as sent: path and query
     version: str  # "HTTP/1.1" or "HTTP/1.0"
@@ -48,6 +50,8 @@ class RequestHead:
 
 @dataclass(frozen=True, slots=True)
 class ResponseHead:
+    """An HTTP/1.x response's status and headers."""
+
     status: int
     headers: dict[str, str]
 

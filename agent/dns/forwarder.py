@@ -24,6 +24,8 @@ DNS_PORT = 53
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
+    """An upstream resolver's address."""
+
     host: str
     port: int = DNS_PORT
 

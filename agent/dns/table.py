@@ -43,6 +43,8 @@ class HostEntry:
 
 @dataclass(frozen=True, slots=True)
 class Match:
+    """The entry a queried name found."""
+
     entry: HostEntry
     # True when the query named the host with a search domain appended: the answer is a CNAME
     # from the asked name to `entry.name`, then the addresses under `entry.name`.

@@ -16,6 +16,8 @@ from agent.sds.signer import CertificateSigner
 
 @dataclass(frozen=True, slots=True)
 class Signed:
+    """A key and the chain the CA signed for it."""
+
     key: KeyAndCsr
     chain: list[str]  # PEM, leaf first, root last
 

@@ -39,6 +39,8 @@ def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KeyAndCsr:
+    """A new private key and the CSR signed with it, PEM."""
+
     key_pem: bytes  # PKCS#8, unencrypted: Envoy reads it from inline bytes
     csr_pem: bytes
 

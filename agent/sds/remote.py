@@ -39,6 +39,8 @@ OpenStream = Callable[[], grpc.aio.StreamStreamCall]
 
 @dataclass
 class _Fetch:
+    """One `kubernetes://` secret's fetch: who holds it, its stream task, its refusal."""
+
     name: str
     refs: int = 0
     task: asyncio.Task[None] | None = None

@@ -18,6 +18,8 @@ from pilotfish_common.backoff import Backoff
 
 @dataclass(frozen=True, slots=True)
 class RotationPolicy:
+    """When certificates are renewed and failed attempts retried."""
+
     ratio: float = 0.5
     jitter: float = 0.05
     # Never ask again sooner than this after a success: a CA that returns certificates

@@ -60,6 +60,8 @@ Watcher = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class SdsConfig:
+    """Whose certificate the secret manager asks for, and how it keeps it fresh."""
+
     trust_domain: str = "cluster.local"
     namespace: str = "default"
     service_account: str = "default"
@@ -79,6 +81,8 @@ class SdsConfig:
 
 @dataclass(slots=True)
 class _WatchedFile:
+    """A file-mounted secret some stream holds, and what was last read from it."""
+
     source: FileSource
     refs: int = 0
     contents: tuple[bytes, ...] | None = None  # what the served entry was built from

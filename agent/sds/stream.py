@@ -38,6 +38,8 @@ class RequestKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
+    """What one SDS request asks of its stream."""
+
     kind: RequestKind
     # Answer now even if nothing changed (first request, newly subscribed names).
     must_respond: bool
@@ -48,6 +50,8 @@ class RequestOutcome:
 
 @dataclass(frozen=True, slots=True)
 class SdsResponse:
+    """One SDS response: its version, nonce and secrets."""
+
     version_info: str
     nonce: str
     resources: tuple[SecretEntry, ...]

@@ -45,6 +45,8 @@ class SdsObserver(Protocol):
 
 @dataclass
 class SdsStats:
+    """Counters of certificate signing and file-mounted secrets."""
+
     sign_attempts: int = 0
     certs_issued: int = 0
     rotations: int = 0  # certificates issued after the first

@@ -97,6 +97,8 @@ class HandlerObserver(Protocol):
 
 @dataclass(frozen=True)
 class Registration:
+    """A response handler as registered: for which type, how it runs, by whom."""
+
     type_url: str
     handler: ResponseHandler
     mode: Mode
@@ -116,6 +118,8 @@ class Registration:
 
 @dataclass
 class HandlerCounts:
+    """What one handler did (shown by /debug/handlers)."""
+
     handled: int = 0
     nacks: int = 0
     observe_errors: int = 0
@@ -124,6 +128,8 @@ class HandlerCounts:
 
 @dataclass
 class _Loading:
+    """The plug-in being loaded and the types it registers."""
+
     name: str
     package: str
     registered: list[str] = field(default_factory=list)

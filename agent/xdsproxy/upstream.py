@@ -62,6 +62,8 @@ class UpstreamTlsError(OSError):
 
 @dataclass(frozen=True, slots=True)
 class UpstreamTls:
+    """TLS to the control plane: the root it must chain to, the token sent on every call."""
+
     root_cert: Path  # the control plane's certificate must chain to this root
     token_file: Path | None = None  # bearer token sent on every call (None: no token)
 
