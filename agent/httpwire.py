@@ -20,7 +20,7 @@ class HttpWireError(ValueError):
     """Bytes that are not the HTTP/1.1 we accept."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RequestHead:
     """An HTTP/1.x request line and headers."""
 
@@ -48,7 +48,7 @@ class RequestHead:
         return _content_length(self.headers, MAX_BODY)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ResponseHead:
     """An HTTP/1.x response's status and headers."""
 

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 DNS_PORT = 53
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Upstream:
     """An upstream resolver's address."""
 

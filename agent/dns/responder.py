@@ -30,7 +30,7 @@ _QTYPE_AAAA: Final = 28
 _CACHE_LIMIT: Final = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Forward:
     """Not ours: send `query` upstream over the same transport and relay the answer."""
 

@@ -29,7 +29,7 @@ class NameTableError(ValueError):
     """The name table is unusable; the handler NACKs it with this message."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class HostEntry:
     """What one name resolves to. `name` is the canonical hostname (lowercase, no dot)."""
 
@@ -41,7 +41,7 @@ class HostEntry:
     namespace: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Match:
     """The entry a queried name found."""
 
@@ -51,7 +51,7 @@ class Match:
     cname: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class NameInfo:
     """One row of the table as the control plane sent it (plain data, no protobuf)."""
 

@@ -37,7 +37,7 @@ def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
     return f"{SPIFFE_SCHEME}{trust_domain}/ns/{namespace}/sa/{service_account}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class KeyAndCsr:
     """A new private key and the CSR signed with it, PEM."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pilotfish_common.backoff import Backoff
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RotationPolicy:
     """When certificates are renewed and failed attempts retried."""
 

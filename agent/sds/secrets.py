@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 Watcher = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SdsConfig:
     """Whose certificate the secret manager asks for, and how it keeps it fresh."""
 
@@ -79,7 +79,7 @@ class SdsConfig:
         return spiffe_id(self.trust_domain, self.namespace, self.service_account)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _WatchedFile:
     """A file-mounted secret some stream holds, and what was last read from it."""
 

@@ -36,7 +36,7 @@ class RequestKind(enum.StrEnum):
     STALE = "stale"  # nonce is not the last one sent: ignored
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RequestOutcome:
     """What one SDS request asks of its stream."""
 
@@ -48,7 +48,7 @@ class RequestOutcome:
     error_message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SdsResponse:
     """One SDS response: its version, nonce and secrets."""
 

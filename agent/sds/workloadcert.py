@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from agent.sds.signer import SigningError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class WorkloadCert:
     """A signed workload certificate as served."""
 
@@ -43,7 +43,7 @@ class SdsObserver(Protocol):
     def file_secret_failed(self) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class SdsStats:
     """Counters of certificate signing and file-mounted secrets."""
 

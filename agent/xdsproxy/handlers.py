@@ -95,7 +95,7 @@ class HandlerObserver(Protocol):
     def observe_dropped(self, handler: str, type_url: str) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Registration:
     """A response handler as registered: for which type, how it runs, by whom."""
 
@@ -116,7 +116,7 @@ class Registration:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class HandlerCounts:
     """What one handler did (shown by /debug/handlers)."""
 
@@ -126,7 +126,7 @@ class HandlerCounts:
     observe_dropped: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Loading:
     """The plug-in being loaded and the types it registers."""
 

@@ -60,7 +60,7 @@ class UpstreamTlsError(OSError):
     """The TLS settings cannot be used (root certificate missing or not PEM)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class UpstreamTls:
     """TLS to the control plane: the root it must chain to, the token sent on every call."""
 
