@@ -45,8 +45,13 @@ class AgentConfigError(ValueError):
     """A flag or environment variable has a value the agent cannot use."""
 
 
-@dataclass(frozen=True, slots=True)
+# eq=False here and on the other dataclasses the start makes: nothing compares them by value,
+# and the generated __eq__ and __hash__ are two execs each at import (issue 23;
+# tests/integration/test_agent_start_imports.py lists those made with them).
+@dataclass(frozen=True, slots=True, eq=False)
 class AgentConfig:
+    """The agent's settings, from its flags and environment (`config_from_args`)."""
+
     control_plane: tuple[str, ...] = ("127.0.0.1:15010",)
     workdir: Path = Path("pilotfish-run")
     ip: str = "127.0.0.1"

@@ -28,8 +28,10 @@ logger = logging.getLogger(__name__)
 IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Request:
+    """A request to the HTTP server: its head and the caller's IP."""
+
     head: RequestHead
     remote: str | None  # the caller's IP
 
@@ -42,8 +44,10 @@ class Request:
         return self.head.path
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Response:
+    """What an HTTP server route answers."""
+
     status: int = 200
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"

@@ -20,8 +20,10 @@ class HttpWireError(ValueError):
     """Bytes that are not the HTTP/1.1 we accept."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RequestHead:
+    """An HTTP/1.x request line and headers."""
+
     method: str
     target: str  # as sent: path and query
     version: str  # "HTTP/1.1" or "HTTP/1.0"
@@ -46,8 +48,10 @@ class RequestHead:
         return _content_length(self.headers, MAX_BODY)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ResponseHead:
+    """An HTTP/1.x response's status and headers."""
+
     status: int
     headers: dict[str, str]
 

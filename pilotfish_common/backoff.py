@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(eq=False)
 class Backoff:
     """Delays grow by `multiplier` up to `maximum`, each randomized by +-`jitter` (a
     fraction), so a fleet of clients that lost the same server does not reconnect in

@@ -22,8 +22,10 @@ logger = logging.getLogger(__name__)
 DNS_PORT = 53
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Upstream:
+    """An upstream resolver's address."""
+
     host: str
     port: int = DNS_PORT
 

@@ -4,20 +4,20 @@ The servers hand every packet to `Responder.handle()` and act on the result: byt
 back, a `Forward` to pass to the upstream resolvers, or None (drop). Nothing here touches a
 socket or a clock.
 
-Hot path: a query that the table answers is encoded once (with dnslib) and the answer is kept
-keyed by the query's bytes after the id, per table version; the next identical query (any id)
-costs one dict probe and one concatenation. Only table answers are kept, never forwarded ones.
+Hot path: a query that the table answers is encoded once (with dnslib, agent/dns/answers.py)
+and the answer is kept keyed by the query's bytes after the id, per table version; the next
+identical query (any id) costs one dict probe and one concatenation. Only table answers are
+kept, never forwarded ones.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from dnslib import AAAA, CNAME, EDNS0, QTYPE, RR, A, DNSError, DNSHeader, DNSQuestion, DNSRecord
-
-from agent.dns.table import TTL, LookupTable
+if TYPE_CHECKING:
+    from agent.dns.table import LookupTable
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +27,10 @@ _RCODE_NOTIMP: Final = 4
 _CLASS_IN: Final = 1
 _QTYPE_A: Final = 1
 _QTYPE_AAAA: Final = 28
-_QTYPE_OPT: Final = 41
-# Classic DNS over UDP; EDNS lets a client ask for more (RFC 6891).
-UDP_DEFAULT_SIZE: Final = 512
-# What we advertise and the most we send over UDP whatever the client claims (the
-# fragmentation-safe size of DNS Flag Day 2020).
-UDP_MAX_SIZE: Final = 1232
 _CACHE_LIMIT: Final = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Forward:
     """Not ours: send `query` upstream over the same transport and relay the answer."""
 
@@ -76,9 +70,13 @@ class Responder:
         opcode = (data[2] >> 3) & 0xF
         if opcode != 0:
             return _error(data, _RCODE_NOTIMP)
+        # dnslib's part: imported by the DNS server before it hands over its first query
+        # (agent/dns/server.py), here when the responder is used on its own.
+        from agent.dns import answers
+
         try:
-            query = DNSRecord.parse(data)
-        except (DNSError, ValueError, IndexError, UnicodeError) as e:
+            query = answers.parse(data)
+        except answers.MALFORMED as e:
             logger.debug("malformed query: %s", e)
             return _error(data, _RCODE_FORMERR)
         if len(query.questions) != 1 or query.rr or query.auth:
@@ -88,38 +86,13 @@ class Responder:
             return _error(
                 data, _RCODE_SERVFAIL, echo=True
             )  # no name table yet: cannot say "not ours"
-        question: DNSQuestion = query.q
+        question = query.q
         if question.qclass != _CLASS_IN or question.qtype not in (_QTYPE_A, _QTYPE_AAAA):
             return Forward(data)
         match = table.lookup(str(question.qname))
         if match is None:
             return Forward(data)
-        entry = match.entry
-        reply = DNSRecord(
-            DNSHeader(id=query.header.id, qr=1, aa=1, ra=1, rd=query.header.rd),
-            q=question,
-        )
-        owner = question.qname
-        if match.cname:
-            reply.add_answer(RR(owner, QTYPE.CNAME, ttl=TTL, rdata=CNAME(entry.name + ".")))
-            owner = entry.name + "."
-        if question.qtype == _QTYPE_A:
-            for ip in entry.ipv4:
-                reply.add_answer(RR(owner, QTYPE.A, ttl=TTL, rdata=A(ip)))
-        else:
-            for ip in entry.ipv6:
-                reply.add_answer(RR(owner, QTYPE.AAAA, ttl=TTL, rdata=AAAA(ip)))
-        # A known name without addresses of the asked family is NOERROR with no answers:
-        # NXDOMAIN would tell the client the name does not exist at all (curl then gives up
-        # instead of using the other family).
-        edns = _edns_size(query)
-        if edns is not None:
-            reply.add_ar(EDNS0(udp_len=UDP_MAX_SIZE))
-        out = bytes(reply.pack())
-        if not tcp:
-            limit = UDP_DEFAULT_SIZE if edns is None else min(max(edns, 512), UDP_MAX_SIZE)
-            if len(out) > limit:
-                out = _truncated(reply)
+        out = answers.encode(query, match, tcp=tcp)
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()  # bounded: a scan of random names must not grow it forever
         self._answers[key] = out[2:]
@@ -129,24 +102,6 @@ class Responder:
         """The SERVFAIL reply for a query the upstream did not answer. `echo` repeats its
         question, which only a query that parsed (every forwarded one) can be trusted with."""
         return _error(query, _RCODE_SERVFAIL, echo=echo) if len(query) >= 12 else None
-
-
-def _edns_size(query: DNSRecord) -> int | None:
-    for rr in query.ar:
-        if rr.rtype == _QTYPE_OPT:
-            return int(rr.rclass)
-    return None
-
-
-def _truncated(reply: DNSRecord) -> bytes:
-    """The question alone with TC set: the client retries over TCP (RFC 2181 section 9)."""
-    short = DNSRecord(
-        DNSHeader(id=reply.header.id, qr=1, aa=1, ra=1, rd=reply.header.rd, tc=1), q=reply.q
-    )
-    for rr in reply.ar:
-        short.add_ar(rr)
-    data = bytes(short.pack())
-    return data
 
 
 def _error(data: bytes, rcode: int, *, echo: bool = False) -> bytes:

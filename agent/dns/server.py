@@ -4,12 +4,17 @@ the sans-IO `Responder` and the `Forwarder`.
 Table answers are written from `datagram_received` directly (no task per query: that is the
 hot path); forwarded queries get a task each, bounded so a flood of unknown names cannot
 exhaust memory (beyond the bound they are answered SERVFAIL at once).
+
+The responder's dnslib part (agent/dns/answers.py) is imported in a thread with the first
+query, not with the agent's start: the sockets are bound before the agent is ready, and the
+queries that come before the import is done wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import struct
 from typing import cast
@@ -23,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 MAX_FORWARDS = 1024
 TCP_IDLE_TIMEOUT = 30.0
+_ANSWERS = "agent.dns.answers"
 
 
 class _UdpProtocol(asyncio.DatagramProtocol):
@@ -34,6 +40,9 @@ class _UdpProtocol(asyncio.DatagramProtocol):
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if not self._server.answers_loaded:
+            self._server.after_loading(self, data, addr)
+            return
         try:
             result = self._server.responder.handle(data, tcp=False)
         except Exception:  # a bug must cost one query, never the server
@@ -62,6 +71,9 @@ class DnsServer(Lifecycle):
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loading: asyncio.Task[object] | None = None
+        # Not sys.modules: a module is there from the start of its import.
+        self.answers_loaded = False
         self.dropped_forwards = 0
 
     async def start(self) -> None:
@@ -92,9 +104,32 @@ class DnsServer(Lifecycle):
         if self._tcp is not None:
             self._tcp.close()
             self._tcp = None
-        for task in list(self._tasks):
+        tasks = [*self._tasks, *([self._loading] if self._loading is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def load_answers(self) -> None:
+        """dnslib and the responder's part that uses it, imported in a thread (once)."""
+        if self._loading is None:
+            self._loading = asyncio.create_task(
+                asyncio.to_thread(importlib.import_module, _ANSWERS)
+            )
+        await asyncio.shield(self._loading)
+        self.answers_loaded = True
+
+    def after_loading(self, proto: _UdpProtocol, data: bytes, addr: tuple[str, int]) -> None:
+        """Hand a UDP query to `proto` again once `load_answers` is done."""
+
+        async def answer() -> None:
+            await self.load_answers()
+            proto.datagram_received(data, addr)
+
+        self._track(asyncio.get_running_loop().create_task(answer()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- forwarding ------------------------------------------------------------------------
 
@@ -105,9 +140,7 @@ class DnsServer(Lifecycle):
             if reply is not None and proto.transport is not None:
                 proto.transport.sendto(reply, addr)
             return
-        task = asyncio.get_running_loop().create_task(self._forward_udp(proto, fwd, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._track(asyncio.get_running_loop().create_task(self._forward_udp(proto, fwd, addr)))
 
     async def _forward_udp(self, proto: _UdpProtocol, fwd: Forward, addr: tuple[str, int]) -> None:
         reply = await self._resolve(fwd, tcp=False)
@@ -129,6 +162,8 @@ class DnsServer(Lifecycle):
                 async with asyncio.timeout(TCP_IDLE_TIMEOUT):
                     (length,) = struct.unpack("!H", await reader.readexactly(2))
                     data = await reader.readexactly(length)
+                if not self.answers_loaded:
+                    await self.load_answers()
                 try:
                     result = self.responder.handle(data, tcp=True)
                 except Exception:

@@ -29,7 +29,7 @@ class NameTableError(ValueError):
     """The name table is unusable; the handler NACKs it with this message."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class HostEntry:
     """What one name resolves to. `name` is the canonical hostname (lowercase, no dot)."""
 
@@ -41,15 +41,17 @@ class HostEntry:
     namespace: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Match:
+    """The entry a queried name found."""
+
     entry: HostEntry
     # True when the query named the host with a search domain appended: the answer is a CNAME
     # from the asked name to `entry.name`, then the addresses under `entry.name`.
     cname: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class NameInfo:
     """One row of the table as the control plane sent it (plain data, no protobuf)."""
 

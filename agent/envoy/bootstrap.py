@@ -44,8 +44,10 @@ _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Rout
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class BootstrapOptions:
+    """What Envoy's bootstrap is made from (`from_agent_config`)."""
+
     ip: str
     pod_name: str
     namespace: str = "default"

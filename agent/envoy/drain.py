@@ -21,8 +21,10 @@ ACTIVE_CONNECTIONS_PATH = "/stats?usedonly&filter=downstream_cx_active$"
 POLL_INTERVAL = 0.25
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DrainPlan:
+    """How long a drain lasts and when it may end early."""
+
     duration: float = 5.0
     exit_on_zero_active_connections: bool = False
     minimum: float = 5.0
@@ -31,6 +33,8 @@ class DrainPlan:
 
 @dataclass(frozen=True, slots=True)
 class DrainStep:
+    """One decision of a drain: done, or wait this long and ask again."""
+
     done: bool
     wait: float = 0.0  # seconds until the next decision, when not done
     reason: str = ""

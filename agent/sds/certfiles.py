@@ -38,7 +38,7 @@ KEY_FILE: Final = "key.pem"
 ROOT_CERT_FILE: Final = "root-cert.pem"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class CertPaths:
     """Where the files live (Istio's names, in one directory)."""
 

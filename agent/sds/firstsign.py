@@ -14,8 +14,10 @@ from agent.sds.keys import KeyAndCsr, KeyType, new_key_and_csr
 from agent.sds.signer import CertificateSigner
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Signed:
+    """A key and the chain the CA signed for it."""
+
     key: KeyAndCsr
     chain: list[str]  # PEM, leaf first, root last
 

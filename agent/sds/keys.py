@@ -37,8 +37,10 @@ def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
     return f"{SPIFFE_SCHEME}{trust_domain}/ns/{namespace}/sa/{service_account}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class KeyAndCsr:
+    """A new private key and the CSR signed with it, PEM."""
+
     key_pem: bytes  # PKCS#8, unencrypted: Envoy reads it from inline bytes
     csr_pem: bytes
 

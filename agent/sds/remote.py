@@ -37,8 +37,10 @@ Update = Callable[[str, SecretEntry | None], None]
 OpenStream = Callable[[], grpc.aio.StreamStreamCall]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Fetch:
+    """One `kubernetes://` secret's fetch: who holds it, its stream task, its refusal."""
+
     name: str
     refs: int = 0
     task: asyncio.Task[None] | None = None

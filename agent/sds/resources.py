@@ -17,7 +17,7 @@ WORKLOAD_CERT = "default"
 ROOT_CERT = "ROOTCA"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SecretEntry:
     """One secret as served: name, content version, and the packed Any (built once)."""
 

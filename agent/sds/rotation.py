@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pilotfish_common.backoff import Backoff
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RotationPolicy:
+    """When certificates are renewed and failed attempts retried."""
+
     ratio: float = 0.5
     jitter: float = 0.05
     # Never ask again sooner than this after a success: a CA that returns certificates

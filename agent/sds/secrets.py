@@ -58,8 +58,10 @@ logger = logging.getLogger(__name__)
 Watcher = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SdsConfig:
+    """Whose certificate the secret manager asks for, and how it keeps it fresh."""
+
     trust_domain: str = "cluster.local"
     namespace: str = "default"
     service_account: str = "default"
@@ -77,8 +79,10 @@ class SdsConfig:
         return spiffe_id(self.trust_domain, self.namespace, self.service_account)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _WatchedFile:
+    """A file-mounted secret some stream holds, and what was last read from it."""
+
     source: FileSource
     refs: int = 0
     contents: tuple[bytes, ...] | None = None  # what the served entry was built from

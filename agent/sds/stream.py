@@ -36,8 +36,10 @@ class RequestKind(enum.StrEnum):
     STALE = "stale"  # nonce is not the last one sent: ignored
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RequestOutcome:
+    """What one SDS request asks of its stream."""
+
     kind: RequestKind
     # Answer now even if nothing changed (first request, newly subscribed names).
     must_respond: bool
@@ -46,8 +48,10 @@ class RequestOutcome:
     error_message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SdsResponse:
+    """One SDS response: its version, nonce and secrets."""
+
     version_info: str
     nonce: str
     resources: tuple[SecretEntry, ...]

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from agent.sds.signer import SigningError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class WorkloadCert:
     """A signed workload certificate as served."""
 
@@ -43,8 +43,10 @@ class SdsObserver(Protocol):
     def file_secret_failed(self) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class SdsStats:
+    """Counters of certificate signing and file-mounted secrets."""
+
     sign_attempts: int = 0
     certs_issued: int = 0
     rotations: int = 0  # certificates issued after the first

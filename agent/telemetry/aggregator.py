@@ -97,8 +97,10 @@ def _le(bound: float) -> str:
     return f"{bound:g}" if bound < 1e6 else f"{bound:.0f}"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class HttpSeries:
+    """One HTTP series' request count and histograms."""
+
     requests: int = 0
     duration: Histogram = field(default_factory=Histogram)
     request_bytes: Histogram = field(default_factory=Histogram)
@@ -118,16 +120,20 @@ class HttpSeries:
         h.total += response_bytes
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class TcpSeries:
+    """One TCP series' byte and connection counters."""
+
     sent: int = 0
     received: int = 0
     opened: int = 0
     closed: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Connection:
+    """An open TCP connection's series key and the bytes already counted."""
+
     key: LabelValues
     sent: int = 0
     received: int = 0

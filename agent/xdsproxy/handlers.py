@@ -95,8 +95,10 @@ class HandlerObserver(Protocol):
     def observe_dropped(self, handler: str, type_url: str) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Registration:
+    """A response handler as registered: for which type, how it runs, by whom."""
+
     type_url: str
     handler: ResponseHandler
     mode: Mode
@@ -114,16 +116,20 @@ class Registration:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class HandlerCounts:
+    """What one handler did (shown by /debug/handlers)."""
+
     handled: int = 0
     nacks: int = 0
     observe_errors: int = 0
     observe_dropped: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Loading:
+    """The plug-in being loaded and the types it registers."""
+
     name: str
     package: str
     registered: list[str] = field(default_factory=list)

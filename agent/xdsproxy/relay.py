@@ -54,7 +54,7 @@ class RelayObserver(Protocol):
     def streams(self, delta: int) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class RelayStats:
     """Counters the relay updates, forwarded to an optional observer (metrics)."""
 

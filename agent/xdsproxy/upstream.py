@@ -60,8 +60,10 @@ class UpstreamTlsError(OSError):
     """The TLS settings cannot be used (root certificate missing or not PEM)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class UpstreamTls:
+    """TLS to the control plane: the root it must chain to, the token sent on every call."""
+
     root_cert: Path  # the control plane's certificate must chain to this root
     token_file: Path | None = None  # bearer token sent on every call (None: no token)
 

@@ -34,10 +34,10 @@ FORBIDDEN = (
 # The agent's own modules for what this agent does not have: the app's probes' (parser,
 # prober, checks) without ISTIO_KUBE_APP_PROBERS, ECDS's Wasm rewriter until an ECDS response
 # comes, a gateway certificate's stream rules and the file-mounted secrets' reader until one
-# such secret is asked for, and in proxy-only mode the standard metrics' FIFO and wire
-# contract. Each is its
-# code objects and dataclass methods for the agent's life (tracemalloc: 15-70 KB apiece)
-# and ~0.5-2 ms of the start.
+# such secret is asked for, the DNS responder's dnslib part until the first query comes, and
+# in proxy-only mode the standard metrics' FIFO and wire contract. Each is its code objects
+# and dataclass methods for the agent's life (tracemalloc: 15-70 KB apiece) and ~0.5-2.5 ms
+# of the start.
 UNUSED = (
     "agent.health.appprobers",
     "agent.health.appprobe",
@@ -45,16 +45,27 @@ UNUSED = (
     "agent.xdsproxy.ecds",
     "agent.sds.fetch",
     "agent.sds.files",
+    "agent.dns.answers",
+    "dnslib",
 )
 UNUSED_PROXY_ONLY = ("agent.telemetry.fifo", "protos.telemetry")
 
+# Dataclasses a started agent made with an __eq__ (and, frozen, a __hash__): each generated
+# method is one exec of its source at import (~0.05 ms apiece on Python 3.11), and a docstring
+# missing costs an inspect.signature. The agent compares none of its start path's by value;
+# these two are compared (tests/unit/test_agent_drain.py; a reporter's overrides by their
+# compared fields, tests/unit/test_telemetry_records.py).
+COMPARED = ("agent.envoy.drain.DrainStep", "agent.telemetry.overrides.SideOverrides")
+
 # The agent as `python -m agent` runs it; a thread waits until its status server answers
-# (Agent.start has run: relay, certificate, DNS, status server), then lists what it imported.
+# (Agent.start has run: relay, certificate, DNS, status server), then lists what it imported
+# and the dataclasses it made at full cost.
 # Only modules the agent imports anyway here (the socket module's connect takes an ASCII
 # host without the IDNA codec).
 _LISTED = """
 import os, runpy, socket, sys, threading, time
 forbidden, port = sys.argv.pop(1).split(","), int(sys.argv.pop(1))
+compared = sys.argv.pop(1).split(",")
 
 def listed():
     deadline = time.monotonic() + 60
@@ -72,6 +83,21 @@ def listed():
         print("status server never answered", flush=True)
         os._exit(1)
     print(",".join(m for m in forbidden if m in sys.modules), flush=True)
+    costly = []
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in ("agent", "pilotfish_common", "protos"):
+            continue
+        for cls in list(vars(module).values()):
+            if not isinstance(cls, type) or cls.__module__ != name:
+                continue
+            params = getattr(cls, "__dataclass_params__", None)
+            if params is None:
+                continue
+            if params.eq and f"{name}.{cls.__qualname__}" not in compared:
+                costly.append(f"{name}.{cls.__qualname__} (__eq__)")
+            if (cls.__doc__ or "").startswith(cls.__name__ + "("):
+                costly.append(f"{name}.{cls.__qualname__} (no docstring)")
+    print(",".join(sorted(costly)), flush=True)
     os._exit(0)
 
 threading.Thread(target=listed, daemon=True).start()
@@ -105,7 +131,7 @@ def test_started_agent_imported_none_of_the_start_path_leftovers(
     unwanted = FORBIDDEN + UNUSED + (UNUSED_PROXY_ONLY if proxy_only else ())
     env = {k: v for k, v in os.environ.items() if k != "ISTIO_KUBE_APP_PROBERS"}
     out = subprocess.run(
-        [sys.executable, "-c", _LISTED, ",".join(unwanted), str(status), *args],
+        [sys.executable, "-c", _LISTED, ",".join(unwanted), str(status), ",".join(COMPARED), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -113,4 +139,6 @@ def test_started_agent_imported_none_of_the_start_path_leftovers(
         timeout=90,
     )
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    assert out.stdout.splitlines()[0] == "", f"the started agent imported {out.stdout}"
+    lines = out.stdout.splitlines()
+    assert lines[0] == "", f"the started agent imported {lines[0]}"
+    assert lines[1] == "", f"dataclasses made on the way to ready at full cost: {lines[1]}"
