@@ -7,11 +7,27 @@ and exit, and the watcher can log one line and keep serving the last good config
 
 from __future__ import annotations
 
+# Characters that would break a one-line message, as escapes: C0 and C1 controls (tab kept) and
+# Unicode's line and paragraph separators. A name or value quoted from a file can hold them
+# (YAML folds NEL, U+0085, into a line break inside a flow scalar), and a log line or the CLI's
+# one-line error must still be one line.
+_ONE_LINE = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+    if c != 0x09
+}
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that could start a new line escaped (`\\x0a`, ...)."""
+    return text.translate(_ONE_LINE)
+
 
 class ConfigError(Exception):
     """A config file could not be loaded: `file:line: reason` (line is 1-based)."""
 
     def __init__(self, file: str, line: int, reason: str) -> None:
+        file, reason = one_line(file), one_line(reason)
         super().__init__(file, line, reason)
         self.file = file
         self.line = line

@@ -114,6 +114,12 @@ def test_mutated_manifests_give_clear_errors_or_load(docs: list[Any]) -> None:
 # Regression: a syntax error at the end of a file without a final newline was reported one
 # line past the end of the file.
 @example(text="apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {")
+# Regression: YAML folds NEL (U+0085) inside a flow scalar into a line break, and the name
+# holding it was quoted into the error as a second line.
+@example(
+    text="apiVersion: networking.istio.io/v1\nkind: DestinationRule\n"
+    "metadata: {name: r\x85\x85eviews, namespace: default}\nspec: {host: reviews}\n"
+)
 @given(text=mutated_text())
 def test_broken_yaml_text_gives_clear_errors(text: str) -> None:
     check(text)
