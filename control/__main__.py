@@ -424,6 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.ca_chain and not args.ca_cert:
         parser.error("--ca-chain needs --ca-cert and --ca-key")
     logsetup.setup(args.log_level, args.log_format)
+    # Before the first thread (gRPC's, the executor's, libuv's) allocates: see limit_arenas.
+    from control.heap import limit_arenas
+
+    limit_arenas()
     import uvloop
 
     sys.exit(uvloop.run(_run(args)))

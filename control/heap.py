@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
@@ -34,3 +35,33 @@ def malloc_trim() -> Callable[[], None] | None:
         trim(0)
 
     return run
+
+
+# mallopt's parameter number for the arena limit (glibc's malloc.h).
+_M_ARENA_MAX = -8
+# The control plane's own default: the main thread's arena and one that every other thread
+# (gRPC's event engine, the blocking-call executor, the trimmer) shares.
+CONTROL_ARENAS = 2
+
+
+def limit_arenas(arenas: int = CONTROL_ARENAS) -> bool:
+    """Caps glibc's malloc arenas at `arenas` for the rest of the process; True if it did.
+
+    glibc gives each thread that allocates an arena of its own (up to eight per core), and
+    each keeps the most it ever held: a burst on one of gRPC's event-engine threads leaves
+    free memory in that thread's arena that the others cannot use, so the process's RSS is
+    the sum of every arena's high-water mark and creeps up for as long as new marks are set
+    (the soak, README footnote ⁹: arenas of 1.4-2.2 MB per thread, half of it free, still
+    growing ten minutes in). Shared arenas hold one high-water mark between them. Call it
+    before threads start allocating: arenas made already stay. A MALLOC_ARENA_MAX in the
+    environment is the operator's choice and is left alone."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        logger.debug("no mallopt in this C library: malloc arenas as it makes them")
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas))

@@ -9,11 +9,12 @@ send workers then pull the newest state from `CurrentPush.resources`.
 
 from __future__ import annotations
 
-import collections
+import array
 import functools
 import logging
+import math
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,6 +78,89 @@ class PushRecord:
             "streams": self.streams,
             "config_snapshot_monotonic": self.config_snapshot,
         }
+
+
+class PushLog:
+    """The most recent `size` pushes, oldest first, in storage allocated once.
+
+    A deque of PushRecords grew by a record, its reasons tuple, its seq and its floats per
+    push (about 270 bytes) until it was full, 1,024 pushes in: eight and a half minutes at
+    the soak's two pushes a second, a slope in the control plane's RSS long after its
+    warm-up (tests/benchmarks/xds_soak.py). Here the fields live in arrays sized at
+    construction, so a push writes numbers into place and allocates nothing that outlives
+    it; the reasons are shared tuples (a push's reasons come from a handful of names).
+    Records are made only when read (/debug/pushz)."""
+
+    __slots__ = ("_eds_only", "_floats", "_ints", "_reasons", "_shared", "_size", "_total")
+
+    # Distinct reason tuples kept to be shared; beyond this many, each push keeps its own
+    # (bounded by the log's size still).
+    _SHARED_REASONS = 64
+
+    def __init__(self, size: int = PUSH_LOG_SIZE) -> None:
+        if size < 1:
+            raise ValueError(f"push log size must be at least 1, not {size}")
+        self._size = size
+        self._total = 0  # pushes ever appended: the next one goes to slot _total % size
+        # Per slot: started, started_unix, debounce, config_snapshot (NaN for None).
+        self._floats = array.array("d", bytes(8 * 4 * size))
+        self._ints = array.array("q", bytes(8 * 2 * size))  # per slot: seq, streams
+        self._eds_only = bytearray(size)
+        self._reasons: list[tuple[str, ...]] = [()] * size
+        self._shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def append(
+        self,
+        seq: int,
+        started: float,
+        started_unix: float,
+        reasons: Iterable[str],
+        debounce: float,
+        eds_only: bool,
+        streams: int,
+        config_snapshot: float | None,
+    ) -> None:
+        i = self._total % self._size
+        f = 4 * i
+        self._floats[f] = started
+        self._floats[f + 1] = started_unix
+        self._floats[f + 2] = debounce
+        self._floats[f + 3] = math.nan if config_snapshot is None else config_snapshot
+        self._ints[2 * i] = seq
+        self._ints[2 * i + 1] = streams
+        self._eds_only[i] = eds_only
+        self._reasons[i] = self._share(tuple(sorted(reasons)))
+        self._total += 1
+
+    def _share(self, reasons: tuple[str, ...]) -> tuple[str, ...]:
+        found = self._shared.get(reasons)
+        if found is not None:
+            return found
+        if len(self._shared) < self._SHARED_REASONS:
+            self._shared[reasons] = reasons
+        return reasons
+
+    def __len__(self) -> int:
+        return min(self._total, self._size)
+
+    def __iter__(self) -> Iterator[PushRecord]:
+        first = self._total - len(self)
+        for n in range(first, self._total):
+            yield self._record(n % self._size)
+
+    def _record(self, i: int) -> PushRecord:
+        f = 4 * i
+        snapshot = self._floats[f + 3]
+        return PushRecord(
+            self._ints[2 * i],
+            self._floats[f],
+            self._floats[f + 1],
+            self._reasons[i],
+            self._floats[f + 2],
+            bool(self._eds_only[i]),
+            self._ints[2 * i + 1],
+            None if math.isnan(snapshot) else snapshot,
+        )
 
 
 class WorkloadSource(Protocol):
@@ -252,7 +336,7 @@ class PushPipeline(Lifecycle):
         self._config = MeshConfig()
         self._loop = PushLoop(self._push, quiet=quiet, max_delay=max_delay)
         self.pushes = 0
-        self.push_log: collections.deque[PushRecord] = collections.deque(maxlen=PUSH_LOG_SIZE)
+        self.push_log = PushLog()
         source.subscribe(self._config_changed)
         workloads.subscribe(self._workloads_changed)
         if mesh is not None:
@@ -303,16 +387,14 @@ class PushPipeline(Lifecycle):
         else:
             streams = self._target.push_all()
         self.push_log.append(
-            PushRecord(
-                self.pushes,
-                started,
-                wall,
-                tuple(sorted(reasons)),
-                waited,
-                eds_only,
-                streams,
-                self._source.snapshot_at,
-            )
+            self.pushes,
+            started,
+            wall,
+            reasons,
+            waited,
+            eds_only,
+            streams,
+            self._source.snapshot_at,
         )
         return streams
 

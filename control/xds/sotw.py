@@ -20,6 +20,7 @@ import functools
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 from google.protobuf.message import DecodeError
@@ -357,10 +358,23 @@ class SotwStream(StreamRules[_TypeState]):
         return st.wildcard, frozenset(st.names)
 
 
+_M = TypeVar("_M")
+
 # Views are shared by every stream that got the same selection, so the names updated between
 # two of them are worked out once per pair, not once per stream. Bounded: a handful of pairs
 # are live at a time (one per push and subscription shape).
 _updated_memo: dict[tuple[int, int], frozenset[str]] = {}
+# How many pairs the memos below keep. When full, the oldest pair goes, not all of them: a
+# memo cleared when full emptied and refilled every couple of minutes, and what it held swung
+# between nothing and 256 pairs' worth instead of filling once in the first minutes and
+# staying there (tests/benchmarks/xds_soak.py judges the RSS curve after minute 3).
+_MEMO_PAIRS = 256
+
+
+def _remember(memo: dict[tuple[int, int], _M], key: tuple[int, int], value: _M) -> None:
+    if len(memo) >= _MEMO_PAIRS:
+        del memo[next(iter(memo))]  # dicts keep insertion order: this is the oldest pair
+    memo[key] = value
 
 
 def _updated_names(old: View, new: View) -> frozenset[str]:
@@ -372,9 +386,7 @@ def _updated_names(old: View, new: View) -> frozenset[str]:
         found = frozenset(
             n for n, r in new.by_name.items() if n in before and before[n].version != r.version
         )
-        if len(_updated_memo) >= 256:
-            _updated_memo.clear()
-        _updated_memo[key] = found
+        _remember(_updated_memo, key, found)
     return found
 
 
@@ -399,9 +411,7 @@ def _changed_part(old: View, new: View) -> View | None:
         }
         if changed and len(changed) < len(after):
             part = View(changed, version=new.version)
-    if len(_part_memo) >= 256:
-        _part_memo.clear()
-    _part_memo[key] = part
+    _remember(_part_memo, key, part)
     return part
 
 

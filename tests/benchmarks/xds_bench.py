@@ -58,6 +58,11 @@ class ProcStats:
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def threads(self) -> int:
+        # Each thread that allocates may get a glibc arena of its own: a thread started late
+        # shows in RSS as a step.
+        return self._status("Threads") // 1024
+
 
 def machine() -> str:
     load = os.getloadavg()

@@ -74,6 +74,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
         )
     )
     samples: list[tuple[float, int, int]] = []  # (seconds since start, rss, fds)
+    threads: list[int] = []  # the control plane's threads, sampled with them
     try:
         async with sotw, delta:
             for load in (sotw, delta):
@@ -84,6 +85,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
             while (now := time.monotonic()) < end:
                 if now >= next_sample:
                     samples.append((now - t0, stats.rss(), stats.fds()))
+                    threads.append(stats.threads())
                     next_sample += args.sample
                 if now >= next_change:
                     await asyncio.to_thread(mesh.change)
@@ -102,6 +104,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
                     "the last change everywhere",
                 )
             samples.append((time.monotonic() - t0, stats.rss(), stats.fds()))
+            threads.append(stats.threads())
             records = [*await sotw.report(), *await delta.report()]
             status = [sotw.status(), delta.status()]
             m = await cp.metrics()
@@ -142,6 +145,12 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     print(
         "soak fds by minute: "
         + " ".join(str(s[2]) for s in samples if int(s[0]) % 60 < args.sample)
+    )
+    print(
+        "soak threads by minute: "
+        + " ".join(
+            str(n) for s, n in zip(samples, threads, strict=True) if int(s[0]) % 60 < args.sample
+        )
     )
     window = (samples[-1][0] - args.warmup) / 60 if samples else 0.0
     print(

@@ -112,3 +112,24 @@ def test_streams_in_step_hold_one_copy_of_their_nonces_and_versions() -> None:
         assert row.sent_nonce is first.sent_nonce
         assert row.acked_nonce is first.sent_nonce  # ours, not the client's copy
         assert row.sent_version is first.sent_version
+
+
+def test_the_table_is_full_from_the_start() -> None:
+    """Streams reach count n after about n pushes; a table filled as counts arrived grew for
+    its first `slots` pushes (minutes into the soak). Counting far past the table's size
+    must leave it holding what it held when made: its strings are replaced by ones no
+    bigger, a byte or two at most."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        table = CountStrings(1024)
+        made = tracemalloc.get_traced_memory()[0]
+        for n in range(1, 20_000):
+            table.get(n)
+        gc.collect()
+        counted = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert table.get(5) == "5" and table.get(1024 + 5) == "1029"
+    # Filled as counts came, the table grew by ~52 KB (1,024 strings) past `made`.
+    assert counted - made < 4 * 1024, f"{counted - made} bytes more after counting"
