@@ -7,6 +7,7 @@ import asyncio
 import gc
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from control.xds.trim import HeapTrimmer
@@ -15,6 +16,19 @@ from control.xds.trim import HeapTrimmer
 class _Cycle:
     def __init__(self) -> None:
         self.me = self
+
+
+async def _one_trim(trim: Callable[[], None]) -> HeapTrimmer:
+    """A trimmer due after one stream, run until it has trimmed once (or 5 s), then closed."""
+    trimmer = HeapTrimmer(trim, busy=lambda: False, after_streams=1, idle=0.01)
+    trimmer.stream_opened()
+    trimmer.drained()
+    for _ in range(500):
+        if trimmer.trims:
+            break
+        await asyncio.sleep(0.01)
+    await trimmer.close()
+    return trimmer
 
 
 async def test_cycles_are_collected_on_the_loop_before_the_trim() -> None:
@@ -36,15 +50,8 @@ async def test_cycles_are_collected_on_the_loop_before_the_trim() -> None:
     gc.set_threshold(1_000_000, 10, 10)  # no collection of its own in between
     gc.callbacks.append(seen)
     try:
-        trimmer = HeapTrimmer(trim, busy=lambda: False, after_streams=1, idle=0.01)
         del cycle  # garbage now, but only a collection frees it
-        trimmer.stream_opened()
-        trimmer.drained()
-        for _ in range(500):
-            if trimmer.trims:
-                break
-            await asyncio.sleep(0.01)
-        await trimmer.close()
+        trimmer = await _one_trim(trim)
     finally:
         gc.callbacks.remove(seen)
         gc.set_threshold(*old)
@@ -75,14 +82,7 @@ async def test_old_cycles_are_collected_before_the_trim() -> None:
         assert gone() is not None  # old garbage: no young collection frees it
         gc.collect(1)
         assert gone() is not None
-        trimmer = HeapTrimmer(lambda: None, busy=lambda: False, after_streams=1, idle=0.01)
-        trimmer.stream_opened()
-        trimmer.drained()
-        for _ in range(500):
-            if trimmer.trims:
-                break
-            await asyncio.sleep(0.01)
-        await trimmer.close()
+        trimmer = await _one_trim(lambda: None)
         after = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
