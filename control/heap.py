@@ -6,7 +6,8 @@ around those copies; the copies are freed once written, but glibc returns only t
 heap to the system, and what they leave between the streams' state stays in the process.
 After a storm of 5,000 proxies that was 1-4 KB per stream of RSS holding nothing (issue 9).
 `malloc_trim` hands those free pages back; the server calls it once a storm is over
-(control/xds/trim.py).
+(control/xds/trim.py). `limit_arenas` keeps the threads' allocations in one shared arena, so
+the process holds one high-water mark for them instead of one per thread.
 """
 
 from __future__ import annotations
@@ -19,16 +20,24 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 
+def _libc(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """The C library's function `name` taking `argtypes` and returning an int, or None where
+    this C library has none (musl, macOS)."""
+    try:
+        function = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        logger.debug("no %s in this C library: the heap is left as it manages it", name)
+        return None
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
 def malloc_trim() -> Callable[[], None] | None:
     """glibc's malloc_trim(0), or None where the C library has none (musl, macOS)."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        logger.debug("no malloc_trim in this C library: freed heap memory stays in the process")
+    trim = _libc("malloc_trim", ctypes.c_size_t)
+    if trim is None:
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
 
     def run() -> None:
         # Blocking (it walks every heap): call it from a thread, not the event loop.
@@ -57,11 +66,5 @@ def limit_arenas(arenas: int = CONTROL_ARENAS) -> bool:
     environment is the operator's choice and is left alone."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        logger.debug("no mallopt in this C library: malloc arenas as it makes them")
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas))
+    mallopt = _libc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, arenas))

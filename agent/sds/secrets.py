@@ -17,7 +17,6 @@ import contextlib
 import importlib
 import logging
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -221,9 +220,10 @@ class SecretManager(Lifecycle):
             return
         if not is_file_resource(name):
             return
-        if "agent.sds.files" not in sys.modules:
-            # Reading and checking them (agent/sds/names.py): imported with the first one.
-            await asyncio.to_thread(importlib.import_module, "agent.sds.files")
+        # Reading and checking them (agent/sds/names.py): imported with the first one, in a
+        # thread (a later call finds it imported; sys.modules alone would not say whether
+        # another thread is still importing it).
+        await asyncio.to_thread(importlib.import_module, "agent.sds.files")
         from agent.sds.files import parse_file_resource
 
         source = parse_file_resource(name)

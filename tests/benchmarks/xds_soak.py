@@ -73,8 +73,8 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
             timeout=timeout,
         )
     )
-    samples: list[tuple[float, int, int]] = []  # (seconds since start, rss, fds)
-    threads: list[int] = []  # the control plane's threads, sampled with them
+    # (seconds since start, rss, fds, the control plane's threads)
+    samples: list[tuple[float, int, int, int]] = []
     try:
         async with sotw, delta:
             for load in (sotw, delta):
@@ -84,8 +84,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
             next_change = next_recycle = next_sample = t0
             while (now := time.monotonic()) < end:
                 if now >= next_sample:
-                    samples.append((now - t0, stats.rss(), stats.fds()))
-                    threads.append(stats.threads())
+                    samples.append((now - t0, stats.rss(), stats.fds(), stats.threads()))
                     next_sample += args.sample
                 if now >= next_change:
                     await asyncio.to_thread(mesh.change)
@@ -103,8 +102,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
                     120,
                     "the last change everywhere",
                 )
-            samples.append((time.monotonic() - t0, stats.rss(), stats.fds()))
-            threads.append(stats.threads())
+            samples.append((time.monotonic() - t0, stats.rss(), stats.fds(), stats.threads()))
             records = [*await sotw.report(), *await delta.report()]
             status = [sotw.status(), delta.status()]
             m = await cp.metrics()
@@ -148,9 +146,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     )
     print(
         "soak threads by minute: "
-        + " ".join(
-            str(n) for s, n in zip(samples, threads, strict=True) if int(s[0]) % 60 < args.sample
-        )
+        + " ".join(str(s[3]) for s in samples if int(s[0]) % 60 < args.sample)
     )
     window = (samples[-1][0] - args.warmup) / 60 if samples else 0.0
     print(
@@ -176,7 +172,7 @@ async def _run(args: argparse.Namespace, tmp: Path) -> int:
     return 0 if ok else 1
 
 
-def _slopes(samples: list[tuple[float, int, int]]) -> tuple[float, float]:
+def _slopes(samples: list[tuple[float, int, int, int]]) -> tuple[float, float]:
     """Least-squares slopes of RSS (bytes) and fds, per minute."""
     minutes = [s[0] / 60 for s in samples]
     return (
