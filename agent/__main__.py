@@ -36,6 +36,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_listener")
 
 from agent.config import AgentConfig, AgentConfigError, build_parser, config_from_args  # noqa: E402
+from agent.sds.keyspec import KeyType, spiffe_id  # noqa: E402
+from agent.sds.keyworker import KeyWorker  # noqa: E402
 from pilotfish_common import logsetup, signals  # noqa: E402
 
 logger = logging.getLogger("agent")
@@ -43,14 +45,9 @@ logger = logging.getLogger("agent")
 _IMPORT_SWITCH_INTERVAL = 0.0005  # seconds
 
 
-async def _run(args: object) -> int:
+async def _run(cfg: AgentConfig, args: object, keys: KeyWorker | None) -> int:
     # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
     # ones, is imported while Envoy starts on the other core.
-    try:
-        cfg = config_from_args(args)  # type: ignore[arg-type]
-    except AgentConfigError as e:
-        print(f"pilotfish-agent: {e}", file=sys.stderr)
-        return 2
     if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
         # Before any socket exists: the capture rules exclude the proxy GID, so the agent's
         # own connections (control plane, DNS forwarding) are not sent back into Envoy or to
@@ -75,7 +72,7 @@ async def _run(args: object) -> int:
         TIMELINE.mark("envoy launcher")
     from agent.launch import Launch
 
-    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE, envoy=envoy)
+    launch = Launch(cfg, log_level=log_level, timeline=TIMELINE, envoy=envoy, keys=keys)
     # Envoy runs from the launch on: a stop asked for before the agent exists is kept, and the
     # agent drains and stops Envoy once it is up (rather than dying and leaving Envoy to the
     # parent-death signal).
@@ -160,11 +157,28 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(wait.main(argv[1:]))
     gc.disable()  # as above, for the console script
+    # The first key's worker, forked now: before gRPC, threads and the event loop exist, and
+    # while this process has written little that the fork makes it copy.
+    keys = KeyWorker.fork()
     args = build_parser().parse_args(argv)
     logsetup.setup(args.log_level, args.log_format)
+    try:
+        cfg = config_from_args(args)
+    except AgentConfigError as e:
+        print(f"pilotfish-agent: {e}", file=sys.stderr)
+        sys.exit(2)
+    if keys is not None:
+        try:
+            keys.ask_first(
+                spiffe_id(cfg.trust_domain, cfg.namespace, cfg.service_account),
+                KeyType(cfg.key_type),
+            )
+        except ValueError:  # no SPIFFE ID: the secret manager says why
+            keys.abandon()
+            keys = None
     import uvloop
 
-    sys.exit(uvloop.run(_run(args)))
+    sys.exit(uvloop.run(_run(cfg, args, keys)))
 
 
 if __name__ == "__main__":

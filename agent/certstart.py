@@ -5,8 +5,8 @@ apps read it from; made from the agent's config.
 Its own module, apart from agent/app.py, because `agent/__main__.py` makes and starts them
 before importing the rest of the agent (agent/launch.py, `Launch.start_certs`): the key,
 the CSR and the signing round trip then go on while the rest is imported, and Envoy's SDS
-requests are answered as soon as the certificate is there. What it imports (cryptography,
-the CA protos, agent/sds) the agent needs anyway.
+requests are answered as soon as the certificate is there. What it imports (the CA protos,
+agent/sds) the agent needs anyway; cryptography is not among it (agent/sds/keywork.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from agent.metrics import AgentMetrics, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths
 from agent.sds.firstsign import Signed
-from agent.sds.keys import KeyType
+from agent.sds.keyspec import KeyType
+from agent.sds.keywork import KeyWork
 from agent.sds.remote import RemoteSecrets
 from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.server import SdsServer
@@ -32,10 +33,12 @@ def workload_secrets(
     upstream: UpstreamChannel,
     metrics: AgentMetrics,
     first: Awaitable[Signed] | None = None,
+    keys: KeyWork | None = None,
 ) -> SecretManager:
     """Workload certificates signed over `upstream`, served to Envoy (and proxyless clients)
     as SDS `default` / `ROOTCA` on <workdir>/SDS; counted in `metrics`. `first`: the first
-    signing attempt, when the launch started it (agent/launch.py)."""
+    signing attempt, when the launch started it (agent/launch.py); `keys`: where keys are
+    made (the key worker, when the agent forked one)."""
     return SecretManager(
         CaClient(upstream, cfg.token_file),
         SdsConfig(
@@ -54,6 +57,7 @@ def workload_secrets(
             metadata={**cfg.node_metadata(), "SDS_FETCH": "true"},
         ),
         first=first,
+        keys=keys,
     )
 
 
@@ -70,11 +74,13 @@ class WorkloadCerts:
         owner: int | None = None,
         server: UnixGrpcServer | None = None,
         first: Awaitable[Signed] | None = None,
+        keys: KeyWork | None = None,
     ) -> None:
         """`owner`: the UID that may use the SDS socket (Envoy's, when it runs as another
         user); `server`: that socket, when it was bound beforehand (agent/launch.py);
-        `first`: the first signing attempt, when the launch started it."""
-        self.secrets = workload_secrets(cfg, upstream, metrics, first)
+        `first`: the first signing attempt, when the launch started it; `keys`: where keys
+        are made."""
+        self.secrets = workload_secrets(cfg, upstream, metrics, first, keys)
         self.sds = SdsServer(cfg.sds_socket, self.secrets, owner=owner, server=server)
         # Proxyless apps read the certificate from files (gRPC has no SDS).
         self.cert_files: CertFileWriter | None = None

@@ -1,5 +1,5 @@
 """The first part of the agent's start, done before its heavy imports (agent/app.py and all it
-pulls in: cryptography, the protos, DNS, telemetry, metrics).
+pulls in: the protos, SDS, DNS, telemetry, metrics).
 
 Envoy is started here (its launcher, spawned before gRPC was imported, agent/envoystart.py,
 is told to exec it), so that its own start (~50 ms of CPU) runs on the other core while this
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from agent.metrics import AgentMetrics
     from agent.relaystart import LocalRelay
     from agent.sds.firstsign import Signed
+    from agent.sds.keywork import KeyWork
     from agent.telemetry.fifo import MetricsFifo
 
 logger = logging.getLogger(__name__)
@@ -88,9 +89,12 @@ class Launch(Lifecycle):
         log_level: str = "info",
         timeline: StartupTimeline | None = None,
         envoy: EnvoySupervisor | None = None,
+        keys: KeyWork | None = None,
     ) -> None:
         """`envoy`: its supervisor, when `agent/__main__.py` made it (and spawned its
-        launcher) before importing gRPC; otherwise made here (with Envoy)."""
+        launcher) before importing gRPC; otherwise made here (with Envoy). `keys`: where the
+        workload keys are made, the key worker when `agent/__main__.py` forked one
+        (agent/sds/keyworker.py); default: in a thread here."""
         self.cfg = cfg
         self.timeline = timeline or StartupTimeline()
         # In REDIRECT as root, Envoy runs as the proxy user the capture rules exclude.
@@ -109,6 +113,7 @@ class Launch(Lifecycle):
         self.upstream = upstream_channel(cfg)
         self.admin_url = admin_url(cfg)
         self.envoy = envoy
+        self.keys = keys
         if envoy is None and not cfg.proxy_only:
             self.envoy = envoy_supervisor(cfg, log_level)
         # Made by start_relay() and start_certs(), when asked for; `Agent` takes them.
@@ -171,7 +176,7 @@ class Launch(Lifecycle):
 
     async def start_signing(self) -> None:
         """The first workload certificate's key, CSR and signing call, started (idempotent;
-        after `start()`, whose channel it uses): it needs only cryptography and the CA's
+        after `start()`, whose channel it uses): it needs only the key work and the CA's
         protos (agent/sds/firstsign.py), so its round trip runs while the secret manager,
         SDS and the rest are imported; `start_certs()` hands it to the secret manager."""
         if self._first_signing is not None:
@@ -179,13 +184,17 @@ class Launch(Lifecycle):
         await asyncio.to_thread(_import, "agent.sds.firstsign")
         from agent.sds.caclient import CaClient
         from agent.sds.firstsign import sign_new_key
-        from agent.sds.keys import KeyType, spiffe_id
+        from agent.sds.keyspec import KeyType, spiffe_id
+        from agent.sds.keywork import ThreadKeyWork
 
         cfg = self.cfg
         identity = spiffe_id(cfg.trust_domain, cfg.namespace, cfg.service_account)
+        if self.keys is None:
+            self.keys = ThreadKeyWork()
         self._first_signing = asyncio.create_task(
             sign_new_key(
                 CaClient(self.upstream, cfg.token_file),
+                self.keys,
                 identity,
                 KeyType(cfg.key_type),
                 cfg.workload_cert_ttl,
@@ -210,6 +219,7 @@ class Launch(Lifecycle):
             owner=owner,
             server=self.sds_server,
             first=self._first_signing,
+            keys=self.keys,
         )
         await self.certs.start()
         self._cert_signed = asyncio.create_task(self._mark_cert_signed(), name="cert-signed")
@@ -237,6 +247,8 @@ class Launch(Lifecycle):
         self._channel_up = self._cert_signed = self._first_signing = None
         if self.certs is not None:
             await self.certs.close()  # idempotent: `Agent` closes them first when it took them
+        if self.keys is not None:
+            await self.keys.close()  # idempotent: the secret manager closes it when it has it
         for server in self.servers:
             await server.close(0.5)
         if self.metrics_fifo is not None:

@@ -1,7 +1,8 @@
-"""One signing attempt: a fresh key and CSR, signed by a `CertificateSigner`.
+"""One signing attempt: a fresh key and CSR (from a `KeyWork`), signed by a
+`CertificateSigner`.
 
 A module of its own so that the agent's first attempt can start before the secret manager
-and SDS are imported (agent/launch.py, `Launch.start_signing`): signing needs cryptography
+and SDS are imported (agent/launch.py, `Launch.start_signing`): signing needs the key work
 and the CA's protos only, a part of what the rest of agent/sds imports, and its round trip
 then runs while the rest is imported. The `SecretManager` takes that attempt as its first.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.sds.keys import KeyAndCsr, KeyType, new_key_and_csr
+from agent.sds.keyspec import KeyAndCsr, KeyType
+from agent.sds.keywork import KeyWork
 from agent.sds.signer import CertificateSigner
 
 
@@ -23,9 +25,9 @@ class Signed:
 
 
 async def sign_new_key(
-    signer: CertificateSigner, identity: str, key_type: KeyType, ttl: float
+    signer: CertificateSigner, keys: KeyWork, identity: str, key_type: KeyType, ttl: float
 ) -> Signed:
-    """A new key (generated off the event loop) and its CSR for `identity`, signed for about
-    `ttl` seconds."""
-    kc = await new_key_and_csr(identity, key_type)
+    """A new key (from `keys`, off the event loop) and its CSR for `identity`, signed for
+    about `ttl` seconds."""
+    kc = await keys.new_key(identity, key_type)
     return Signed(kc, await signer.sign(kc.csr_pem, max(1, round(ttl))))

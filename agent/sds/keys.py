@@ -9,40 +9,23 @@ is CPU-bound (RSA takes tens of milliseconds), so the async entry point runs it 
 from __future__ import annotations
 
 import asyncio
-import enum
-from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-SPIFFE_SCHEME = "spiffe://"
+from agent.sds.keyspec import SPIFFE_SCHEME, KeyAndCsr, KeyType, spiffe_id
 
-
-class KeyType(enum.StrEnum):
-    EC_P256 = "ec-p256"
-    RSA_2048 = "rsa-2048"
-
-
-def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
-    """`spiffe://<trust domain>/ns/<ns>/sa/<sa>`, Istio's workload identity."""
-    for what, value in (
-        ("trust domain", trust_domain),
-        ("namespace", namespace),
-        ("service account", service_account),
-    ):
-        if not value or "/" in value:
-            raise ValueError(f"invalid {what} for a SPIFFE ID: {value!r}")
-    return f"{SPIFFE_SCHEME}{trust_domain}/ns/{namespace}/sa/{service_account}"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class KeyAndCsr:
-    """A new private key and the CSR signed with it, PEM."""
-
-    key_pem: bytes  # PKCS#8, unencrypted: Envoy reads it from inline bytes
-    csr_pem: bytes
+# Named here too: the module that makes keys is where a reader looks for them.
+__all__ = [
+    "SPIFFE_SCHEME",
+    "KeyAndCsr",
+    "KeyType",
+    "generate_key_and_csr",
+    "new_key_and_csr",
+    "spiffe_id",
+]
 
 
 def generate_key_and_csr(identity: str, key_type: KeyType = KeyType.EC_P256) -> KeyAndCsr:

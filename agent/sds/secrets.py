@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agent.sds.firstsign import Signed, sign_new_key
-from agent.sds.keys import KeyType, spiffe_id
+from agent.sds.keyspec import KeyType, spiffe_id
+from agent.sds.keywork import KeyWork, ThreadKeyWork
 from agent.sds.names import (
     REMOTE_PREFIX,
     FileSecretError,
@@ -45,7 +46,7 @@ from agent.sds.resources import (
 )
 from agent.sds.rotation import RotationPolicy, RotationSchedule
 from agent.sds.signer import CertificateSigner, is_retryable
-from agent.sds.workloadcert import SdsStats, WorkloadCert, checked_cert
+from agent.sds.workloadcert import SdsStats, WorkloadCert
 from pilotfish_common.lifecycle import Lifecycle
 from pilotfish_common.tasks import cancel
 
@@ -102,10 +103,13 @@ class SecretManager(Lifecycle):
         clock: Callable[[], float] = time.time,
         remote: RemoteSecrets | None = None,
         first: Awaitable[Signed] | None = None,
+        keys: KeyWork | None = None,
     ) -> None:
         """`remote`: where `kubernetes://` secrets (gateway certificates) come from; None:
         they are unknown names. `first`: a signing attempt already under way for this
-        identity and key type (agent/sds/firstsign.py), taken as the first attempt."""
+        identity and key type (agent/sds/firstsign.py), taken as the first attempt. `keys`:
+        where keys are made and the CA's answers checked (agent/sds/keywork.py; default: in
+        a thread here)."""
         self.config = config or SdsConfig()
         self.identity = self.config.identity  # validates the identity parts up front
         self.stats = stats or SdsStats()
@@ -122,6 +126,7 @@ class SecretManager(Lifecycle):
         self.last_error = ""
         self._remote = remote
         self._first = first
+        self._keys: KeyWork = keys or ThreadKeyWork()
         if remote is not None:
             remote.bind(self._remote_update)
 
@@ -139,6 +144,7 @@ class SecretManager(Lifecycle):
     async def close(self) -> None:
         await cancel(*self._tasks)
         self._tasks = []
+        await self._keys.close()
         if self._remote is not None:
             await self._remote.close()
 
@@ -311,10 +317,11 @@ class SecretManager(Lifecycle):
         async with asyncio.timeout(self.config.sign_timeout):
             if attempt is None:
                 cfg = self.config
-                attempt = sign_new_key(self._signer, self.identity, cfg.key_type, cfg.cert_ttl)
+                attempt = sign_new_key(
+                    self._signer, self._keys, self.identity, cfg.key_type, cfg.cert_ttl
+                )
             signed = await attempt
-        root_file = self.config.root_cert_file
-        return await asyncio.to_thread(checked_cert, signed.chain, signed.key.key_pem, root_file)
+        return await self._keys.check(signed.chain, signed.key.key_pem, self.config.root_cert_file)
 
     def _install(self, cert: WorkloadCert) -> None:
         first = self.current is None

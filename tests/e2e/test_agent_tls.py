@@ -1,6 +1,7 @@
 """`pilotfish-agent` against the control plane's TLS port: it verifies the control plane's
-certificate against `--ca-root-cert`, presents its token, and is ready; given the wrong root
-it refuses the control plane and its readiness says why."""
+certificate against `--ca-root-cert`, presents its token, and is ready (its first key made by
+its key worker, reaped by then); given the wrong root it refuses the control plane and its
+readiness says why."""
 
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ async def test_agent_over_tls_with_token_and_with_a_wrong_root(tmp_path: Path) -
             start(good_ip, "root.pem")
             await eventually(lambda: _ok(good_ip), timeout=20, what="ready over the TLS port")
             assert established_to(cp.secure_xds_port) == 1
+            # Its first key and check came from the key worker (agent/sds/keyworker.py),
+            # which was gone before the agent was ready: no child is left behind.
+            assert "key worker (pid " in agents[0].log(), agents[0].log()[-2000:]
+            assert agents[0].proc is not None
+            assert _children(agents[0].proc.pid) == []
             start(bad_ip, "wrong.pem")
 
             async def refused() -> str | None:
@@ -76,6 +82,14 @@ async def test_agent_over_tls_with_token_and_with_a_wrong_root(tmp_path: Path) -
         finally:
             for agent in agents:
                 assert agent.terminate() == 0, agent.log()[-2000:]
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
 
 
 async def _ok(ip: str) -> bool:

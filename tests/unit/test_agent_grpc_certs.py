@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.app import grpc_bootstrap
 from agent.config import AgentConfig
+from agent.sds.certcheck import workload_cert
 from agent.sds.certfiles import (
     CertFileWriter,
     CertPaths,
@@ -22,7 +23,7 @@ from agent.sds.certfiles import (
 )
 from agent.sds.keys import generate_key_and_csr
 from agent.sds.secrets import SdsConfig, SecretManager
-from agent.sds.workloadcert import WorkloadCert, workload_cert
+from agent.sds.workloadcert import WorkloadCert
 from control.model.proxy import proxy_from_node
 from tests.support.controlplane import eventually
 from tests.support.testca import TestCA

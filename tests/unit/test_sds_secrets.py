@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from agent.sds.files import FileSecretError
 from agent.sds.firstsign import Signed, sign_new_key
 from agent.sds.keys import KeyType
+from agent.sds.keywork import ThreadKeyWork
 from agent.sds.resources import ROOT_CERT, WORKLOAD_CERT
 from agent.sds.rotation import RotationPolicy
 from agent.sds.secrets import SdsConfig, SecretManager
@@ -360,7 +361,7 @@ async def test_an_attempt_started_before_the_manager_is_its_first() -> None:
     """agent/launch.py starts the first key, CSR and signing call before the manager exists;
     the manager installs that outcome as its first attempt, and signs nothing more."""
     ca = TestCA()
-    first = asyncio.create_task(sign_new_key(ca, ID, KeyType.EC_P256, 3600))
+    first = asyncio.create_task(sign_new_key(ca, ThreadKeyWork(), ID, KeyType.EC_P256, 3600))
     await asyncio.wait_for(asyncio.shield(first), 10)  # done before the manager starts
     manager = SecretManager(ca, config(cert_ttl=7200), first=first)
     async with manager:
