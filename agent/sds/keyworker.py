@@ -4,21 +4,23 @@ exists.
 
 Why: cryptography's import, the key and the check are ~40 ms of CPU on the way to ready, as
 much as the agent's start has beyond its floor. Forked, they run on the other core while this
-process imports gRPC and the protos and dials the control plane; the first key request is
-sent at the fork, so the key is usually made before the channel is up. This process then
-holds no cryptography until a later key needs it.
+process imports gRPC and the protos and dials the control plane; the first key is asked for
+as soon as the config is read, so it is usually made before the channel is up. This process
+then holds no cryptography until a later key needs it.
 
 The worker answers one key request and one check, then exits; it exits too when this end
-closes or after `IDLE_SECONDS` without a request (its parent gone, or signing failing for a
-while). Every later step, and every step after the worker failed (it died, answered nothing
-in time, or broke the wire), runs in a thread here (`ThreadKeyWork`): the worker is a
-head start, never a requirement. The key crosses an anonymous socket pair between this
-process and its child; nothing is written to disk.
+closes or after `IDLE_SECONDS` without a request (its parent gone, or the first signing
+failed: this end then reaps it at its next key request or when the agent stops). Every
+later step, and every step after the worker failed (it died, answered nothing in time, or
+broke the wire), runs in a thread here (`ThreadKeyWork`): the worker is a head start, never
+a requirement. The key crosses an anonymous socket pair between this process and its child;
+nothing is written to disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -115,7 +117,9 @@ class KeyWorker:
             if self._sock is not None and first == (identity, key_type):
                 reply = await self._reply()
                 if reply is not None:
-                    return key_from_reply(reply)
+                    with contextlib.suppress(FrameError):  # logged by _broken
+                        return key_from_reply(reply)
+                    await self._broken("a key answer of the wrong shape")
             else:
                 # A second key (the first signing failed) or another identity: the worker's
                 # head start is spent.
@@ -124,11 +128,16 @@ class KeyWorker:
 
     async def check(self, chain: list[str], key_pem: bytes, root_file: Path | None) -> WorkloadCert:
         async with self._lock:
-            if self._sock is not None:
+            if self._sock is not None and self._first is None:
                 reply = await self._ask(check_request(chain, key_pem, root_file))
                 await self._close()  # its one check answered (or it failed): done
                 if reply is not None:
-                    return cert_from_reply(reply)
+                    with contextlib.suppress(FrameError):
+                        return cert_from_reply(reply)
+                    logger.debug("key worker: a check answer of the wrong shape")
+            else:
+                # Its first key was never taken: its next answer would be that key.
+                await self._close()
         return await self._fallback.check(chain, key_pem, root_file)
 
     async def close(self) -> None:
@@ -140,8 +149,7 @@ class KeyWorker:
         try:
             await asyncio.get_running_loop().sock_sendall(self._sock, encode(request))
         except OSError as e:
-            logger.debug("key worker: %s; working in this process", e)
-            await self._close()
+            await self._broken(str(e))
             return None
         return await self._reply()
 
@@ -159,9 +167,12 @@ class KeyWorker:
                     if messages:
                         return messages[0]
         except (OSError, EOFError, FrameError, TimeoutError) as e:
-            logger.debug("key worker: %s; working in this process", e or type(e).__name__)
-        await self._close()
+            await self._broken(str(e) or type(e).__name__)
         return None
+
+    async def _broken(self, why: str) -> None:
+        logger.debug("key worker: %s; working in this process", why)
+        await self._close()
 
     async def _close(self) -> None:
         sock, self._sock = self._sock, None
