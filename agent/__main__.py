@@ -17,11 +17,22 @@ import gc  # noqa: E402
 if __name__ == "__main__":
     gc.disable()
 
+import sys  # noqa: E402
+
+from agent.sds.workerproc import fork_key_worker  # noqa: E402
+
+# Next: the key worker (agent/sds/keyworker.py), forked before anything more is imported
+# (agent/sds/workerproc.py); not for the subcommands, which sign nothing.
+FORKED = (
+    fork_key_worker()
+    if __name__ == "__main__" and sys.argv[1:2] not in (["iptables"], ["wait"])
+    else None
+)
+
 import asyncio  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 
 # gRPC's fork handlers are for children that go on using gRPC; ours only exec Envoy. With them
 # on, forking Envoy while the TLS channel to the control plane is busy corrupted the channel
@@ -37,7 +48,7 @@ os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_li
 
 from agent.config import AgentConfig, AgentConfigError, build_parser, config_from_args  # noqa: E402
 from agent.sds.keyspec import KeyType, spiffe_id  # noqa: E402
-from agent.sds.keyworker import KeyWorker  # noqa: E402
+from agent.sds.keyworker import KeyWorker, ProcessKeyWork  # noqa: E402
 from pilotfish_common import logsetup, signals  # noqa: E402
 
 logger = logging.getLogger("agent")
@@ -45,7 +56,7 @@ logger = logging.getLogger("agent")
 _IMPORT_SWITCH_INTERVAL = 0.0005  # seconds
 
 
-async def _run(cfg: AgentConfig, args: object, keys: KeyWorker | None) -> int:
+async def _run(cfg: AgentConfig, args: object, keys: ProcessKeyWork) -> int:
     # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
     # ones, is imported while Envoy starts on the other core.
     if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
@@ -157,9 +168,9 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(wait.main(argv[1:]))
     gc.disable()  # as above, for the console script
-    # The first key's worker, forked now: before gRPC, threads and the event loop exist, and
-    # while this process has written little that the fork makes it copy.
-    keys = KeyWorker.fork()
+    # The console script imported this module without forking the worker: now, then.
+    forked = FORKED if __name__ == "__main__" else fork_key_worker()
+    first = KeyWorker(*forked) if forked is not None else None
     args = build_parser().parse_args(argv)
     logsetup.setup(args.log_level, args.log_format)
     try:
@@ -167,15 +178,18 @@ def main(argv: list[str] | None = None) -> None:
     except AgentConfigError as e:
         print(f"pilotfish-agent: {e}", file=sys.stderr)
         sys.exit(2)
-    if keys is not None:
+    if first is not None:
         try:
-            keys.ask_first(
+            first.ask_first(
                 spiffe_id(cfg.trust_domain, cfg.namespace, cfg.service_account),
                 KeyType(cfg.key_type),
             )
         except ValueError:  # no SPIFFE ID: the secret manager says why
-            keys.abandon()
-            keys = None
+            first.abandon()
+            first = None
+    # Keys and the checks of the CA's answers in worker processes (agent/sds/keyworker.py):
+    # cryptography is never loaded in this one for the workload certificate.
+    keys = ProcessKeyWork(first)
     import uvloop
 
     sys.exit(uvloop.run(_run(cfg, args, keys)))

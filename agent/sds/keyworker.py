@@ -1,6 +1,6 @@
-"""The key worker: the first workload certificate's key and check, in a process forked when the
-agent starts (agent/__main__.py), before gRPC is imported and before any thread or event loop
-exists.
+"""The key worker: the first workload certificate's key and check, in a process forked as the
+agent starts (agent/sds/workerproc.py), before anything but the standard library is imported
+and before any thread or event loop exists. This is the agent's end of it.
 
 Why: cryptography's import, the key and the check are ~40 ms of CPU on the way to ready, as
 much as the agent's start has beyond its floor. Forked, they run on the other core while this
@@ -9,100 +9,84 @@ as soon as the config is read, so it is usually made before the channel is up. T
 then holds no cryptography until a later key needs it.
 
 The worker answers one key request and one check, then exits; it exits too when this end
-closes or after `IDLE_SECONDS` without a request (its parent gone, or the first signing
-failed: this end then reaps it at its next key request or when the agent stops). Every
-later step, and every step after the worker failed (it died, answered nothing in time, or
-broke the wire), runs in a thread here (`ThreadKeyWork`): the worker is a head start, never
-a requirement. The key crosses an anonymous socket pair between this process and its child;
-nothing is written to disk.
+closes or after a minute without a request (its parent gone, or the first signing failed:
+this end then reaps it at its next key request or when the agent stops). Every later step,
+and every step after the worker failed (it died, answered nothing in time, or broke the wire),
+runs in a thread here (`ThreadKeyWork`): the worker is a head start, never a requirement. The
+key crosses an anonymous socket pair between this process and its child; nothing is written
+to disk.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
-import sys
-import threading
 import time
 from pathlib import Path
 
 from agent.sds.keyspec import KeyAndCsr, KeyType
-from agent.sds.keywork import (
+from agent.sds.keywire import (
     FrameError,
     Frames,
     Message,
-    ThreadKeyWork,
-    answer,
     cert_from_reply,
     check_request,
     encode,
     key_from_reply,
     key_request,
 )
+from agent.sds.keywork import ThreadKeyWork
+from agent.sds.workerproc import spawn_key_worker
 from agent.sds.workloadcert import WorkloadCert
 
 logger = logging.getLogger(__name__)
 
-IDLE_SECONDS = 60.0
 # A reply takes a few ms (RSA keys: tens); this much means the worker is stuck.
 REPLY_TIMEOUT = 10.0
 _REAP_SECONDS = 2.0
 
 
 class KeyWorker:
-    """`KeyWork` through the forked worker for the first key and check, through a
-    `ThreadKeyWork` after that (or once the worker failed). Used from the event loop only."""
+    """One worker process: one key, then one check, then it exits. Its steps return None when
+    it cannot answer (it died, answered nothing in time, or broke the wire); it is closed
+    then. Used from the event loop only."""
 
     def __init__(self, pid: int, sock: socket.socket) -> None:
-        """Made by `fork()`."""
+        """A worker `fork_key_worker()` forked or `spawn_key_worker()` spawned
+        (agent/sds/workerproc.py): its pid and this end of its socket pair."""
         self.pid: int | None = pid
         self._sock: socket.socket | None = sock
-        self._first: tuple[str, KeyType] | None = None  # the key request sent ahead
+        self._asked: tuple[str, KeyType] | None = None  # the key request sent
+        self._keyed = False  # its key was taken: its one check is next
         self._frames = Frames()
-        self._lock = asyncio.Lock()
-        self._fallback = ThreadKeyWork()
         self.cpu_seconds: float | None = None  # the worker's, once it is reaped
 
     @classmethod
-    def fork(cls) -> KeyWorker | None:
-        """The worker, loading cryptography from now on; None where forking is unsafe
-        (another thread runs, or gRPC is imported: its state is not the child's to share)
-        or fails. Call before the event loop and gRPC exist, as early as can be: the parent
-        copies each page it writes after the fork and was there before it."""
-        if threading.active_count() > 1 or "grpc" in sys.modules:
+    async def spawn(cls) -> KeyWorker | None:
+        """A fresh worker (a new interpreter: this process has threads by now), or None."""
+        spawned = await asyncio.to_thread(spawn_key_worker)
+        if spawned is None:
+            logger.debug("no key worker could be spawned; working in this process")
             return None
-        parent, child = socket.socketpair()
-        try:
-            pid = os.fork()
-        except OSError as e:
-            logger.debug("no key worker: %s", e)
-            parent.close()
-            child.close()
-            return None
-        if pid == 0:  # pragma: no cover - the child; tests see it through its answers
-            parent.close()
-            code = 1
-            try:
-                _serve(child)
-                code = 0
-            finally:
-                # No atexit handlers, no flushing of the parent's buffers: not our process's.
-                os._exit(code)
-        child.close()
-        return cls(pid, parent)
+        spawned[1].setblocking(False)
+        return cls(*spawned)
+
+    @property
+    def can_check(self) -> bool:
+        """Whether `check` is this worker's one check (no key it was asked for is pending)."""
+        return self._sock is not None and (self._asked is None or self._keyed)
 
     def ask_first(self, identity: str, key_type: KeyType) -> None:
-        """Ask now for the first key of `identity`, which `new_key` then returns (blocking
-        but short: a small write into an empty socket; before the event loop runs)."""
-        if self._sock is None or self._first is not None:
+        """Ask now for the key of `identity`, which `new_key` then returns (blocking but
+        short: a small write into an empty socket; before the event loop runs)."""
+        if self._sock is None or self._asked is not None:
             return
         self._sock.sendall(encode(key_request(identity, key_type)))
         self._sock.setblocking(False)
-        self._first = (identity, key_type)
+        self._asked = (identity, key_type)
 
     def abandon(self) -> None:
         """Closed without waiting for the worker (it exits on reading EOF): for an agent that
@@ -111,38 +95,50 @@ class KeyWorker:
             self._sock.close()
             self._sock = None
 
-    async def new_key(self, identity: str, key_type: KeyType) -> KeyAndCsr:
-        async with self._lock:
-            first, self._first = self._first, None
-            if self._sock is not None and first == (identity, key_type):
-                reply = await self._reply()
-                if reply is not None:
-                    with contextlib.suppress(FrameError):  # logged by _broken
-                        return key_from_reply(reply)
-                    await self._broken("a key answer of the wrong shape")
-            else:
-                # A second key (the first signing failed) or another identity: the worker's
-                # head start is spent.
-                await self._close()
-        return await self._fallback.new_key(identity, key_type)
+    def can_make_key(self, identity: str, key_type: KeyType) -> bool:
+        """Whether `new_key(identity, key_type)` is this worker's one key."""
+        return (
+            self._sock is not None
+            and not self._keyed
+            and self._asked in (None, (identity, key_type))
+        )
 
-    async def check(self, chain: list[str], key_pem: bytes, root_file: Path | None) -> WorkloadCert:
-        async with self._lock:
-            if self._sock is not None and self._first is None:
-                reply = await self._ask(check_request(chain, key_pem, root_file))
-                await self._close()  # its one check answered (or it failed): done
-                if reply is not None:
-                    with contextlib.suppress(FrameError):
-                        return cert_from_reply(reply)
-                    logger.debug("key worker: a check answer of the wrong shape")
-            else:
-                # Its first key was never taken: its next answer would be that key.
-                await self._close()
-        return await self._fallback.check(chain, key_pem, root_file)
+    async def new_key(self, identity: str, key_type: KeyType) -> KeyAndCsr | None:
+        if not self.can_make_key(identity, key_type):
+            return None
+        self._keyed = True
+        if self._asked is None:
+            self._asked = (identity, key_type)
+            reply = await self._ask(key_request(identity, key_type))
+        else:
+            reply = await self._reply()
+        if reply is None:
+            return None
+        try:
+            return key_from_reply(reply)
+        except FrameError as e:
+            await self._broken(str(e))
+            return None
+
+    async def check(
+        self, chain: list[str], key_pem: bytes, root_file: Path | None
+    ) -> WorkloadCert | None:
+        if not self.can_check:
+            # A key it was asked for is still to come: its next answer would be that key.
+            await self._close()
+            return None
+        reply = await self._ask(check_request(chain, key_pem, root_file))
+        await self._close()  # its one check answered (or it failed): done
+        if reply is None:
+            return None
+        try:
+            return cert_from_reply(reply)
+        except FrameError as e:
+            logger.debug("key worker: %s", e)
+            return None
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._close()
+        await self._close()
 
     async def _ask(self, request: Message) -> Message | None:
         assert self._sock is not None
@@ -186,6 +182,53 @@ class KeyWorker:
                 logger.info("key worker (pid %d) done: %.1f ms CPU", pid, self.cpu_seconds * 1000)
 
 
+class ProcessKeyWork:
+    """`KeyWork` with each certificate's key and check in a worker process of its own: the
+    first certificate's in the worker forked at start (given here), each later one's in a
+    worker spawned for it (~80 ms of CPU once per rotation, and no cryptography in this
+    process for its life). In a thread here when no worker can be had or one fails."""
+
+    def __init__(self, first: KeyWorker | None = None) -> None:
+        self._worker = first
+        self._lock = asyncio.Lock()
+        self._fallback = ThreadKeyWork()
+
+    async def new_key(self, identity: str, key_type: KeyType) -> KeyAndCsr:
+        async with self._lock:
+            worker = self._worker
+            if worker is None or not worker.can_make_key(identity, key_type):
+                if worker is not None:
+                    await worker.close()  # its key was taken (the attempt failed): spent
+                worker = self._worker = await KeyWorker.spawn()
+            if worker is not None:
+                kc = await worker.new_key(identity, key_type)
+                if kc is not None:
+                    return kc
+                self._worker = None
+        return await self._fallback.new_key(identity, key_type)
+
+    async def check(self, chain: list[str], key_pem: bytes, root_file: Path | None) -> WorkloadCert:
+        async with self._lock:
+            worker, self._worker = self._worker, None
+            if worker is None or not worker.can_check:
+                if worker is not None:
+                    await worker.close()
+                worker = await KeyWorker.spawn()
+            if worker is not None:
+                cert = await worker.check(chain, key_pem, root_file)
+                if cert is not None:
+                    return cert
+        return await self._fallback.check(chain, key_pem, root_file)
+
+    async def close(self) -> None:
+        """The current worker, if any, closed and reaped (an attempt that failed leaves it
+        waiting for a check); the next key gets a new one."""
+        async with self._lock:
+            worker, self._worker = self._worker, None
+            if worker is not None:
+                await worker.close()
+
+
 def _reap(pid: int) -> float | None:
     """Wait for the worker (killed if it is still there after `_REAP_SECONDS`); its CPU
     seconds, or None if it was not ours to wait for (blocking)."""
@@ -202,23 +245,3 @@ def _reap(pid: int) -> float | None:
             time.sleep(0.005)
     except ChildProcessError:
         return None
-
-
-def _serve(sock: socket.socket) -> None:  # pragma: no cover - runs in the forked child
-    """The worker's life: load cryptography at once (the point of the worker), then answer
-    requests until its check is answered, this end closes, or it idles too long."""
-    from agent.sds import certcheck, keys  # noqa: F401
-
-    sock.settimeout(IDLE_SECONDS)
-    frames = Frames()
-    while True:
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            return
-        if not data:
-            return
-        for request in frames.feed(data):
-            sock.sendall(encode(answer(request)))
-            if request.get("op") == "check":
-                return

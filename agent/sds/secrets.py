@@ -314,13 +314,19 @@ class SecretManager(Lifecycle):
         self.stats.on_attempt()
         # The attempt started before this manager existed (agent/launch.py), if any: first.
         attempt, self._first = self._first, None
-        async with asyncio.timeout(self.config.sign_timeout):
-            if attempt is None:
-                cfg = self.config
-                attempt = sign_new_key(
-                    self._signer, self._keys, self.identity, cfg.key_type, cfg.cert_ttl
-                )
-            signed = await attempt
+        try:
+            async with asyncio.timeout(self.config.sign_timeout):
+                if attempt is None:
+                    cfg = self.config
+                    attempt = sign_new_key(
+                        self._signer, self._keys, self.identity, cfg.key_type, cfg.cert_ttl
+                    )
+                signed = await attempt
+        except BaseException:
+            # A key worker process waiting for this attempt's check goes now (the next attempt
+            # makes a new key), not when that attempt comes, a minute later perhaps.
+            await self._keys.close()
+            raise
         return await self._keys.check(signed.chain, signed.key.key_pem, self.config.root_cert_file)
 
     def _install(self, cert: WorkloadCert) -> None:

@@ -71,6 +71,14 @@ def rss_of(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def children_of(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
 class Agent:
     def __init__(
         self, cp: ControlPlane, workdir: Path, ip: str, env: dict[str, str] | None = None
@@ -264,7 +272,10 @@ async def cds_throughput(tmp: Path, services: int, rounds: int) -> tuple[float, 
 
 # Runs the agent (`python -m agent` and its arguments follow the socket path and seconds to
 # idle) and prints the third-party modules it has loaded, then exits: as long after its XDS
-# socket appeared as the measured agent idled (a thread here waits for it).
+# socket appeared as the measured agent idled (a thread here waits for it). The thread starts
+# only once the agent has forked its key worker (agent/sds/workerproc.py; it forks none
+# beside a thread): this agent then loads what the measured one does, no more (without the
+# worker it would load cryptography for its first key, which the measured one does not).
 _LIST_LIBRARIES = """
 import json, os, runpy, sys, threading, time
 before = set(sys.modules)
@@ -281,7 +292,17 @@ def listed():
     )), flush=True)
     os._exit(0)
 
-threading.Thread(target=listed, daemon=True).start()
+from agent.sds import workerproc
+fork = workerproc.fork_key_worker
+
+def fork_then_list():
+    forked = fork()
+    if forked is None:
+        sys.exit("the agent forked no key worker")
+    threading.Thread(target=listed, daemon=True).start()
+    return forked
+
+workerproc.fork_key_worker = fork_then_list
 sys.argv[0] = "agent"
 runpy.run_module("agent", run_name="__main__", alter_sys=True)
 """
@@ -322,8 +343,13 @@ async def idle_rss(tmp: Path) -> tuple[int, int]:
         agent = Agent(cp, tmp / "agent-idle", "127.77.0.5")
         await agent.wait_socket()
         await asyncio.sleep(IDLE)
-        agent_rss = rss_of(agent.proc.pid)
+        # With its children's, if any: a key worker (agent/sds/keyworker.py) still there
+        # would be the agent's memory too (none should be: it goes with the first attempt).
+        children = children_of(agent.proc.pid)
+        agent_rss = rss_of(agent.proc.pid) + sum(rss_of(c) for c in children)
         agent.stop()
+        if children:
+            print(f"relay (c) the idle agent has {len(children)} child process(es), counted")
         # The floor imports exactly the third-party modules the running agent has loaded
         # (everything but agent/, control/, protos/), so the difference is what the agent
         # itself holds.

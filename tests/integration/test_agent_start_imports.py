@@ -105,16 +105,16 @@ def listed():
     os._exit(0)
 
 # The thread only once the agent has forked its key worker (it forks none beside a thread).
-from agent.sds import keyworker
-fork = keyworker.KeyWorker.fork.__func__
+from agent.sds import workerproc
+fork = workerproc.fork_key_worker
 
-def fork_then_list(cls):
-    worker = fork(cls)
-    print("worker" if worker is not None else "no worker", flush=True)
+def fork_then_list():
+    forked = fork()
+    print("worker" if forked is not None else "no worker", flush=True)
     threading.Thread(target=listed, daemon=True).start()
-    return worker
+    return forked
 
-keyworker.KeyWorker.fork = classmethod(fork_then_list)
+workerproc.fork_key_worker = fork_then_list
 sys.argv[0] = "agent"
 runpy.run_module("agent", run_name="__main__", alter_sys=True)
 """

@@ -17,7 +17,7 @@ from cryptography import x509
 
 from agent.sds.keys import generate_key_and_csr
 from agent.sds.keyspec import KeyType
-from agent.sds.keywork import (
+from agent.sds.keywire import (
     MAX_FRAME,
     FrameError,
     Frames,
@@ -28,8 +28,8 @@ from agent.sds.keywork import (
     key_from_reply,
     key_request,
 )
-from agent.sds.keyworker import KeyWorker
 from agent.sds.signer import SigningError
+from agent.sds.workerproc import fork_key_worker
 from tests.support.fresh import ROOT
 from tests.support.testca import TestCA
 
@@ -121,45 +121,58 @@ def test_no_worker_where_a_thread_or_grpc_would_be_shared() -> None:
     # state into a child that never uses it.
     import grpc  # noqa: F401
 
-    assert KeyWorker.fork() is None
+    assert fork_key_worker() is None
 
 
-# The worker for real: a fresh interpreter that has not imported gRPC, forks one, and uses it
-# as agent/__main__.py does. `case` picks what goes wrong; the script prints one JSON line.
+# The workers for real: a fresh interpreter that has not imported gRPC forks one and uses it
+# as agent/__main__.py does (`ProcessKeyWork`), then makes a second certificate as a rotation
+# does (a spawned worker). `case` picks what goes wrong; the script prints one JSON line.
 _SCRIPT = """
-import asyncio, json, os, signal, sys, time
+import asyncio, json, os, signal, sys
 from agent.sds import keyworker
 from agent.sds.keyspec import KeyType
-from agent.sds.keyworker import KeyWorker
+from agent.sds.keyworker import KeyWorker, ProcessKeyWork
+from agent.sds.workerproc import fork_key_worker
 
 case, ident = sys.argv[1], sys.argv[2]
 keyworker.REPLY_TIMEOUT = 1.0
-worker = KeyWorker.fork()
-pid = worker.pid
-worker.ask_first(ident, KeyType.EC_P256)
+first = KeyWorker(*fork_key_worker())
+pid = first.pid
+first.ask_first(ident, KeyType.EC_P256)
 if case == "killed":
     os.kill(pid, signal.SIGKILL)
 if case == "stopped":
     os.kill(pid, signal.SIGSTOP)
+work = ProcessKeyWork(first)
 
-async def main():
-    asked = "spiffe://cluster.local/ns/other/sa/x" if case == "other" else ident
-    if case == "checkfirst":  # a check before the first key was taken
+def reaped(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+        return False
+    except ChildProcessError:
+        return True
+
+async def certificate(ca, asked, checkfirst):
+    if checkfirst:  # a check before the first key was taken
         from agent.sds.keys import generate_key_and_csr
         kc = generate_key_and_csr(asked)
     else:
-        kc = await worker.new_key(asked, KeyType.EC_P256)
-    out = {"crypto_after_key": "cryptography" in sys.modules, "alive": worker.pid is not None}
+        kc = await work.new_key(asked, KeyType.EC_P256)
+    crypto = "cryptography" in sys.modules
     from tests.support.testca import TestCA
-    chain = TestCA().sign_csr(kc.csr_pem, 3600)
-    cert = await worker.check(chain, kc.key_pem, None)
-    await worker.close()
-    out.update(identity=cert.identity, serial=cert.serial, cpu=worker.cpu_seconds)
-    try:
-        os.waitpid(pid, os.WNOHANG)
-        out["reaped"] = False
-    except ChildProcessError:
-        out["reaped"] = True
+    ca = ca or TestCA()
+    cert = await work.check(ca.sign_csr(kc.csr_pem, 3600), kc.key_pem, None)
+    return ca, crypto, cert
+
+async def main():
+    asked = "spiffe://cluster.local/ns/other/sa/x" if case == "other" else ident
+    ca, crypto, cert = await certificate(None, asked, case == "checkfirst")
+    out = {"crypto_after_key": crypto, "identity": cert.identity, "serial": cert.serial,
+           "cpu": first.cpu_seconds, "reaped": reaped(pid)}
+    # A rotation: the next certificate's key and check in a spawned worker.
+    _, _, again = await certificate(ca, asked, False)
+    out.update(rotated=again.identity == cert.identity and again.serial != cert.serial)
+    await work.close()
     print(json.dumps(out))
 
 asyncio.run(main())
@@ -179,26 +192,31 @@ def _run_worker(case: str) -> dict[str, object]:
     return result
 
 
-def test_the_forked_worker_makes_the_first_key_and_checks_its_certificate() -> None:
+def test_the_forked_worker_makes_the_first_key_and_a_spawned_one_the_next() -> None:
     result = _run_worker("ok")
     # The key came from the worker: this process had not loaded cryptography for it.
-    assert result["crypto_after_key"] is False and result["alive"] is True
+    assert result["crypto_after_key"] is False
     assert result["identity"] == ID and isinstance(result["serial"], int)
     # Its one check answered, it exited and was reaped; its CPU is known.
     assert result["reaped"] is True
     assert isinstance(result["cpu"], float) and result["cpu"] > 0
+    assert result["rotated"] is True
 
 
-@pytest.mark.parametrize("case", ["killed", "stopped", "other", "checkfirst"])
-def test_without_a_working_worker_the_steps_run_here(case: str) -> None:
-    """A worker that died, hangs (stopped: the reply times out and it is killed), was asked
-    for another identity, or was asked for a check while its first key was still waiting:
-    the key and the check are made in this process instead."""
+@pytest.mark.parametrize(
+    ("case", "in_process"),
+    [("killed", True), ("stopped", True), ("other", False), ("checkfirst", True)],
+)
+def test_without_the_first_worker_the_steps_still_get_done(case: str, in_process: bool) -> None:
+    """A worker that died or hangs (stopped: the reply times out and it is killed): the key
+    and the check are made in this process. Asked for another identity, or for a check while
+    its first key was still waiting: it is closed, and a spawned worker does the step (the
+    check-first case made its own key in this process)."""
     result = _run_worker(case)
-    assert result["crypto_after_key"] is True
-    assert result["alive"] is (case == "checkfirst")  # the others were closed at the key
+    assert result["crypto_after_key"] is in_process
     assert result["identity"] == ("spiffe://cluster.local/ns/other/sa/x" if case == "other" else ID)
     assert result["reaped"] is True
+    assert result["rotated"] is True
 
 
 def test_the_worker_exits_when_its_agent_is_gone() -> None:
@@ -206,9 +224,9 @@ def test_the_worker_exits_when_its_agent_is_gone() -> None:
     script = textwrap.dedent(
         """
         import os, sys
-        from agent.sds.keyworker import KeyWorker
-        w = KeyWorker.fork()
-        print(w.pid, flush=True)
+        from agent.sds.workerproc import fork_key_worker
+        pid, _ = fork_key_worker()
+        print(pid, flush=True)
         os._exit(0)
         """
     )
