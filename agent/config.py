@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from agent.dns.forwarder import parse_upstream
 from agent.health import APP_PROBERS_ENV
 from pilotfish_common import logsetup
+from pilotfish_common.jsonobject import json_object
 from protos.nodeid import identity_metadata, node_id
 
 if TYPE_CHECKING:
@@ -183,14 +184,10 @@ def parse_labels(text: str) -> dict[str, str]:
     if not text:
         return {}
     if text.startswith("{"):
-        import json
-
         try:
-            data = json.loads(text)
+            data = json_object(text)
         except ValueError as e:
-            raise AgentConfigError(f"labels: not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise AgentConfigError("labels: JSON must be an object")
+            raise AgentConfigError(f"labels: {e}") from None
         return {str(k): str(v) for k, v in data.items()}
     out: dict[str, str] = {}
     for part in text.split(","):

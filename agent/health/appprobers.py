@@ -11,12 +11,12 @@ start (the agent refuses to run rather than answer probes wrongly for the pod's 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.health import APP_PROBERS_ENV as ENV
+from pilotfish_common.jsonobject import json_object
 
 _PATH = re.compile(r"/app-health/[^/]+/(livez|readyz|startupz)")
 _KINDS = ("httpGet", "tcpSocket", "grpc")
@@ -47,11 +47,9 @@ def parse_app_probers(text: str) -> dict[str, AppProber]:
     if not text.strip():
         return {}
     try:
-        doc = json.loads(text)
+        doc = json_object(text, "a JSON object of paths to probers")
     except ValueError as e:
-        raise AppProbersError(f"{ENV}: not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise AppProbersError(f"{ENV}: expected a JSON object of paths to probers")
+        raise AppProbersError(f"{ENV}: {e}") from None
     return {path: _prober(path, value) for path, value in doc.items()}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from agent.sds.keyspec import KeyAndCsr, KeyType
 from agent.sds.signer import SigningError
 from agent.sds.workloadcert import WorkloadCert
+from pilotfish_common.jsonobject import json_object
 
 Message = dict[str, Any]
 
@@ -62,12 +63,9 @@ class Frames:
             body = bytes(self._buf[_HEADER : _HEADER + size])
             del self._buf[: _HEADER + size]
             try:
-                message = json.loads(body)
+                out.append(json_object(body))
             except ValueError as e:
-                raise FrameError(f"not JSON: {e}") from None
-            if not isinstance(message, dict):
-                raise FrameError("not a JSON object")
-            out.append(message)
+                raise FrameError(str(e)) from None
         return out
 
 

@@ -1,20 +1,22 @@
-"""The key worker: the first workload certificate's key and check, in a process forked as the
-agent starts (agent/sds/workerproc.py), before anything but the standard library is imported
-and before any thread or event loop exists. This is the agent's end of it.
+"""Key workers: each workload certificate's key and check in a process of its own. The first
+one is forked as the agent starts (agent/sds/workerproc.py), before anything but the standard
+library is imported and before any thread or event loop exists. This is the agent's end.
 
 Why: cryptography's import, the key and the check are ~40 ms of CPU on the way to ready, as
-much as the agent's start has beyond its floor. Forked, they run on the other core while this
-process imports gRPC and the protos and dials the control plane; the first key is asked for
-as soon as the config is read, so it is usually made before the channel is up. This process
-then holds no cryptography until a later key needs it.
+much as the agent's start has beyond its floor, and cryptography's code and state ~10 MB of
+the agent's memory for its life. Forked, the first key and check run on the other core while
+this process imports gRPC and the protos and dials the control plane (the key is asked for as
+soon as the config is read, so it is usually made before the channel is up).
 
 The worker answers one key request and one check, then exits; it exits too when this end
-closes or after a minute without a request (its parent gone, or the first signing failed:
-this end then reaps it at its next key request or when the agent stops). Every later step,
-and every step after the worker failed (it died, answered nothing in time, or broke the wire),
-runs in a thread here (`ThreadKeyWork`): the worker is a head start, never a requirement. The
-key crosses an anonymous socket pair between this process and its child; nothing is written
-to disk.
+closes or after a minute without a request (its parent gone). A signing attempt that fails
+closes its worker at once (agent/sds/secrets.py). Each later certificate (a rotation) gets a
+worker spawned for it, a new interpreter (this process has threads by then): ~80 ms of CPU
+every few hours, and this process never loads cryptography for the workload certificate.
+Where no worker can be had or one fails (it died, answered nothing in time, or broke the
+wire), the step runs in a thread here (`ThreadKeyWork`): a worker is a head start and a
+saving of memory, never a requirement. The key crosses an anonymous socket pair between this
+process and its child; nothing is written to disk.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -147,6 +150,9 @@ class KeyWorker:
         except OSError as e:
             await self._broken(str(e))
             return None
+        except BaseException:
+            self._drop()
+            raise
         return await self._reply()
 
     async def _reply(self) -> Message | None:
@@ -164,7 +170,22 @@ class KeyWorker:
                         return messages[0]
         except (OSError, EOFError, FrameError, TimeoutError) as e:
             await self._broken(str(e) or type(e).__name__)
+        except BaseException:
+            # Cancelled (the signing attempt timed out, the agent stops): its answer would
+            # come unread, ahead of the next, so the worker goes.
+            self._drop()
+            raise
         return None
+
+    def _drop(self) -> None:
+        """Closed at once, reaped in a thread of its own (for a cancelled step, which cannot
+        wait for it)."""
+        sock, self._sock = self._sock, None
+        pid, self.pid = self.pid, None
+        if sock is not None:
+            sock.close()
+        if pid is not None:
+            threading.Thread(target=_reap, args=(pid,), name="key-worker-reap", daemon=True).start()
 
     async def _broken(self, why: str) -> None:
         logger.debug("key worker: %s; working in this process", why)

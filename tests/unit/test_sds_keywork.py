@@ -50,8 +50,8 @@ def test_frames_come_out_whole_however_the_bytes_are_cut() -> None:
     ("data", "why"),
     [
         ((MAX_FRAME + 1).to_bytes(4, "big"), "frame of"),
-        (b"\x00\x00\x00\x03{x}", "not JSON"),
-        (b"\x00\x00\x00\x02[]", "not a JSON object"),
+        (b"\x00\x00\x00\x03{x}", "not valid JSON"),
+        (b"\x00\x00\x00\x02[]", "expected a JSON object"),
     ],
 )
 def test_what_is_no_frame_is_refused(data: bytes, why: str) -> None:
@@ -128,7 +128,7 @@ def test_no_worker_where_a_thread_or_grpc_would_be_shared() -> None:
 # as agent/__main__.py does (`ProcessKeyWork`), then makes a second certificate as a rotation
 # does (a spawned worker). `case` picks what goes wrong; the script prints one JSON line.
 _SCRIPT = """
-import asyncio, json, os, signal, sys
+import asyncio, json, os, signal, sys, time
 from agent.sds import keyworker
 from agent.sds.keyspec import KeyType
 from agent.sds.keyworker import KeyWorker, ProcessKeyWork
@@ -146,11 +146,13 @@ if case == "stopped":
 work = ProcessKeyWork(first)
 
 def reaped(pid):
-    try:
-        os.waitpid(pid, os.WNOHANG)
-        return False
-    except ChildProcessError:
-        return True
+    for _ in range(300):  # a cancelled step's worker is reaped by a thread of its own
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        time.sleep(0.01)
+    return False
 
 async def certificate(ca, asked, checkfirst):
     if checkfirst:  # a check before the first key was taken
@@ -166,6 +168,11 @@ async def certificate(ca, asked, checkfirst):
 
 async def main():
     asked = "spiffe://cluster.local/ns/other/sa/x" if case == "other" else ident
+    if case == "cancelled":  # the attempt timed out while the worker made its key
+        task = asyncio.create_task(work.new_key(asked, KeyType.EC_P256))
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     ca, crypto, cert = await certificate(None, asked, case == "checkfirst")
     out = {"crypto_after_key": crypto, "identity": cert.identity, "serial": cert.serial,
            "cpu": first.cpu_seconds, "reaped": reaped(pid)}
@@ -205,13 +212,19 @@ def test_the_forked_worker_makes_the_first_key_and_a_spawned_one_the_next() -> N
 
 @pytest.mark.parametrize(
     ("case", "in_process"),
-    [("killed", True), ("stopped", True), ("other", False), ("checkfirst", True)],
+    [
+        ("killed", True),
+        ("stopped", True),
+        ("other", False),
+        ("checkfirst", True),
+        ("cancelled", False),
+    ],
 )
 def test_without_the_first_worker_the_steps_still_get_done(case: str, in_process: bool) -> None:
     """A worker that died or hangs (stopped: the reply times out and it is killed): the key
-    and the check are made in this process. Asked for another identity, or for a check while
-    its first key was still waiting: it is closed, and a spawned worker does the step (the
-    check-first case made its own key in this process)."""
+    and the check are made in this process. Asked for another identity, for a check while its
+    first key was still waiting, or cancelled while making its key: it is closed (reaped),
+    and a spawned worker does the step (the check-first case made its own key here)."""
     result = _run_worker(case)
     assert result["crypto_after_key"] is in_process
     assert result["identity"] == ("spiffe://cluster.local/ns/other/sa/x" if case == "other" else ID)
