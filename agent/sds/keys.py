@@ -8,8 +8,6 @@ is CPU-bound (RSA takes tens of milliseconds), so the async entry point runs it 
 
 from __future__ import annotations
 
-import asyncio
-
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -63,4 +61,6 @@ def generate_key_and_csr(identity: str, key_type: KeyType = KeyType.EC_P256) -> 
 
 async def new_key_and_csr(identity: str, key_type: KeyType = KeyType.EC_P256) -> KeyAndCsr:
     """`generate_key_and_csr` off the event loop."""
+    import asyncio  # here: the key workers (agent/sds/workerproc.py) have no event loop
+
     return await asyncio.to_thread(generate_key_and_csr, identity, key_type)
