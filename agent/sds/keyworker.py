@@ -66,6 +66,9 @@ class KeyWorker:
         self._keyed = False  # its key was taken: its one check is next
         self._frames = Frames()
         self.cpu_seconds: float | None = None  # the worker's, once it is reaped
+        # Non-blocking for the event loop's sock_* calls; `ask_first`'s one small write
+        # into the empty socket buffer never waits either.
+        sock.setblocking(False)
 
     @classmethod
     async def spawn(cls) -> KeyWorker | None:
@@ -74,7 +77,6 @@ class KeyWorker:
         if spawned is None:
             logger.debug("no key worker could be spawned; working in this process")
             return None
-        spawned[1].setblocking(False)
         return cls(*spawned)
 
     @property
@@ -88,7 +90,6 @@ class KeyWorker:
         if self._sock is None or self._asked is not None:
             return
         self._sock.sendall(encode(key_request(identity, key_type)))
-        self._sock.setblocking(False)
         self._asked = (identity, key_type)
 
     def abandon(self) -> None:
@@ -128,10 +129,10 @@ class KeyWorker:
     ) -> WorkloadCert | None:
         if not self.can_check:
             # A key it was asked for is still to come: its next answer would be that key.
-            await self._close()
+            await self.close()
             return None
         reply = await self._ask(check_request(chain, key_pem, root_file))
-        await self._close()  # its one check answered (or it failed): done
+        await self.close()  # its one check answered (or it failed): done
         if reply is None:
             return None
         try:
@@ -139,9 +140,6 @@ class KeyWorker:
         except FrameError as e:
             logger.debug("key worker: %s", e)
             return None
-
-    async def close(self) -> None:
-        await self._close()
 
     async def _ask(self, request: Message) -> Message | None:
         assert self._sock is not None
@@ -189,9 +187,9 @@ class KeyWorker:
 
     async def _broken(self, why: str) -> None:
         logger.debug("key worker: %s; working in this process", why)
-        await self._close()
+        await self.close()
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
         sock, self._sock = self._sock, None
         if sock is None:
             return

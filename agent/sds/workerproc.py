@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+from typing import NoReturn
 
 IDLE_SECONDS = 60.0
 
@@ -37,20 +38,17 @@ def fork_key_worker() -> tuple[int, socket.socket] | None:
         return None
     if pid == 0:  # pragma: no cover - the child; tests see it through its answers
         parent.close()
-        code = 1
-        try:
-            serve(child)
-            code = 0
-        finally:
-            # No atexit handlers, no flushing of the parent's buffers: not this process's.
-            os._exit(code)
+        run_worker(child)
     child.close()
     return pid, parent
 
 
 # What a spawned worker runs: the agent's package from where this process has it.
-_SPAWNED = "import socket; from agent.sds.workerproc import serve; serve(socket.socket(fileno=3))"
 _FD = 3
+_SPAWNED = (
+    f"import socket; from agent.sds.workerproc import run_worker; "
+    f"run_worker(socket.socket(fileno={_FD}))"
+)
 
 
 def spawn_key_worker() -> tuple[int, socket.socket] | None:
@@ -78,8 +76,24 @@ def spawn_key_worker() -> tuple[int, socket.socket] | None:
     return pid, parent
 
 
-def serve(sock: socket.socket) -> None:  # pragma: no cover - runs in the forked child
-    """The worker's life (blocking)."""
+def run_worker(sock: socket.socket) -> NoReturn:  # pragma: no cover - runs in the worker
+    """The worker's life, then its exit: 0 once it is done, 1 if it failed (the agent's end
+    closed mid-answer, say). Never a traceback: the agent sees a failure as a missing answer
+    and works in its own process instead. os._exit: no atexit handlers and no flushing of
+    buffers that, in a forked worker, are the agent's."""
+    code = 1
+    try:
+        _serve(sock)
+        code = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(code)
+
+
+def _serve(sock: socket.socket) -> None:  # pragma: no cover - runs in the worker
+    """Answer requests until the one check is answered, the agent's end closes, or the worker
+    idles too long (blocking)."""
     from agent.sds import certcheck, keys  # noqa: F401  (loaded before the first request)
     from agent.sds.keywire import Frames, answer, encode
 

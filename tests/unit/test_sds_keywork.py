@@ -272,3 +272,26 @@ def test_a_worker_loads_no_event_loop() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_a_worker_left_mid_answer_exits_without_a_traceback() -> None:
+    """The agent closes its end while a spawned worker is making the key (a cancelled step):
+    the worker's write fails, and it exits 1 with nothing on the agent's stderr."""
+    script = textwrap.dedent(
+        """
+        import os
+        from agent.sds.keyspec import KeyType
+        from agent.sds.keywire import encode, key_request
+        from agent.sds.workerproc import spawn_key_worker
+        pid, sock = spawn_key_worker()
+        sock.sendall(encode(key_request("spiffe://cluster.local/ns/a/sa/b", KeyType.EC_P256)))
+        sock.close()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "1"
+    assert out.stderr == ""
