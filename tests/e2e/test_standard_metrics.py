@@ -123,6 +123,13 @@ async def _tcp_roundtrip(ip: str, port: int, chunks: int, size: int) -> int:
         await writer.wait_closed()
 
 
+def _label_differences(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The labels in which the series differ, and each one's value: what an assertion shows."""
+    keys = {k for s in series for k in s["metric"]}
+    differ = sorted(k for k in keys if len({s["metric"].get(k) for s in series}) > 1)
+    return [{**{k: s["metric"].get(k) for k in differ}, "value": s["value"][1]} for s in series]
+
+
 async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     cfg.mkdir()
@@ -220,10 +227,15 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
             series = await prom.query(
                 f'istio_requests_total{{{dest},response_code="200",source_workload="client"}}'
             )
-            assert len(series) == 1, series
+            # The burst's series; the warm-up may have left others beside it: requests served
+            # before the backend's listeners carried its WorkloadGroup's name (its first config
+            # can predate its registration) count under the pod's name.
+            burst = max(series, key=lambda s: float(s["value"][1]))
+            others = sum(float(s["value"][1]) for s in series if s is not burst)
+            assert others <= before, _label_differences(series)
             # Every request of the burst named its caller (the table had arrived).
-            assert float(series[0]["value"][1]) >= 180, series
-            labels = series[0]["metric"]
+            assert float(burst["value"][1]) >= 180, series
+            labels = burst["metric"]
             assert labels["source_principal"] == CLIENT_ID
             assert labels["destination_principal"] == BACKEND_ID
             assert labels["connection_security_policy"] == "mutual_tls"
