@@ -33,6 +33,7 @@ import asyncio  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 # gRPC's fork handlers are for children that go on using gRPC; ours only exec Envoy. With them
 # on, forking Envoy while the TLS channel to the control plane is busy corrupted the channel
@@ -51,12 +52,17 @@ from agent.sds.keyspec import KeyType, spiffe_id  # noqa: E402
 from agent.sds.keyworker import KeyWorker, ProcessKeyWork  # noqa: E402
 from pilotfish_common import logsetup, signals  # noqa: E402
 
+if TYPE_CHECKING:
+    from agent.envoy.process import EnvoySupervisor
+
 logger = logging.getLogger("agent")
 
 _IMPORT_SWITCH_INTERVAL = 0.0005  # seconds
 
 
-async def _run(cfg: AgentConfig, args: object, keys: ProcessKeyWork) -> int:
+async def _run(
+    cfg: AgentConfig, args: object, keys: ProcessKeyWork, envoy: EnvoySupervisor | None
+) -> int:
     # Light imports only until Envoy is started (agent/launch.py); agent.app, with the heavy
     # ones, is imported while Envoy starts on the other core.
     if cfg.redirect and not cfg.proxy_only and os.geteuid() == 0:
@@ -67,20 +73,19 @@ async def _run(cfg: AgentConfig, args: object, keys: ProcessKeyWork) -> int:
         os.setgid(cfg.proxy_gid)
         logger.info("interception mode REDIRECT: agent joined GID %d", cfg.proxy_gid)
     log_level = getattr(args, "log_level", "info")
-    envoy = None
-    if not cfg.proxy_only:
-        # Envoy's launcher before gRPC is imported (agent/envoystart.py): its interpreter
+    if envoy is not None:
+        # Envoy started already (`main`), watched from here on; or, where it could not be,
+        # its launcher spawned before gRPC is imported (agent/envoystart.py): its interpreter
         # starts on the other core meanwhile, and it execs Envoy when the launch says so.
         from agent.envoy.process import EnvoyError
-        from agent.envoystart import envoy_supervisor
 
-        envoy = envoy_supervisor(cfg, log_level)
         try:
             await envoy.spawn()
         except EnvoyError as e:
             print(f"pilotfish-agent: {e}", file=sys.stderr)
             return 1
-        TIMELINE.mark("envoy launcher")
+        if not envoy.adopted:
+            TIMELINE.mark("envoy launcher")
     from agent.launch import Launch
 
     launch = Launch(cfg, log_level=log_level, timeline=TIMELINE, envoy=envoy, keys=keys)
@@ -190,9 +195,19 @@ def main(argv: list[str] | None = None) -> None:
     # Keys and the checks of the CA's answers in worker processes (agent/sds/keyworker.py):
     # cryptography is never loaded in this one for the workload certificate.
     keys = ProcessKeyWork(first)
+    envoy = None
+    if not cfg.proxy_only:
+        # Envoy first, from a fork of this process while it has no thread or event loop yet
+        # (agent/envoy/earlystart.py): its own start runs on the other core while this one
+        # imports gRPC and binds the sockets Envoy dials.
+        from agent.envoystart import envoy_supervisor, start_envoy_now
+
+        envoy = envoy_supervisor(cfg, args.log_level)
+        if start_envoy_now(cfg, envoy):
+            TIMELINE.mark("envoy started")
     import uvloop
 
-    sys.exit(uvloop.run(_run(cfg, args, keys)))
+    sys.exit(uvloop.run(_run(cfg, args, keys, envoy)))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 """Envoy's supervisor for an agent's config (agent/envoy/process.py), made before anything
 heavy is imported.
 
-`agent/__main__.py` spawns its launcher first (`EnvoySupervisor.spawn`): the launcher's own
-interpreter then starts on the other core while the agent imports gRPC and binds Envoy's
-sockets, and Envoy is exec'd the moment `Launch.start` says so (agent/launch.py). So this
+`agent/__main__.py` starts Envoy itself as soon as its config is parsed (`start_envoy_now`,
+agent/envoy/earlystart.py), before the event loop exists. Where that cannot be done, it
+spawns Envoy's launcher first (`EnvoySupervisor.spawn`): the launcher's own interpreter then
+starts on the other core while the agent imports gRPC and binds Envoy's sockets, and Envoy
+is exec'd the moment `Launch.start` says so (agent/launch.py). So this
 module and Envoy's own import no gRPC (tests/unit/test_agent_launch.py keeps it so).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -16,6 +19,8 @@ from agent.config import AgentConfig
 
 if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
+
+logger = logging.getLogger(__name__)
 
 
 def envoy_run_as(cfg: AgentConfig) -> tuple[int, int] | None:
@@ -49,3 +54,33 @@ def envoy_supervisor(cfg: AgentConfig, log_level: str = "info") -> EnvoySupervis
         log_level="warning" if log_level != "debug" else "info",
         run_as=envoy_run_as(cfg),
     )
+
+
+def start_envoy_now(cfg: AgentConfig, envoy: EnvoySupervisor) -> bool:
+    """Start `envoy` at once from a fork of this process (agent/envoy/earlystart.py), before
+    the event loop, threads and gRPC exist: the workdir made, the bootstrap written, Envoy
+    exec'd, and `envoy` adopting it. False, with nothing started, where that cannot be done
+    (a thread already runs, the fork failed, no Envoy binary): the agent then spawns Envoy's
+    launcher as before, which says what is wrong. Blocking: a few milliseconds."""
+    from agent.envoy.bootstrap import from_agent_config, write_bootstrap
+    from agent.envoy.earlystart import fork_exec
+    from agent.envoy.process import EnvoyError, executable
+    from agent.workdir import make_workdir
+
+    try:
+        command = envoy.command()
+    except EnvoyError:
+        return False
+    if not executable(command[0]):
+        return False
+    try:
+        make_workdir(cfg.workdir)
+        write_bootstrap(envoy.bootstrap_path, from_agent_config(cfg))
+    except OSError as e:
+        logger.debug("Envoy not started early: %s", e)
+        return False
+    forked = fork_exec(command, envoy.run_as)
+    if forked is None:
+        return False
+    envoy.adopt(forked)
+    return True

@@ -1,14 +1,17 @@
 """The first part of the agent's start, done before its heavy imports (agent/app.py and all it
 pulls in: the protos, SDS, DNS, telemetry, metrics).
 
-Envoy is started here (its launcher, spawned before gRPC was imported, agent/envoystart.py,
-is told to exec it), so that its own start (~50 ms of CPU) runs on the other core while this
-process imports the rest. Its sockets (XDS, SDS, ALS) are bound first but served only later
-(agent/unixsocket.py): Envoy's first connections wait in the kernel's queue until the servers
-behind them start, instead of failing into Envoy's reconnect backoff. The metrics FIFO is
-opened first too: Envoy's open of it for writing would block until it has a reader. The
-upstream channel starts connecting here too (TCP and TLS run in gRPC's own threads), so the
-first CSR and the first xDS request find it up.
+Envoy is started before this (agent/envoy/earlystart.py: `python -m agent` forks and execs it
+before it has an event loop), or, where that could not be done, here (its launcher, spawned
+before gRPC was imported, agent/envoystart.py, is told to exec it), so that its own start
+(~50 ms of CPU) runs on the other core while this process imports the rest. Its sockets (XDS,
+SDS, ALS) are bound here but served only later (agent/unixsocket.py): Envoy's first
+connections wait in the kernel's queue until the servers behind them start. A connection
+Envoy tries before its socket is bound fails, and Envoy tries again within 20 ms (the
+bootstrap's retry policy), not after its default 0.5 s backoff. The metrics FIFO is opened
+here too: Envoy's open of it for writing (once it has listeners) would block until it has a
+reader. The upstream channel starts connecting here too (TCP and TLS run in gRPC's own
+threads), so the first CSR and the first xDS request find it up.
 
 Then, still before the rest is imported, the parts Envoy asks for first are started, in the
 order it asks: the xDS relay (`start_relay`, agent/relaystart.py), then the workload
@@ -33,10 +36,10 @@ from agent.startup import StartupTimeline
 from agent.unixsocket import (
     UnixGrpcServer,
     als_socket_server,
-    make_workdir,
     sds_socket_server,
     xds_socket_server,
 )
+from agent.workdir import make_workdir
 from agent.xdsproxy.upstream import UpstreamChannel, UpstreamTls
 from pilotfish_common.lifecycle import Lifecycle
 
@@ -135,7 +138,11 @@ class Launch(Lifecycle):
             return
         self._started = True
         cfg = self.cfg
-        await asyncio.to_thread(make_workdir, cfg.workdir)
+        # An Envoy started before the event loop (agent/envoystart.py) has its workdir and
+        # bootstrap already.
+        early = self.envoy is not None and self.envoy.adopted
+        if not early:
+            await asyncio.to_thread(make_workdir, cfg.workdir)
         for server in self.servers:
             server.bind()
         if self.metrics_fifo is not None:
@@ -144,10 +151,11 @@ class Launch(Lifecycle):
             # The socket is 0660: Envoy reaches it through the proxy group.
             await asyncio.to_thread(os.chown, cfg.xds_socket, -1, self.run_as[1])
         # The channel first: a root certificate that cannot be used fails the start before
-        # Envoy exists (reading and checking it takes a millisecond).
+        # Envoy is told to start, where it was not started already (reading and checking it
+        # takes a millisecond).
         await self.upstream.start()
         self._channel_up = asyncio.create_task(self._mark_channel_up(), name="channel-up")
-        if self.envoy is not None:
+        if self.envoy is not None and not early:
             from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 
             opts = from_agent_config(cfg)

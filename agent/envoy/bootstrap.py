@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from agent.config import AgentConfig
 
 XDS_CLUSTER = "xds-grpc"
+# How soon Envoy dials the agent's xDS socket again after a failed try (Envoy's default: 0.5 s
+# at first, doubling up to 30 s). The agent starts Envoy before it binds that socket
+# (agent/envoy/earlystart.py), so Envoy's first try may find nothing there; the socket is
+# local and the agent's own, so trying again soon costs nothing.
+ADS_RETRY = {"retry_back_off": {"base_interval": "0.02s", "max_interval": "1s"}}
 SDS_CLUSTER = "sds-grpc"
 # Istio's names for the clusters behind the readiness and Prometheus listeners.
 AGENT_CLUSTER = "agent"
@@ -258,7 +263,9 @@ def build_bootstrap(opts: BootstrapOptions) -> dict[str, Any]:
             "ads_config": {
                 "api_type": "DELTA_GRPC" if opts.delta else "GRPC",
                 "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "grpc_services": [
+                    {"envoy_grpc": {"cluster_name": XDS_CLUSTER, "retry_policy": ADS_RETRY}}
+                ],
                 "set_node_on_first_message_only": True,
             },
             "cds_config": ads_source,

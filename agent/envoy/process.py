@@ -5,7 +5,8 @@ watches `exited` (Envoy dying on its own is fatal for the agent: without it the 
 data plane, and restarting behind the kubelet's back would hide the failure), and on SIGTERM
 calls `drain()` then `close()`.
 
-Everything is asyncio: the subprocess is created with `create_subprocess_exec`, its output is
+Everything is asyncio: the subprocess is created with `create_subprocess_exec` (or forked before
+the event loop existed and adopted, agent/envoy/earlystart.py), its output is
 read by a task, and the admin API is called with agent/httpio.py, so the agent's event loop (which
 also relays xDS) never blocks on Envoy.
 """
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.envoy.drain import ACTIVE_CONNECTIONS_PATH, DrainPlan, active_connections, drain_step
+from agent.envoy.earlystart import ForkedProcess
 from agent.httpio import HttpClientError, fetch
 from pilotfish_common.lifecycle import Lifecycle
 
@@ -97,7 +99,73 @@ class EnvoyError(RuntimeError):
     """Envoy could not be started."""
 
 
-def _executable(cmd: str) -> bool:
+class _AdoptedProcess:
+    """An Envoy forked before the event loop existed (agent/envoy/earlystart.py), seen as the
+    supervisor sees an `asyncio.subprocess.Process`: its stderr as a stream, its exit through
+    a pidfd the loop watches (no thread, and no child watcher that could reap another
+    child), its signals sent through that pidfd (never to a reused pid)."""
+
+    def __init__(self, forked: ForkedProcess, limit: int) -> None:
+        self.pid = forked.pid
+        self.returncode: int | None = None
+        self.stderr = asyncio.StreamReader(limit=limit)
+        self._stderr_fd = forked.stderr
+        self._pidfd = -1
+        self._exited: asyncio.Future[int] | None = None
+        self._waiter: asyncio.Task[None] | None = None
+
+    async def watch(self) -> None:
+        """Start reading stderr and watching for the exit (once, in the event loop)."""
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
+        pipe = os.fdopen(self._stderr_fd, "rb", buffering=0)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self.stderr, loop=loop), pipe
+        )
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError:  # no pidfd (Linux < 5.3): a thread waits for the exit instead
+            self._waiter = loop.create_task(self._wait_in_thread(), name="envoy-wait")
+            return
+        loop.add_reader(self._pidfd, self._reap)
+        self._reap()  # it may have exited already
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its status is lost
+            pid, status = self.pid, 255 << 8
+        if pid == 0:
+            return
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._exited_with(os.waitstatus_to_exitcode(status))
+
+    async def _wait_in_thread(self) -> None:
+        _, status = await asyncio.to_thread(os.waitpid, self.pid, 0)
+        self._exited_with(os.waitstatus_to_exitcode(status))
+
+    def _exited_with(self, code: int) -> None:
+        self.returncode = code
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        assert self._exited is not None, "watch() first"
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            raise ProcessLookupError(self.pid)
+        if self._pidfd >= 0:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        else:
+            os.kill(self.pid, sig)
+
+
+def executable(cmd: str) -> bool:
     """Whether `cmd` (a path, or a name looked up on PATH) is an executable file, as
     shutil.which says: not with it, because shutil imports bz2 and lzma (~2 ms before Envoy's
     launcher is spawned, and their memory for the agent's life)."""
@@ -150,19 +218,28 @@ class EnvoySupervisor(Lifecycle):
         self.exited = asyncio.Event()
         # True once close() was asked for: an exit after that is expected, one before is not.
         self.stopping = False
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: asyncio.subprocess.Process | _AdoptedProcess | None = None
+        # Envoy forked before the event loop existed (`adopt`), until `spawn()` watches it.
+        self._forked: ForkedProcess | None = None
         self._watcher: asyncio.Task[None] | None = None
         # The write end of the spawned launcher's pipe until `start()` says "go".
         self._go: int | None = None
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        if self._proc is None:
+            return None if self._forked is None else self._forked.pid
+        return self._proc.pid
 
     @property
     def returncode(self) -> int | None:
         """Envoy's exit code once it has exited (negative: killed by that signal)."""
         return None if self._proc is None else self._proc.returncode
+
+    @property
+    def adopted(self) -> bool:
+        """Whether this Envoy was started before the event loop and adopted (`adopt`)."""
+        return self._forked is not None
 
     @property
     def running(self) -> bool:
@@ -194,16 +271,36 @@ class EnvoySupervisor(Lifecycle):
             *self.extra_args,
         ]
 
+    def adopt(self, forked: ForkedProcess) -> None:
+        """Take over an Envoy already started with this supervisor's `command()` by
+        agent/envoy/earlystart.py; `spawn()` watches it once the event loop runs, and
+        `start()` has nothing left to do."""
+        if self._proc is not None or self._forked is not None:
+            raise RuntimeError("Envoy was already started")
+        self._forked = forked
+
     async def spawn(self) -> None:
         """Start the launcher, which waits for `start()` before it execs Envoy, so that its
         interpreter's start overlaps the agent's own (idempotent). A missing binary fails
-        here already."""
+        here already. An adopted Envoy is watched from here on instead."""
         if self._proc is not None:
+            return
+        if self._forked is not None:
+            adopted = _AdoptedProcess(self._forked, _LINE_LIMIT)
+            await adopted.watch()
+            self._proc = adopted
+            logger.info(
+                "started Envoy pid %d%s: %s",
+                adopted.pid,
+                f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
+                " ".join(self._forked.command),
+            )
+            self._watcher = asyncio.create_task(self._watch(adopted), name="envoy-watch")
             return
         cmd = self.command()
         # The wrapper execs Envoy, so a missing binary would only show as an early exit:
         # check first, to say what is wrong.
-        if not await asyncio.to_thread(_executable, cmd[0]):
+        if not await asyncio.to_thread(executable, cmd[0]):
             raise EnvoyError(f"cannot start Envoy {cmd[0]!r}: not an executable file")
         read, write = os.pipe()
         try:
@@ -232,6 +329,9 @@ class EnvoySupervisor(Lifecycle):
     async def start(self) -> None:
         """Start Envoy (through the launcher `spawn()` started, or starts now)."""
         if self._go is None:
+            if self._forked is not None:
+                await self.spawn()  # adopted: started already
+                return
             if self._proc is not None:
                 raise RuntimeError("Envoy was already started")
             await self.spawn()
@@ -250,7 +350,7 @@ class EnvoySupervisor(Lifecycle):
             " ".join(self.command()),
         )
 
-    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+    async def _watch(self, proc: asyncio.subprocess.Process | _AdoptedProcess) -> None:
         try:
             try:
                 if proc.stderr is not None:
@@ -362,6 +462,8 @@ class EnvoySupervisor(Lifecycle):
     async def close(self) -> int | None:
         """Stop Envoy: SIGTERM, then SIGKILL after `kill_timeout`. Its exit code (None if it
         was never started). Idempotent."""
+        if self._proc is None and self._forked is not None:
+            await self.spawn()  # adopted but not yet watched: watched, to be stopped
         proc = self._proc
         if proc is None:
             return None
@@ -384,7 +486,7 @@ class EnvoySupervisor(Lifecycle):
         return proc.returncode
 
     @staticmethod
-    def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+    def _signal(proc: asyncio.subprocess.Process | _AdoptedProcess, sig: int) -> None:
         # The process may exit between our check and the signal.
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.bindaddr import server_hosts, udp_socket
-from agent.envoy.process import _executable
+from agent.envoy.process import executable
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
@@ -52,4 +52,4 @@ def test_executable_answers_as_shutil_which(
     plain.write_text("")
     monkeypatch.setenv("PATH", str(tmp_path))
     for cmd in (str(exe), str(plain), "exe", "plain", "missing", str(tmp_path)):
-        assert _executable(cmd) == (shutil.which(cmd) is not None), cmd
+        assert executable(cmd) == (shutil.which(cmd) is not None), cmd

@@ -13,6 +13,7 @@ import pytest
 
 from agent.config import AgentConfig
 from agent.envoy.bootstrap import (
+    ADS_RETRY,
     AGENT_CLUSTER,
     PROMETHEUS_CLUSTER,
     SDS_CLUSTER,
@@ -91,7 +92,11 @@ def test_ads_over_the_workdir_xds_socket(tmp_path: Path, delta: bool) -> None:
     boot = build_bootstrap(from_agent_config(cfg))
     ads = boot["dynamic_resources"]["ads_config"]
     assert ads["api_type"] == ("DELTA_GRPC" if delta else "GRPC")
-    assert ads["grpc_services"] == [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]
+    # Envoy may dial before the agent has bound the socket: it tries again within 20 ms.
+    assert ads["grpc_services"] == [
+        {"envoy_grpc": {"cluster_name": XDS_CLUSTER, "retry_policy": ADS_RETRY}}
+    ]
+    assert ADS_RETRY["retry_back_off"]["base_interval"] == "0.02s"
     for kind in ("cds_config", "lds_config"):
         assert boot["dynamic_resources"][kind]["ads"] == {}
     xds = clusters(boot)[XDS_CLUSTER]

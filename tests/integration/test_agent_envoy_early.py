@@ -1,0 +1,245 @@
+"""Envoy started before the agent's event loop (agent/envoy/earlystart.py) and adopted by its
+supervisor (agent/envoy/process.py): a real Envoy, watched, drained and stopped like a spawned
+one; the fork's child set up as the launcher sets it up; and no fork where it is unsafe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.envoy.earlystart import EXEC_FAILED, ForkedProcess
+from agent.envoy.process import EnvoySupervisor
+from tests.integration.test_agent_envoy_process import APP_PORT, get, static_bootstrap
+from tests.support.controlplane import eventually
+from tests.support.envoy import envoy_binary, wait_admin
+from tests.support.net import pod_ip
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawned(command: list[str]) -> ForkedProcess:
+    """`command` started as `fork_exec` starts it (own session, stderr into a pipe), but with
+    posix_spawn: this test process has gRPC loaded and threads, where `fork_exec` refuses."""
+    read, write = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            command[0],
+            command,
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, write, 2)],
+            setsid=True,
+        )
+    finally:
+        os.close(write)
+    return ForkedProcess(pid, read, tuple(command))
+
+
+def adopted(tmp_path: Path, ip: str, **kw: Any) -> EnvoySupervisor:
+    path = tmp_path / "envoy.json"
+    path.write_text(json.dumps(static_bootstrap(ip)))
+    envoy = EnvoySupervisor(
+        envoy_binary(), path, admin_url=f"http://{ip}:15000", drain_duration=1.0, **kw
+    )
+    envoy.adopt(spawned(envoy.command()))
+    return envoy
+
+
+async def test_an_adopted_envoy_is_watched_drained_and_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ip = pod_ip()
+    caplog.set_level(logging.INFO, logger="agent.envoy")
+    envoy = adopted(tmp_path, ip, log_level="info")
+    assert envoy.adopted and envoy.pid is not None and not envoy.running
+    pid = envoy.pid
+    async with envoy:  # start(): adopted, so watched, not started again
+        assert envoy.pid == pid and envoy.running
+        await wait_admin(envoy)
+        assert await get(f"http://{ip}:{APP_PORT}/") == (200, "hi")
+        # Its stderr is read as a spawned Envoy's is: line by line, at Envoy's level.
+        passed = [r for r in caplog.records if r.name == "agent.envoy.log"]
+        assert any("starting main dispatch loop" in r.getMessage() for r in passed), passed
+        await envoy.start()  # idempotent
+        assert envoy.pid == pid
+        await envoy.drain()
+        assert not envoy.exited.is_set()
+        assert await envoy.close() == 0
+    assert envoy.exited.is_set() and envoy.returncode == 0
+    assert await envoy.wait() == 0
+    # Reaped: no zombie left behind.
+    assert not Path(f"/proc/{pid}").exists()
+
+
+async def test_an_adopted_envoy_killed_is_an_unexpected_exit(tmp_path: Path) -> None:
+    ip = pod_ip()
+    async with adopted(tmp_path, ip, log_level="warning") as envoy:
+        await wait_admin(envoy)
+        assert envoy.pid is not None
+        os.kill(envoy.pid, signal.SIGKILL)
+        assert await asyncio.wait_for(envoy.wait(), 10) == -signal.SIGKILL
+        assert envoy.exited.is_set() and not envoy.stopping and not envoy.running
+    assert envoy.returncode == -signal.SIGKILL
+
+
+async def test_an_adopted_envoy_never_watched_is_still_stopped(tmp_path: Path) -> None:
+    """A start that fails before the event loop watched Envoy still stops it on close."""
+    envoy = adopted(tmp_path, pod_ip(), log_level="warning")
+    pid = envoy.pid
+    assert pid is not None
+    code = await envoy.close()
+    assert code in (0, -signal.SIGTERM)  # stopped early in its start, or gracefully
+    assert not Path(f"/proc/{pid}").exists()
+
+
+_OWNER = """
+import asyncio, json, sys
+from pathlib import Path
+import uvloop
+from agent.envoy.earlystart import fork_exec
+from agent.envoy.process import EnvoySupervisor
+
+envoy = EnvoySupervisor(sys.argv[3], Path(sys.argv[1]), admin_url=sys.argv[2], drain_duration=1)
+forked = fork_exec(envoy.command())
+assert forked is not None, "fork_exec refused in a fresh single-threaded interpreter"
+envoy.adopt(forked)
+
+async def main() -> None:
+    await envoy.start()
+    print(json.dumps({"pid": envoy.pid, "agent": __import__("os").getpid()}), flush=True)
+    await asyncio.sleep(3600)
+
+uvloop.run(main())
+"""
+
+
+def _status(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines())}
+
+
+async def test_fork_exec_sets_envoy_up_as_the_launcher_does(tmp_path: Path) -> None:
+    """From a fresh interpreter, as `python -m agent` does: Envoy in its own session, stdin
+    from /dev/null, and killed when the agent is (the parent-death signal, set before the
+    exec); its ports are free for the next Envoy."""
+    ip = pod_ip()
+    boot = tmp_path / "envoy.json"
+    boot.write_text(json.dumps(static_bootstrap(ip)))
+    admin = f"http://{ip}:15000"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(boot), admin, envoy_binary()],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+        pids = json.loads(line)
+        pid = pids["pid"]
+        assert pid != pids["agent"]
+        assert "envoy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        assert os.getsid(pid) == pid  # a session of its own: the terminal's Ctrl-C is not its
+        assert os.readlink(f"/proc/{pid}/fd/0") == os.devnull
+        assert int(_status(pid)["PPid"]) == pids["agent"]
+
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split()[2] in ("Z", "X")
+            except FileNotFoundError:
+                return True
+
+        await eventually(gone, timeout=10, what="Envoy to die with the agent")
+        async with EnvoySupervisor(
+            envoy_binary(), boot, admin_url=admin, drain_duration=1
+        ) as again:
+            await wait_admin(again, 20)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+_REFUSE = """
+import json, sys, threading, time
+from agent.envoy.earlystart import fork_exec
+results = {}
+gate = threading.Event()
+t = threading.Thread(target=gate.wait)
+t.start()
+results["thread"] = fork_exec(["/bin/true"]) is None
+gate.set(); t.join()
+import grpc
+results["grpc"] = fork_exec(["/bin/true"]) is None
+print(json.dumps(results))
+"""
+
+_BAD_COMMAND = """
+import os, sys
+from agent.envoy.earlystart import fork_exec
+forked = fork_exec([sys.argv[1]])
+_, status = os.waitpid(forked.pid, 0)
+print(os.waitstatus_to_exitcode(status))
+print(os.read(forked.stderr, 4096).decode().strip())
+"""
+
+
+def test_fork_exec_refuses_beside_a_thread_or_grpc() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _REFUSE], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"thread": True, "grpc": True}
+
+
+def test_a_command_that_cannot_be_exec_d_says_why_and_exits_127(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-envoy")
+    out = subprocess.run(
+        [sys.executable, "-c", _BAD_COMMAND, missing],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    code, message = out.stdout.split("\n", 1)
+    assert int(code) == EXEC_FAILED
+    assert missing in message and "No such file" in message, message
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+_SIGNALS = """
+import os, sys
+from agent.envoy.earlystart import fork_exec
+forked = fork_exec(["sleep", "30"])
+while open(f"/proc/{forked.pid}/cmdline").read().split("\\0")[0] != "sleep":
+    pass  # until exec'd
+status = open(f"/proc/{forked.pid}/status").read()
+os.kill(forked.pid, 9)
+os.waitpid(forked.pid, 0)
+print(dict(line.split(":", 1) for line in status.splitlines())["SigIgn"].strip())
+"""
+
+
+def test_the_signals_python_ignores_are_not_ignored_by_the_exec_d_program() -> None:
+    """Python ignores SIGPIPE (and SIGXFSZ); a program exec'd from its fork would inherit
+    that, as it would not from subprocess."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNALS], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    ignored = int(out.stdout, 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), (sig, hex(ignored))
