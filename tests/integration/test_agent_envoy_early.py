@@ -4,7 +4,6 @@ one; the fork's child set up as the launcher sets it up; and no fork where it is
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -12,45 +11,20 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.envoy.earlystart import EXEC_FAILED, ForkedProcess
-from agent.envoy.process import EnvoySupervisor
-from tests.integration.test_agent_envoy_process import APP_PORT, get, static_bootstrap
-from tests.support.controlplane import eventually
-from tests.support.envoy import envoy_binary, wait_admin
+from agent.envoy.earlystart import EXEC_FAILED
+from tests.integration.test_agent_envoy_process import APP_PORT, get, static_bootstrap, supervisor
+from tests.support.envoy import (
+    envoy_binary,
+    envoy_owner,
+    owner_killed_takes_envoy,
+    wait_admin,
+)
 from tests.support.net import pod_ip
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def spawned(command: list[str]) -> ForkedProcess:
-    """`command` started as `fork_exec` starts it (own session, stderr into a pipe), but with
-    posix_spawn: this test process has gRPC loaded and threads, where `fork_exec` refuses."""
-    read, write = os.pipe()
-    try:
-        pid = os.posix_spawn(
-            command[0],
-            command,
-            dict(os.environ),
-            file_actions=[(os.POSIX_SPAWN_DUP2, write, 2)],
-            setsid=True,
-        )
-    finally:
-        os.close(write)
-    return ForkedProcess(pid, read, tuple(command))
-
-
-def adopted(tmp_path: Path, ip: str, **kw: Any) -> EnvoySupervisor:
-    path = tmp_path / "envoy.json"
-    path.write_text(json.dumps(static_bootstrap(ip)))
-    envoy = EnvoySupervisor(
-        envoy_binary(), path, admin_url=f"http://{ip}:15000", drain_duration=1.0, **kw
-    )
-    envoy.adopt(spawned(envoy.command()))
-    return envoy
 
 
 async def test_an_adopted_envoy_is_watched_drained_and_stopped(
@@ -58,7 +32,7 @@ async def test_an_adopted_envoy_is_watched_drained_and_stopped(
 ) -> None:
     ip = pod_ip()
     caplog.set_level(logging.INFO, logger="agent.envoy")
-    envoy = adopted(tmp_path, ip, log_level="info")
+    envoy = supervisor(tmp_path, ip, adopt=True)
     assert envoy.adopted and envoy.pid is not None and not envoy.running
     pid = envoy.pid
     async with envoy:  # start(): adopted, so watched, not started again
@@ -79,20 +53,9 @@ async def test_an_adopted_envoy_is_watched_drained_and_stopped(
     assert not Path(f"/proc/{pid}").exists()
 
 
-async def test_an_adopted_envoy_killed_is_an_unexpected_exit(tmp_path: Path) -> None:
-    ip = pod_ip()
-    async with adopted(tmp_path, ip, log_level="warning") as envoy:
-        await wait_admin(envoy)
-        assert envoy.pid is not None
-        os.kill(envoy.pid, signal.SIGKILL)
-        assert await asyncio.wait_for(envoy.wait(), 10) == -signal.SIGKILL
-        assert envoy.exited.is_set() and not envoy.stopping and not envoy.running
-    assert envoy.returncode == -signal.SIGKILL
-
-
 async def test_an_adopted_envoy_never_watched_is_still_stopped(tmp_path: Path) -> None:
     """A start that fails before the event loop watched Envoy still stops it on close."""
-    envoy = adopted(tmp_path, pod_ip(), log_level="warning")
+    envoy = supervisor(tmp_path, pod_ip(), adopt=True, log_level="warning")
     pid = envoy.pid
     assert pid is not None
     code = await envoy.close()
@@ -134,16 +97,7 @@ async def test_fork_exec_sets_envoy_up_as_the_launcher_does(tmp_path: Path) -> N
     boot = tmp_path / "envoy.json"
     boot.write_text(json.dumps(static_bootstrap(ip)))
     admin = f"http://{ip}:15000"
-    owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, str(boot), admin, envoy_binary()],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert owner.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+    async with envoy_owner(_OWNER, str(boot), admin, envoy_binary()) as (owner, line):
         pids = json.loads(line)
         pid = pids["pid"]
         assert pid != pids["agent"]
@@ -152,24 +106,7 @@ async def test_fork_exec_sets_envoy_up_as_the_launcher_does(tmp_path: Path) -> N
         assert os.readlink(f"/proc/{pid}/fd/0") == os.devnull
         assert int(_status(pid)["PPid"]) == pids["agent"]
 
-        os.kill(owner.pid, signal.SIGKILL)
-        owner.wait(10)
-
-        def gone() -> bool:
-            try:
-                return Path(f"/proc/{pid}/stat").read_text().split()[2] in ("Z", "X")
-            except FileNotFoundError:
-                return True
-
-        await eventually(gone, timeout=10, what="Envoy to die with the agent")
-        async with EnvoySupervisor(
-            envoy_binary(), boot, admin_url=admin, drain_duration=1
-        ) as again:
-            await wait_admin(again, 20)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+        await owner_killed_takes_envoy(owner, pid, boot, admin)
 
 
 _REFUSE = """

@@ -22,7 +22,13 @@ from agent.envoy.process import EnvoyError, EnvoySupervisor
 from agent.metrics import AgentMetrics
 from agent.status import StatusServer
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoy import envoy_binary, wait_admin
+from tests.support.envoy import (
+    envoy_binary,
+    envoy_owner,
+    owner_killed_takes_envoy,
+    spawned_as_forked,
+    wait_admin,
+)
 from tests.support.net import pod_ip
 
 pytestmark = pytest.mark.envoy
@@ -87,12 +93,17 @@ def static_bootstrap(ip: str) -> dict[str, Any]:
     }
 
 
-def supervisor(tmp_path: Path, ip: str, **kw: Any) -> EnvoySupervisor:
+def supervisor(tmp_path: Path, ip: str, *, adopt: bool = False, **kw: Any) -> EnvoySupervisor:
+    """With `adopt`: an Envoy already running, as `python -m agent` starts it before its
+    event loop (agent/envoy/earlystart.py), adopted."""
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps(static_bootstrap(ip)))
     opts: dict[str, Any] = dict(drain_duration=1.0, log_level="info")
     opts.update(kw)
-    return EnvoySupervisor(envoy_binary(), path, admin_url=f"http://{ip}:15000", **opts)
+    envoy = EnvoySupervisor(envoy_binary(), path, admin_url=f"http://{ip}:15000", **opts)
+    if adopt:
+        envoy.adopt(spawned_as_forked(envoy.command()))
+    return envoy
 
 
 async def get(url: str) -> tuple[int, str]:
@@ -144,9 +155,10 @@ async def test_start_drain_close(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     assert await envoy.close() == 0  # idempotent
 
 
-async def test_envoy_killed_is_observed_as_an_unexpected_exit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adopt", [False, True], ids=["spawned", "adopted"])
+async def test_envoy_killed_is_observed_as_an_unexpected_exit(tmp_path: Path, adopt: bool) -> None:
     ip = pod_ip()
-    async with supervisor(tmp_path, ip, log_level="warning") as envoy:
+    async with supervisor(tmp_path, ip, adopt=adopt, log_level="warning") as envoy:
         await wait_admin(envoy)
         assert envoy.pid is not None
         os.kill(envoy.pid, signal.SIGKILL)
@@ -287,41 +299,10 @@ async def test_envoy_dies_with_its_supervisor_on_sigkill(tmp_path: Path) -> None
     holding the pod's ports (under uvloop it even survives writing its log to the dead
     agent's socket). Now the parent-death signal is set before Envoy is exec'd, and the
     ports are free for the next agent."""
-    import subprocess
-    import sys
-
     ip = pod_ip()
     boot = tmp_path / "envoy.json"
     boot.write_text(json.dumps(static_bootstrap(ip)))
-    root = Path(__file__).resolve().parents[2]
-    owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, str(boot), f"http://{ip}:15000"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert owner.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+    async with envoy_owner(_OWNER, str(boot), f"http://{ip}:15000") as (owner, line):
         envoy_pid = int(line)
-        os.kill(owner.pid, signal.SIGKILL)  # while Envoy is still starting
-        owner.wait(10)
-
-        def envoy_gone() -> bool:
-            try:
-                with open(f"/proc/{envoy_pid}/stat") as f:
-                    return f.read().split()[2] in ("Z", "X")  # exited, not yet reaped
-            except FileNotFoundError:
-                return True
-
-        await eventually(envoy_gone, timeout=10, what="Envoy to die with its supervisor")
-        # The ports are free again: a new Envoy on the same IP and ports comes up.
-        async with EnvoySupervisor(
-            envoy_binary(), boot, admin_url=f"http://{ip}:15000", drain_duration=1
-        ) as again:
-            await wait_admin(again, 20)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+        # While Envoy is still starting.
+        await owner_killed_takes_envoy(owner, envoy_pid, boot, f"http://{ip}:15000")

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from agent.envoy.earlystart import ForkedProcess
 from agent.envoy.process import EnvoyError, EnvoySupervisor
 from agent.httpio import HttpClientError, fetch
 
@@ -140,3 +144,65 @@ class EnvoyProcess:
         _, text = await self.admin_get("/config_dump")
         data: dict[str, Any] = json.loads(text)
         return data
+
+
+async def owner_killed_takes_envoy(
+    owner: subprocess.Popen[str], envoy_pid: int, bootstrap: Path, admin_url: str
+) -> None:
+    """SIGKILL `owner` (a process supervising Envoy `envoy_pid`): Envoy must die with it (the
+    parent-death signal), and its ports be free again for a new Envoy on `bootstrap`."""
+    from tests.support.controlplane import eventually
+
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait(10)
+
+    def envoy_gone() -> bool:
+        try:
+            with open(f"/proc/{envoy_pid}/stat") as f:
+                return f.read().split()[2] in ("Z", "X")  # exited, not yet reaped
+        except FileNotFoundError:
+            return True
+
+    await eventually(envoy_gone, timeout=10, what="Envoy to die with its supervisor")
+    again = EnvoySupervisor(envoy_binary(), bootstrap, admin_url=admin_url, drain_duration=1)
+    async with again:
+        await wait_admin(again, 20)
+
+
+@contextlib.asynccontextmanager
+async def envoy_owner(script: str, *args: str) -> AsyncIterator[tuple[subprocess.Popen[str], str]]:
+    """`python -c script *args` in a session of its own, from the project's root (a process
+    that supervises an Envoy, as the agent does), and the first line it prints; killed on
+    exit if still running."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+        yield owner, line
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def spawned_as_forked(command: list[str]) -> ForkedProcess:
+    """`command` started as `fork_exec` starts it (own session, stderr into a pipe), but with
+    posix_spawn: a test process has gRPC loaded and threads, where `fork_exec` refuses."""
+    read, write = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            command[0],
+            command,
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, write, 2)],
+            setsid=True,
+        )
+    finally:
+        os.close(write)
+    return ForkedProcess(pid, read, tuple(command))
