@@ -72,15 +72,19 @@ def _child(
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(stderr, 2)
+        linux = sys.platform.startswith("linux")
+        if linux:
+            # Loaded before the user changes: the new one may not read this interpreter's
+            # files (a Python under /root, say).
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
         if run_as is not None:
             # Before the parent-death signal: a change of credentials clears it.
             os.setgroups([])
             os.setgid(run_as[1])
             os.setuid(run_as[0])
-        if sys.platform.startswith("linux"):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
+        if linux:
             if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0):
                 _fail("cannot set the parent-death signal: " + os.strerror(ctypes.get_errno()))
             if os.getppid() != parent:

@@ -180,3 +180,26 @@ def test_the_signals_python_ignores_are_not_ignored_by_the_exec_d_program() -> N
     ignored = int(out.stdout, 16)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         assert not ignored & (1 << (sig - 1)), (sig, hex(ignored))
+
+
+_AS_USER = """
+import os
+from agent.envoy.earlystart import fork_exec
+forked = fork_exec(["/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G) >&2"], (1337, 1337))
+_, status = os.waitpid(forked.pid, 0)
+print(os.waitstatus_to_exitcode(status))
+print(os.read(forked.stderr, 4096).decode().strip())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching user needs root")
+def test_fork_exec_runs_the_command_as_the_proxy_user() -> None:
+    """Interception mode REDIRECT: Envoy runs as 1337:1337 with no other group. Regression:
+    the child loaded ctypes (for the parent-death signal) after switching user, which cannot
+    read an interpreter installed under /root, and Envoy never started."""
+    out = subprocess.run(
+        [sys.executable, "-c", _AS_USER], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    code, ids = out.stdout.split("\n", 1)
+    assert (int(code), ids.strip()) == (0, "1337 1337 1337"), out.stdout
