@@ -17,13 +17,12 @@ from agent.config import AgentConfig
 from agent.metrics import AgentMetrics, SdsMetricsObserver
 from agent.sds.caclient import CaClient
 from agent.sds.certfiles import CertFileWriter, CertPaths
-from agent.sds.firstsign import Signed
 from agent.sds.keyspec import KeyType
 from agent.sds.keywork import KeyWork
 from agent.sds.remote import RemoteSecrets
 from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.server import SdsServer
-from agent.sds.workloadcert import SdsStats
+from agent.sds.workloadcert import SdsStats, WorkloadCert
 from agent.unixsocket import UnixGrpcServer
 from agent.xdsproxy.upstream import UpstreamChannel
 
@@ -32,7 +31,7 @@ def workload_secrets(
     cfg: AgentConfig,
     upstream: UpstreamChannel,
     metrics: AgentMetrics,
-    first: Awaitable[Signed] | None = None,
+    first: Awaitable[WorkloadCert] | None = None,
     keys: KeyWork | None = None,
 ) -> SecretManager:
     """Workload certificates signed over `upstream`, served to Envoy (and proxyless clients)
@@ -73,7 +72,7 @@ class WorkloadCerts:
         *,
         owner: int | None = None,
         server: UnixGrpcServer | None = None,
-        first: Awaitable[Signed] | None = None,
+        first: Awaitable[WorkloadCert] | None = None,
         keys: KeyWork | None = None,
     ) -> None:
         """`owner`: the UID that may use the SDS socket (Envoy's, when it runs as another

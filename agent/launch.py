@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from agent.envoy.process import EnvoySupervisor
     from agent.metrics import AgentMetrics
     from agent.relaystart import LocalRelay
-    from agent.sds.firstsign import Signed
     from agent.sds.keywork import KeyWork
+    from agent.sds.workloadcert import WorkloadCert
     from agent.telemetry.fifo import MetricsFifo
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class Launch(Lifecycle):
         self._started = False
         self._channel_up: asyncio.Task[None] | None = None
         self._cert_signed: asyncio.Task[None] | None = None
-        self._first_signing: asyncio.Task[Signed] | None = None
+        self._first_signing: asyncio.Task[WorkloadCert] | None = None
 
     @property
     def servers(self) -> list[UnixGrpcServer]:
@@ -183,10 +183,11 @@ class Launch(Lifecycle):
         await self.relay.serve()
 
     async def start_signing(self) -> None:
-        """The first workload certificate's key, CSR and signing call, started (idempotent;
-        after `start()`, whose channel it uses): it needs only the key work and the CA's
-        protos (agent/sds/firstsign.py), so its round trip runs while the secret manager,
-        SDS and the rest are imported; `start_certs()` hands it to the secret manager."""
+        """The first workload certificate's key, CSR, signing call and the check of the CA's
+        answer, started (idempotent; after `start()`, whose channel it uses): it needs only
+        the key work and the CA's protos (agent/sds/firstsign.py), so its round trip and the
+        check (in the key worker) run while the secret manager, SDS and the rest are
+        imported; `start_certs()` hands it to the secret manager."""
         if self._first_signing is not None:
             return
         await asyncio.to_thread(_import, "agent.sds.firstsign")

@@ -1,5 +1,5 @@
 """One signing attempt: a fresh key and CSR (from a `KeyWork`), signed by a
-`CertificateSigner`.
+`CertificateSigner`, and the answer checked.
 
 A module of its own so that the agent's first attempt can start before the secret manager
 and SDS are imported (agent/launch.py, `Launch.start_signing`): signing needs the key work
@@ -9,25 +9,29 @@ then runs while the rest is imported. The `SecretManager` takes that attempt as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.sds.keyspec import KeyAndCsr, KeyType
+from agent.sds.keyspec import KeyType
 from agent.sds.keywork import KeyWork
 from agent.sds.signer import CertificateSigner
 
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Signed:
-    """A key and the chain the CA signed for it."""
-
-    key: KeyAndCsr
-    chain: list[str]  # PEM, leaf first, root last
+if TYPE_CHECKING:
+    from agent.sds.workloadcert import WorkloadCert
 
 
 async def sign_new_key(
-    signer: CertificateSigner, keys: KeyWork, identity: str, key_type: KeyType, ttl: float
-) -> Signed:
+    signer: CertificateSigner,
+    keys: KeyWork,
+    identity: str,
+    key_type: KeyType,
+    ttl: float,
+    root_file: Path | None = None,
+) -> WorkloadCert:
     """A new key (from `keys`, off the event loop) and its CSR for `identity`, signed for
-    about `ttl` seconds."""
+    about `ttl` seconds, and the CA's answer checked against the key (and `root_file`, when
+    given) by `keys` as soon as it arrives: for the agent's first certificate that check runs
+    in the key worker while the secret manager is still being imported."""
     kc = await keys.new_key(identity, key_type)
-    return Signed(kc, await signer.sign(kc.csr_pem, max(1, round(ttl))))
+    chain = await signer.sign(kc.csr_pem, max(1, round(ttl)))
+    return await keys.check(chain, kc.key_pem, root_file)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agent.sds.firstsign import Signed, sign_new_key
+from agent.sds.firstsign import sign_new_key
 from agent.sds.keyspec import KeyType, spiffe_id
 from agent.sds.keywork import KeyWork, ThreadKeyWork
 from agent.sds.names import (
@@ -102,12 +102,13 @@ class SecretManager(Lifecycle):
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         remote: RemoteSecrets | None = None,
-        first: Awaitable[Signed] | None = None,
+        first: Awaitable[WorkloadCert] | None = None,
         keys: KeyWork | None = None,
     ) -> None:
         """`remote`: where `kubernetes://` secrets (gateway certificates) come from; None:
         they are unknown names. `first`: a signing attempt already under way for this
-        identity and key type (agent/sds/firstsign.py), taken as the first attempt. `keys`:
+        identity and key type (agent/sds/firstsign.py: key, CSR, signing call and the check
+        of the answer), taken as the first attempt. `keys`:
         where keys are made and the CA's answers checked (agent/sds/keywork.py; default: in
         a thread here)."""
         self.config = config or SdsConfig()
@@ -319,15 +320,19 @@ class SecretManager(Lifecycle):
                 if attempt is None:
                     cfg = self.config
                     attempt = sign_new_key(
-                        self._signer, self._keys, self.identity, cfg.key_type, cfg.cert_ttl
+                        self._signer,
+                        self._keys,
+                        self.identity,
+                        cfg.key_type,
+                        cfg.cert_ttl,
+                        cfg.root_cert_file,
                     )
-                signed = await attempt
+                return await attempt
         except BaseException:
             # A key worker process waiting for this attempt's check goes now (the next attempt
             # makes a new key), not when that attempt comes, a minute later perhaps.
             await self._keys.close()
             raise
-        return await self._keys.check(signed.chain, signed.key.key_pem, self.config.root_cert_file)
 
     def _install(self, cert: WorkloadCert) -> None:
         first = self.current is None

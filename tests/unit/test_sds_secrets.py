@@ -14,14 +14,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from agent.sds.files import FileSecretError
-from agent.sds.firstsign import Signed, sign_new_key
+from agent.sds.firstsign import sign_new_key
 from agent.sds.keys import KeyType
 from agent.sds.keywork import ThreadKeyWork
 from agent.sds.resources import ROOT_CERT, WORKLOAD_CERT
 from agent.sds.rotation import RotationPolicy
 from agent.sds.secrets import SdsConfig, SecretManager
 from agent.sds.signer import SigningError
-from agent.sds.workloadcert import SdsStats
+from agent.sds.workloadcert import SdsStats, WorkloadCert
 from tests.support.controlplane import eventually
 from tests.support.fresh import fresh_lines
 from tests.support.testca import TestCA
@@ -370,9 +370,7 @@ async def test_an_attempt_started_before_the_manager_is_its_first() -> None:
         assert manager.stats.sign_attempts == 1 and manager.stats.certs_issued == 1
         default = manager.get(WORKLOAD_CERT)
         assert default is not None
-        assert (
-            default.secret().tls_certificate.private_key.inline_bytes == first.result().key.key_pem
-        )
+        assert default.secret().tls_certificate.private_key.inline_bytes == first.result().key_pem
         # Renewals are the manager's own, with its own lifetime.
         manager.rotate_now()
         await eventually(lambda: ca.calls == 2, what="rotation")
@@ -382,7 +380,7 @@ async def test_an_attempt_started_before_the_manager_is_its_first() -> None:
 async def test_a_failed_first_attempt_is_retried_by_the_manager() -> None:
     ca = TestCA()
 
-    async def refused() -> Signed:
+    async def refused() -> WorkloadCert:
         raise SigningError("CA unavailable")
 
     async with SecretManager(ca, config(), first=refused()) as manager:
