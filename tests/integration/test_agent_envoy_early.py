@@ -10,12 +10,21 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
+from agent.config import AgentConfig
+from agent.envoy.bootstrap import from_agent_config, write_bootstrap
 from agent.envoy.earlystart import EXEC_FAILED
+from agent.envoy.process import EnvoySupervisor
+from agent.httpio import HttpClientError, fetch
 from tests.integration.test_agent_envoy_process import APP_PORT, get, static_bootstrap, supervisor
+from tests.support.controlplane import eventually
 from tests.support.envoy import (
     envoy_binary,
     envoy_owner,
@@ -69,6 +78,7 @@ from pathlib import Path
 import uvloop
 from agent.envoy.earlystart import fork_exec
 from agent.envoy.process import EnvoySupervisor
+from agent.httpio import HttpClientError, fetch
 
 envoy = EnvoySupervisor(sys.argv[3], Path(sys.argv[1]), admin_url=sys.argv[2], drain_duration=1)
 forked = fork_exec(envoy.command())
@@ -203,3 +213,74 @@ def test_fork_exec_runs_the_command_as_the_proxy_user() -> None:
     assert out.returncode == 0, out.stderr
     code, ids = out.stdout.split("\n", 1)
     assert (int(code), ids.strip()) == (0, "1337 1337 1337"), out.stdout
+
+
+class _EmptyAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """ADS answering each type's first request with an empty set (enough for Envoy to go
+    LIVE); counts the streams."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def StreamAggregatedResources(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        self.streams += 1
+        async for req in request_iterator:
+            if not req.response_nonce:
+                yield discovery_pb2.DiscoveryResponse(
+                    type_url=req.type_url, version_info="1", nonce=req.type_url
+                )
+
+
+async def test_envoy_dialing_before_the_agent_bound_its_xds_socket_gets_its_config(
+    tmp_path: Path,
+) -> None:
+    """Envoy now starts before the agent binds <workdir>/XDS: a first dial that finds no
+    socket fails, and Envoy dials again (the bootstrap's retry policy: within 20 ms at
+    first) and gets its config from the server bound later."""
+    ip = pod_ip()
+    cfg = AgentConfig(workdir=tmp_path / "run", ip=ip, pod_name="early-0", standard_metrics=False)
+    cfg.workdir.mkdir()
+    write_bootstrap(cfg.workdir / "envoy-rev.json", from_agent_config(cfg))
+    envoy = EnvoySupervisor(
+        envoy_binary(),
+        cfg.workdir / "envoy-rev.json",
+        admin_url=f"http://{ip}:{cfg.envoy_admin_port}",
+        drain_duration=1.0,
+        log_level="warning",
+    )
+    ads = _EmptyAds()
+    server = grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
+    async with envoy:
+        stat = f"{envoy.admin_url}/stats?filter=^cluster.xds-grpc.upstream_cx_connect_fail$"
+
+        async def failed_dials() -> int | None:
+            try:
+                status, body = await fetch(stat, timeout=2)
+            except (HttpClientError, OSError, TimeoutError):
+                return None
+            if status != 200 or b":" not in body:
+                return None
+            count = int(body.split(b":")[1])
+            return count if count >= 2 else None
+
+        # Dialed and failed, twice at least: the socket is not there yet.
+        await eventually(failed_dials, timeout=20, what="Envoy's failed dials")
+        assert not cfg.xds_socket.exists()
+        server.add_insecure_port(f"unix:{cfg.xds_socket}")
+        await server.start()
+        try:
+
+            async def live() -> bool:
+                try:
+                    status, body = await fetch(f"{envoy.admin_url}/ready", timeout=2)
+                except (HttpClientError, OSError, TimeoutError):
+                    return False
+                return status == 200 and body.strip() == b"LIVE"
+
+            await eventually(live, timeout=20, what="Envoy LIVE on the late socket's config")
+            assert ads.streams >= 1
+        finally:
+            await server.stop(None)
