@@ -138,7 +138,12 @@ def workload_telemetry(ctx: GenContext, proxy: Proxy) -> WorkloadTelemetry | Non
     if workload is not None:
         name, labels, account = registered_identity(workload)
     else:
-        name, labels, account = proxy.pod_name, dict(proxy.labels), proxy.service_account
+        # Not registered (yet: a member's first config is generated before its registration
+        # reaches the index, with the next push). A proxy that asks to join a WorkloadGroup
+        # is named after that group from its first config, as Istio names a VM's workload
+        # (its node metadata), so its metrics do not start under the pod's name and move.
+        name = proxy.workload_group or proxy.pod_name
+        labels, account = dict(proxy.labels), proxy.service_account
     suffix = f"{proxy.namespace}.svc."
     domain = proxy.dns_domain.removeprefix(suffix) if proxy.dns_domain.startswith(suffix) else ""
     metrics = ctx.index.telemetry(proxy).metrics

@@ -227,9 +227,13 @@ async def test_standard_metrics_in_prometheus(tmp_path: Path) -> None:
             series = await prom.query(
                 f'istio_requests_total{{{dest},response_code="200",source_workload="client"}}'
             )
-            # The burst's series; the warm-up may have left others beside it: requests served
-            # before the backend's listeners carried its WorkloadGroup's name (its first config
-            # can predate its registration) count under the pod's name.
+            # The backend is named after its WorkloadGroup from its first config on, which
+            # can predate its registration (it was the pod's name, `backend-0`, until then).
+            assert {s["metric"]["destination_workload"] for s in series} == {"backend"}, (
+                _label_differences(series)
+            )
+            # The burst's series; should the warm-up have left others beside it, they must fit
+            # in the warm-up's requests.
             burst = max(series, key=lambda s: float(s["value"][1]))
             others = sum(float(s["value"][1]) for s in series if s is not burst)
             assert others <= before, _label_differences(series)
