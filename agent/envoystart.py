@@ -63,10 +63,12 @@ def start_envoy_now(cfg: AgentConfig, envoy: EnvoySupervisor) -> bool:
     (a thread already runs, the fork failed, no Envoy binary): the agent then spawns Envoy's
     launcher as before, which says what is wrong. Blocking: a few milliseconds."""
     from agent.envoy.bootstrap import from_agent_config, write_bootstrap
-    from agent.envoy.earlystart import fork_exec
+    from agent.envoy.earlystart import fork_exec, fork_is_safe
     from agent.envoy.process import EnvoyError, executable
     from agent.workdir import make_workdir
 
+    if not fork_is_safe():  # asked first: the launcher's path makes the workdir and bootstrap
+        return False
     try:
         command = envoy.command()
     except EnvoyError:

@@ -42,13 +42,18 @@ class ForkedProcess:
     command: tuple[str, ...]
 
 
+def fork_is_safe() -> bool:
+    """Whether this process may fork and run Python in the child: one thread, no gRPC."""
+    return threading.active_count() == 1 and "grpc" not in sys.modules
+
+
 def fork_exec(
     command: Sequence[str], run_as: tuple[int, int] | None = None
 ) -> ForkedProcess | None:
     """`command` started in a forked child (see the module docstring); None where forking is
     unsafe (another thread runs, or gRPC is imported) or fails. A command that cannot be
     exec'd shows as the child's exit with `EXEC_FAILED` and a line on its stderr."""
-    if threading.active_count() > 1 or "grpc" in sys.modules:
+    if not fork_is_safe():
         return None
     argv = tuple(command)
     read, write = os.pipe()

@@ -5,10 +5,10 @@ watches `exited` (Envoy dying on its own is fatal for the agent: without it the 
 data plane, and restarting behind the kubelet's back would hide the failure), and on SIGTERM
 calls `drain()` then `close()`.
 
-Everything is asyncio: the subprocess is created with `create_subprocess_exec` (or forked before
-the event loop existed and adopted, agent/envoy/earlystart.py), its output is
-read by a task, and the admin API is called with agent/httpio.py, so the agent's event loop (which
-also relays xDS) never blocks on Envoy.
+Everything is asyncio: the subprocess is created with `create_subprocess_exec` (or forked
+before the event loop existed and adopted, agent/envoy/earlystart.py), its output is read by a
+task, and the admin API is called with agent/httpio.py, so the agent's event loop (which also
+relays xDS) never blocks on Envoy.
 """
 
 from __future__ import annotations
@@ -289,12 +289,7 @@ class EnvoySupervisor(Lifecycle):
             adopted = _AdoptedProcess(self._forked, _LINE_LIMIT)
             await adopted.watch()
             self._proc = adopted
-            logger.info(
-                "started Envoy pid %d%s: %s",
-                adopted.pid,
-                f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
-                " ".join(self._forked.command),
-            )
+            self._log_started(adopted.pid, self._forked.command)
             self._watcher = asyncio.create_task(self._watch(adopted), name="envoy-watch")
             return
         cmd = self.command()
@@ -343,11 +338,14 @@ class EnvoySupervisor(Lifecycle):
             raise EnvoyError(f"cannot start Envoy: its launcher exited: {e}") from e
         finally:
             os.close(go)
+        self._log_started(self._proc.pid, self.command())
+
+    def _log_started(self, pid: int, command: Sequence[str]) -> None:
         logger.info(
             "started Envoy pid %d%s: %s",
-            self._proc.pid,
+            pid,
             f" as {self.run_as[0]}:{self.run_as[1]}" if self.run_as else "",
-            " ".join(self.command()),
+            " ".join(command),
         )
 
     async def _watch(self, proc: asyncio.subprocess.Process | _AdoptedProcess) -> None:

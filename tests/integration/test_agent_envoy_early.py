@@ -36,6 +36,14 @@ from tests.support.net import pod_ip
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -c script *args` in a fresh interpreter (one thread, no gRPC: where
+    `fork_exec` forks), from the project's root."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 async def test_an_adopted_envoy_is_watched_drained_and_stopped(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -120,7 +128,7 @@ async def test_fork_exec_sets_envoy_up_as_the_launcher_does(tmp_path: Path) -> N
 
 
 _REFUSE = """
-import json, sys, threading, time
+import json, threading
 from agent.envoy.earlystart import fork_exec
 results = {}
 gate = threading.Event()
@@ -144,22 +152,14 @@ print(os.read(forked.stderr, 4096).decode().strip())
 
 
 def test_fork_exec_refuses_beside_a_thread_or_grpc() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", _REFUSE], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = _script(_REFUSE)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"thread": True, "grpc": True}
 
 
 def test_a_command_that_cannot_be_exec_d_says_why_and_exits_127(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-envoy")
-    out = subprocess.run(
-        [sys.executable, "-c", _BAD_COMMAND, missing],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _script(_BAD_COMMAND, missing)
     assert out.returncode == 0, out.stderr
     code, message = out.stdout.split("\n", 1)
     assert int(code) == EXEC_FAILED
@@ -168,7 +168,7 @@ def test_a_command_that_cannot_be_exec_d_says_why_and_exits_127(tmp_path: Path) 
 
 
 _SIGNALS = """
-import os, sys
+import os
 from agent.envoy.earlystart import fork_exec
 forked = fork_exec(["sleep", "30"])
 while open(f"/proc/{forked.pid}/cmdline").read().split("\\0")[0] != "sleep":
@@ -183,9 +183,7 @@ print(dict(line.split(":", 1) for line in status.splitlines())["SigIgn"].strip()
 def test_the_signals_python_ignores_are_not_ignored_by_the_exec_d_program() -> None:
     """Python ignores SIGPIPE (and SIGXFSZ); a program exec'd from its fork would inherit
     that, as it would not from subprocess."""
-    out = subprocess.run(
-        [sys.executable, "-c", _SIGNALS], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = _script(_SIGNALS)
     assert out.returncode == 0, out.stderr
     ignored = int(out.stdout, 16)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
@@ -207,9 +205,7 @@ def test_fork_exec_runs_the_command_as_the_proxy_user() -> None:
     """Interception mode REDIRECT: Envoy runs as 1337:1337 with no other group. Regression:
     the child loaded ctypes (for the parent-death signal) after switching user, which cannot
     read an interpreter installed under /root, and Envoy never started."""
-    out = subprocess.run(
-        [sys.executable, "-c", _AS_USER], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = _script(_AS_USER)
     assert out.returncode == 0, out.stderr
     code, ids = out.stdout.split("\n", 1)
     assert (int(code), ids.strip()) == (0, "1337 1337 1337"), out.stdout
