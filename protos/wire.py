@@ -85,7 +85,10 @@ _T_DDR_CONTROL_PLANE: Final = tag(DDR_CONTROL_PLANE)
 _T_RES_VERSION: Final = tag(RES_VERSION)
 _T_RES_RESOURCE: Final = tag(RES_RESOURCE)
 _T_RES_NAME: Final = tag(RES_NAME)
+_T_DREQ_VERSION_INFO: Final = tag(DREQ_VERSION_INFO)
 _T_DREQ_RESOURCE_NAMES: Final = tag(DREQ_RESOURCE_NAMES)
+_T_DREQ_TYPE_URL: Final = tag(DREQ_TYPE_URL)
+_T_DREQ_RESPONSE_NONCE: Final = tag(DREQ_RESPONSE_NONCE)
 
 
 def _put(parts: list[bytes], tag: bytes, payload: bytes) -> None:
@@ -188,6 +191,34 @@ def request_names(names: Iterable[str]) -> bytes:
     parts: list[bytes] = []
     _put_repeated(parts, _T_DREQ_RESOURCE_NAMES, (n.encode() for n in names))
     return b"".join(parts)
+
+
+def request_ack(version_info: str, type_url: str, nonce: str) -> tuple[bytes, bytes]:
+    """A serialized ``DiscoveryRequest`` that ACKs a response and carries nothing else (no
+    node, no names, no error), in two parts: the fields before ``resource_names`` and those
+    after it. For ``is_ack``."""
+    head: list[bytes] = []
+    _put_str(head, _T_DREQ_VERSION_INFO, version_info)
+    tail: list[bytes] = []
+    _put_str(tail, _T_DREQ_TYPE_URL, type_url)
+    _put_str(tail, _T_DREQ_RESPONSE_NONCE, nonce)
+    return b"".join(head), b"".join(tail)
+
+
+def is_ack(raw: bytes, ack: tuple[bytes, bytes], names: bytes) -> bool:
+    """Whether the serialized DiscoveryRequest `raw` is exactly the ACK `ack`
+    (``request_ack``) naming the resources `names` (``request_names``), told by comparing
+    bytes: no field is parsed and nothing is copied. Two layouts match, as for
+    ``request_names_match``: fields in number order (Envoy: the names between the version
+    and the type), or the names appended after the rest (the load tool). Anything else
+    (another layout, a node, an error, other names) is False, and the caller decodes."""
+    head, tail = ack
+    at = len(head)
+    if len(raw) != at + len(tail) + len(names) or not raw.startswith(head):
+        return False
+    if raw.startswith(names, at):
+        return raw.endswith(tail)
+    return raw.startswith(tail, at) and raw.endswith(names)
 
 
 def request_names_match(raw: bytes, names: bytes) -> bool:

@@ -62,6 +62,9 @@ class Connection:
     queued: bool = False  # waiting in the push queue
     busy: bool = False  # a write is in progress; whoever holds it sends what is pending
     closed: bool = False
+    # Out of admission's window of new streams (control/xds/admission.py): in sync once, or
+    # its window passed. Remembered so that later ACKs need not ask.
+    settled: bool = False
     error: StreamError | None = None
     # type_url -> (nonce, push start) for convergence time of pushed responses.
     push_nonces: dict[str, tuple[str, float]] | None = None  # created on the first push
@@ -121,8 +124,8 @@ def proxy_of(first: DiscoveryRequest | DeltaDiscoveryRequest) -> Proxy:
 def encode_response(resp: Any, control_plane: bytes) -> bytes:
     """A response as it goes on the wire: the cached frame of a body that many streams share
     when the nonce is the body's own, else assembled around the cached resource bytes."""
-    if isinstance(resp, SotwResponse):
-        body = resp.body
+    if type(resp) is SotwResponse:  # on every push to every stream: no subclass to allow
+        body = resp.view if resp.part is None else resp.part
         if resp.nonce == body.nonce:
             return body.framed(resp.type_url, control_plane)
         return wire.discovery_response_block(

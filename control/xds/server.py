@@ -115,6 +115,7 @@ class XdsServer:
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
+        self._convergence = metrics.convergence  # observed on every push's ACKs
         self._written = WrittenResponses(metrics)
         # proxy id -> the (type, err) series of the per-type reject gauges it has, removed
         # when its last stream closes so that churning proxies do not grow them.
@@ -292,11 +293,14 @@ class XdsServer:
     def _read(self, conn: Connection, raw: bytes) -> None:
         """Decode and handle a request that follows the stream's first."""
         state = conn.state
-        if isinstance(state, SotwStream):
+        if type(state) is SotwStream:  # on every ACK: the exact type, no subclass to allow
             # Most requests after the first are ACKs naming what the one before named:
             # decoded without the names (SotwStream.decode_unchanged). A guarded type is
             # decoded whole: its guard judges the names themselves.
-            slim = state.decode_unchanged(raw)
+            slim = state.decode_unchanged(raw, self._guards)
+            if isinstance(slim, tuple):  # a push's ACK, seen (and recorded) on its bytes
+                self._acked(conn, *slim)
+                return
             if slim is not None and slim.type_url not in self._guards:
                 self._handle_request(conn, slim, raw, same_names=True)
                 return
@@ -329,15 +333,7 @@ class XdsServer:
         else:
             outcome = state.receive(req, raw)
         if outcome.kind is RequestKind.ACK:
-            self.acks += 1
-            if self._admission.unsettled(conn.id) and conn.state.in_sync():
-                self._admission.settled(conn.id)  # its place goes to the next new stream
-            pushed = conn.push_nonces.get(req.type_url) if conn.push_nonces else None
-            if pushed is not None and pushed[0] == req.response_nonce:
-                self._metrics.convergence.observe(self._clock() - pushed[1])
-                del conn.push_nonces[req.type_url]  # type: ignore[union-attr]
-                if not conn.push_nonces:
-                    conn.push_nonces = None  # an emptied dict keeps its table
+            self._acked(conn, req.type_url, req.response_nonce)
         elif outcome.kind is RequestKind.NACK:
             self._record_reject(conn, req)
             logger.warning(
@@ -347,6 +343,25 @@ class XdsServer:
             self._metrics.stale_requests.labels(metric_type(req.type_url)).inc()
         if outcome.must_respond:
             conn.respond_types = conn.respond_types | {req.type_url}
+
+    def _acked(self, conn: Connection, type_url: str, nonce: str) -> None:
+        """What an ACK means beyond the stream's state (already updated): the stream's place
+        in admission, and the convergence time of a push."""
+        self.acks += 1
+        if not conn.settled:
+            if not self._admission.unsettled(conn.id):
+                conn.settled = True  # its admission window passed: not asked again
+            elif conn.state.in_sync():
+                self._admission.settled(conn.id)  # its place goes to the next new stream
+                conn.settled = True
+        nonces = conn.push_nonces
+        if nonces is not None:
+            pushed = nonces.get(type_url)
+            if pushed is not None and pushed[0] == nonce:
+                self._convergence.observe(self._clock() - pushed[1])
+                del nonces[type_url]
+                if not nonces:
+                    conn.push_nonces = None  # an emptied dict keeps its table
 
     def _version_label(self, version: str) -> str:
         """pilot_xds's `version` label: what the proxy claims (ISTIO_VERSION), with the number
@@ -440,7 +455,8 @@ class XdsServer:
         for type_url, data in frames:
             write_started = self._clock()
             self._writing[conn] = (write_started, task)
-            self._start_watchdog()
+            if self._watchdog is None:
+                self._start_watchdog()
             try:
                 await context.write(data)
             except asyncio.CancelledError:
@@ -459,22 +475,26 @@ class XdsServer:
         return True
 
     def _start_watchdog(self) -> None:
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.get_running_loop().create_task(self._watch_writes())
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_writes())
 
     async def _watch_writes(self) -> None:
         """Cancel writes that have waited longer than `send_timeout` on a client that does
-        not read; exits when nothing is being written."""
+        not read; exits when nothing is being written (and says so: `_watchdog` None, which
+        a write checks instead of asking the task)."""
         timeout = self._options.send_timeout
-        while self._writing:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = self._clock()
-            for conn, (started, task) in list(self._writing.items()):
-                if now - started > timeout and conn.error is None:
-                    conn.error = StreamError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
-                    )
-                    task.cancel()
+        try:
+            while self._writing:
+                await asyncio.sleep(min(1.0, timeout / 4))
+                now = self._clock()
+                for conn, (started, task) in list(self._writing.items()):
+                    if now - started > timeout and conn.error is None:
+                        conn.error = StreamError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read responses"
+                        )
+                        task.cancel()
+        finally:
+            if self._watchdog is asyncio.current_task():
+                self._watchdog = None
 
     def _collect(self, conn: Connection) -> list[tuple[str, bytes]]:
         """Decide what to send now; returns encoded responses in order."""
@@ -485,17 +505,14 @@ class XdsServer:
         conn.push_pending = False
         conn.push_types = None
         state = conn.state
-        pushed: set[str] = set()
+        pushed: set[str] = _NO_PUSH
         if push:
             # From the push's start (the oldest one coalesced into it) until a send worker
             # took this stream: istiod's time in the push queue.
             self._metrics.queue_time.observe(max(0.0, self._clock() - conn.push_since))
-            if push_types is None:
-                pushed = {t for t in state.subscribed_types if t != typeurls.DEBUG_SYNCZ}
-            else:  # an EDS-only push: one type, not every subscribed one filtered
-                pushed = {
-                    t for t in push_types if t != typeurls.DEBUG_SYNCZ and state.subscribes(t)
-                }
+            # Never syncz: computed on request only (below).
+            pushed = state.subscribed_among(push_types)
+            pushed.discard(typeurls.DEBUG_SYNCZ)
         wanted = pushed | {t for t in forced if t != typeurls.DEBUG_SYNCZ} if forced else pushed
         sets: dict[str, ResourceSet] = self._source.resources(conn.proxy, wanted) if wanted else {}
         if typeurls.DEBUG_SYNCZ in forced:
@@ -540,6 +557,7 @@ def _guarded_names(conn: Connection, req: Any) -> list[str] | None:
 
 
 _MAX_VERSION_LABELS = 32
+_NO_PUSH: set[str] = set()  # never changed: read only, for a stream with nothing to push
 # The types istiod counts send errors for (pilot_xds_pushes{type="cds_senderr"}, ...).
 _SEND_ERROR_TYPES = frozenset(
     (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE)

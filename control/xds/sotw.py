@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,16 +39,25 @@ from control.xds.state import (
 from protos import typeurls, wire
 
 
-@dataclass(frozen=True, slots=True)
 class SotwResponse:
     """One response: `view` is what the client holds once it applies it; `part`, when set, is
     the subset of `view` the response carries (an endpoint push that sends only the
-    assignments that changed, see SotwStream.push)."""
+    assignments that changed, see SotwStream.push). Not changed once made.
 
-    type_url: str
-    nonce: str
-    view: View
-    part: View | None = None
+    A plain class rather than a frozen dataclass: one is made for every stream on every
+    push, and a frozen dataclass's constructor sets each field through object.__setattr__,
+    twice the cost of the rest of the decision for an endpoint push."""
+
+    __slots__ = ("nonce", "part", "type_url", "view")
+
+    def __init__(self, type_url: str, nonce: str, view: View, part: View | None = None) -> None:
+        self.type_url = type_url
+        self.nonce = nonce
+        self.view = view
+        self.part = part
+
+    def __repr__(self) -> str:
+        return f"SotwResponse({self.type_url!r}, {self.nonce!r}, {self.view.version!r})"
 
     @property
     def body(self) -> View:
@@ -105,6 +114,11 @@ class _TypeState:
         return sync_status(self, self.sent is not None, self.acked_nonce == self.sent_nonce)
 
 
+# The ACK of a response, as `decode_unchanged` compares it: by (version, type, nonce), which
+# every stream sent the same shared view has alike, so a push's thousand ACKs need it once.
+_ack_bytes = functools.lru_cache(maxsize=1024)(wire.request_ack)
+
+
 @functools.lru_cache(maxsize=4096)
 def _shared_names(raw: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str], bytes]:
     """One copy of each distinct subscription, shared by every stream that sends it: a
@@ -120,18 +134,35 @@ class SotwStream(StreamRules[_TypeState]):
 
     # --- requests --------------------------------------------------------------------------
 
-    def decode_unchanged(self, raw: bytes) -> DiscoveryRequest | None:
+    def decode_unchanged(
+        self, raw: bytes, whole: Container[str] = ()
+    ) -> DiscoveryRequest | tuple[str, str] | None:
         """The request `raw` decoded without its resource names, when its bytes show that
         they are the names the last request of its type named; then pass it on as
         `receive(req, raw, same_names=True)`. None: decode it whole (the names changed, or
         cannot be told from the bytes). Decoding makes a string of every name, and an EDS
         ACK names every cluster the proxy uses: for an unchanged list that was most of the
-        cost of the ACK, and a push brings one ACK per stream."""
+        cost of the ACK, and a push brings one ACK per stream.
+
+        A (type URL, nonce) pair: `raw` is, byte for byte, the ACK of the last response of
+        that type with the same names and nothing else (no node, no error); it is recorded
+        already, as `receive` records an ACK (its outcome: an ACK that needs no answer). A
+        push's ACKs are such, and their bytes are then never decoded. Types in `whole` are
+        never taken from the bytes this way (their requests are decoded)."""
         at = -2  # not looked for yet: only a stream with a named subscription needs it
         for st in self._types.values():
             names = st.names_wire
             if not names:  # no names (a wildcard), or not comparable on the bytes
                 continue
+            sent = st.sent
+            if (
+                sent is not None
+                and wire.is_ack(raw, _ack_bytes(sent.version, st.type_url, st.sent_nonce), names)
+                and st.type_url not in whole
+            ):
+                self.requests += 1
+                self._ack(st)
+                return st.type_url, st.sent_nonce
             if at == -2:
                 at = wire.first_request_name(raw)
             rest = wire.without_request_names(raw, at, names)
@@ -220,12 +251,17 @@ class SotwStream(StreamRules[_TypeState]):
                 must_respond=bool(added),
                 error_message=st.nack_message,
             )
+        self._ack(st)
+        # Shared, not built per ACK: a push to a thousand streams brings a thousand of them.
+        return shared_outcome(type_url, RequestKind.ACK, bool(added))
+
+    def _ack(self, st: _TypeState) -> None:
+        """The client ACKed the last response of `st`'s type (the request's nonce is
+        `st.sent_nonce`)."""
         self.acks += 1
         st.acked_nonce = st.sent_nonce  # equal to the request's, and shared (see _emit)
         st.nack_message = ""
         st.nacked_nonce = ""
-        # Shared, not built per ACK: a push to a thousand streams brings a thousand of them.
-        return shared_outcome(type_url, RequestKind.ACK, bool(added))
 
     # --- responses -------------------------------------------------------------------------
 
@@ -277,8 +313,8 @@ class SotwStream(StreamRules[_TypeState]):
         sent = st.sent
         if sent is not None and view.version == sent.version:
             return None
-        if sent is None or st.status() is SyncStatus.ERROR:
-            return self._emit(st, view)
+        if sent is None or (st.nack_message and st.nacked_nonce == st.sent_nonce):
+            return self._emit(st, view)  # never sent, or standing NACKed (SyncStatus.ERROR)
         return self._emit(st, view, _changed_part(sent, view))
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[SotwResponse]:
@@ -288,6 +324,11 @@ class SotwStream(StreamRules[_TypeState]):
         already has) so listeners and routes can move off them first; a final CDS response
         then drops them.
         """
+        if len(sets) == 1 and typeurls.ENDPOINT in sets:
+            # An endpoint push, the common case: no order to keep, no cluster updated.
+            st = self._types.get(typeurls.ENDPOINT)
+            resp = None if st is None else self._respond_changed(st, sets[typeurls.ENDPOINT])
+            return [] if resp is None else [resp]
         out: list[SotwResponse] = []
         final_cds: Mapping[str, Resource] | None = None
         refresh_eds = self._updates_eds_clusters(sets)

@@ -209,6 +209,10 @@ class StreamRules(Generic[_T]):
     def subscribes(self, type_url: str) -> bool:
         return type_url in self._types
 
+    def subscribed_among(self, type_urls: frozenset[str] | None) -> set[str]:
+        """The types of `type_urls` (None: every type) this stream subscribes to; a new set."""
+        return set(self._types) if type_urls is None else self._types.keys() & type_urls
+
     def in_sync(self) -> bool:
         """Whether every type the stream subscribed to was sent and ACKed."""
         return all(st.status() is SyncStatus.SYNCED for st in self._types.values())

@@ -1,13 +1,16 @@
 """The control plane's metric rendering, without sockets: Istio's exposition of counters
 (control/promtext.py), the event-loop histogram against prometheus_client's own
-(control/histogram.py), and Istio's label spellings (control/metrics.py)."""
+(control/histogram.py), the event-loop counter against prometheus_client's Counter
+(control/loopcounter.py), and Istio's label spellings (control/metrics.py)."""
 
 from __future__ import annotations
 
 import grpc
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from control.histogram import LoopHistogram
+from control.loopcounter import LoopCounter
 from control.metrics import grpc_code_name, metric_type, trigger
 from control.promtext import istio_exposition
 from protos import typeurls
@@ -37,6 +40,39 @@ def test_loop_histogram_renders_as_prometheus_client_does() -> None:
     assert mine == reference
     assert ours.get_sample_value("h_bucket", {"type": "cds", "le": "0.01"}) == 2
     assert ours.get_sample_value("h_bucket", {"type": "cds", "le": "+Inf"}) == len(VALUES)
+
+
+def test_loop_counter_renders_as_prometheus_client_does() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    a = LoopCounter("c", "doc", ["type"], registry=ours)
+    b = Counter("c", "doc", ["type"], registry=theirs)
+    plain_a = LoopCounter("p_total", "doc", registry=ours)  # named with the suffix, as allowed
+    plain_b = Counter("p_total", "doc", registry=theirs)
+    for i in range(7):
+        for kind in ("cds", "eds") if i % 2 else ("cds",):
+            a.labels(kind).inc()
+            b.labels(kind).inc()
+    plain_a.inc(2.5)
+    plain_b.inc(2.5)
+    LoopCounter("never", "no children yet", ["type"], registry=ours)
+    Counter("never", "no children yet", ["type"], registry=theirs)
+
+    def samples(r: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return {
+            k: v
+            for k, v in parse(generate_latest(r).decode()).samples.items()
+            if "_created" not in k[0]
+        }
+
+    assert samples(ours) == samples(theirs)
+    assert ours.get_sample_value("c_total", {"type": "cds"}) == 7
+    assert ours.get_sample_value("p_total") == 2.5
+    # As istiod renders it: the bare name, typed counter.
+    m = parse(istio_exposition(ours).decode())
+    assert m.value("c", type="eds") == 3 and m.types["c"] == "counter"
+    assert m.types["never"] == "counter" and m.series("never") == []
+    with pytest.raises(ValueError):
+        a.labels("cds").inc(-1)
 
 
 def test_counters_render_under_their_istio_names() -> None:

@@ -147,6 +147,85 @@ def test_a_changed_sotw_subscription_is_still_seen() -> None:
     assert outcome.kind is RequestKind.NACK and outcome.error_message == "bad"
 
 
+def test_is_ack_tells_an_exact_ack_from_its_bytes() -> None:
+    names = wire.request_names(NAMES)
+    ack = wire.request_ack("v1", EDS, "n1")
+    # As a protobuf serializer writes it (Envoy: number order) and as the load tool does
+    # (the names appended); and with no version (proto3 leaves an empty string out).
+    assert wire.is_ack(
+        _raw(version_info="v1", resource_names=NAMES, type_url=EDS, response_nonce="n1"),
+        ack,
+        names,
+    )
+    assert wire.is_ack(
+        _raw(version_info="v1", type_url=EDS, response_nonce="n1") + names, ack, names
+    )
+    assert wire.is_ack(
+        _raw(resource_names=NAMES, type_url=EDS, response_nonce="n1"),
+        wire.request_ack("", EDS, "n1"),
+        names,
+    )
+    # Anything more, less or else is not: it is decoded the slow way.
+    others = [
+        _raw(version_info="v1", resource_names=NAMES, type_url=EDS, response_nonce="n2"),
+        _raw(version_info="v2", resource_names=NAMES, type_url=EDS, response_nonce="n1"),
+        _raw(version_info="v1", resource_names=NAMES, type_url="t", response_nonce="n1"),
+        _raw(version_info="v1", resource_names=NAMES[1:], type_url=EDS, response_nonce="n1"),
+        _raw(version_info="v1", resource_names=NAMES[::-1], type_url=EDS, response_nonce="n1"),
+        _raw(
+            version_info="v1",
+            node=Node(id="sidecar~10.0.0.1~a.b~b.svc.cluster.local"),
+            resource_names=NAMES,
+            type_url=EDS,
+            response_nonce="n1",
+        ),
+        _raw(
+            version_info="v1",
+            resource_names=NAMES,
+            type_url=EDS,
+            response_nonce="n1",
+            error_detail=Status(code=3, message="x"),
+        ),
+        _raw(version_info="v1", type_url=EDS, response_nonce="n1"),
+        b"",
+    ]
+    for raw in others:
+        assert not wire.is_ack(raw, ack, names), _decoded(raw) if raw else raw
+
+
+def test_a_push_ack_is_recorded_from_its_bytes_alone() -> None:
+    s, nonce = _stream_holding_endpoints()
+    version = s.status()[0].sent_version
+    raw = _raw(version_info=version, resource_names=NAMES, type_url=EDS, response_nonce=nonce)
+    acks_before = s.acks
+    assert s.decode_unchanged(raw) == (EDS, nonce)
+    # Recorded as receive() records an ACK.
+    assert s.acks == acks_before + 1 and s.in_sync()
+    assert s.status()[0].acked_nonce == nonce
+    # A type the caller wants decoded whole (a guarded one) is not taken from the bytes.
+    s, nonce = _stream_holding_endpoints()
+    raw = _raw(version_info=version, resource_names=NAMES, type_url=EDS, response_nonce=nonce)
+    slim = s.decode_unchanged(raw, frozenset((EDS,)))
+    assert isinstance(slim, DiscoveryRequest) and slim.response_nonce == nonce
+    assert not s.in_sync()
+    # Not the last response's nonce: decoded, and then stale as before.
+    stale = _raw(version_info=version, resource_names=NAMES, type_url=EDS, response_nonce="old")
+    slim = s.decode_unchanged(stale)
+    assert isinstance(slim, DiscoveryRequest)
+    assert s.receive(slim, stale, same_names=True).kind is RequestKind.STALE
+    # A NACK of it: decoded, and recorded as a NACK.
+    nack = _raw(
+        version_info=version,
+        resource_names=NAMES,
+        type_url=EDS,
+        response_nonce=nonce,
+        error_detail=Status(code=3, message="bad"),
+    )
+    slim = s.decode_unchanged(nack)
+    assert isinstance(slim, DiscoveryRequest)
+    assert s.receive(slim, nack, same_names=True).kind is RequestKind.NACK
+
+
 def _cla(cache: ResourceCache, name: str, rev: int) -> Resource:
     def build() -> ClusterLoadAssignment:
         cla = ClusterLoadAssignment(cluster_name=name)
