@@ -9,6 +9,12 @@ were serialized.
 Floor, same run: a bare grpc.aio server that pushes the same pre-serialized EDS response
 bytes (the assignment that changed) to N streams of the same client process and waits for the ACKs.
 
+That floor answers CDS with no clusters, so its clients subscribe to no EDS names and their
+ACKs are a few dozen bytes, where ours name every cluster (S of them: ~5 KB with 100). A second
+floor, printed beside the first and not instead of it, answers CDS with the clusters ours
+serves (and EDS at first with their assignments), so that its clients subscribe and ACK as
+ours do; the push and its bytes are the same.
+
 Prints one line per figure; ratios are what to read (the machine is shared and noisy).
 """
 
@@ -173,8 +179,12 @@ class FloorServer:
             reader.cancel()
 
 
-async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[list[float], float]:
-    floor = FloorServer(cds, eds)
+async def run_floor(
+    streams: int, cds: bytes, eds: bytes, rounds: int, first_eds: bytes | None = None
+) -> tuple[list[float], float]:
+    """Push `eds` to every stream `rounds` times; `first_eds` (default `eds`) answers the
+    clients' EDS requests."""
+    floor = FloorServer(cds, eds if first_eds is None else first_eds)
     # The same stream limits as ours (without them, thousands of streams opened at once
     # are refused by gRPC's backlog limit: control/xds/server.py).
     server = grpc.aio.server(options=grpc_stream_options(XdsOptions()))
@@ -207,8 +217,8 @@ async def run_floor(streams: int, cds: bytes, eds: bytes, rounds: int) -> tuple[
     return times, rss_per_stream
 
 
-def eds_response_bytes(services: int, endpoints: int) -> bytes:
-    """The EDS response a simulated proxy gets from our generators, for the floor to push."""
+def generated(type_url: str, services: int, endpoints: int, changed: bool) -> dict[str, bytes]:
+    """What our generators make of the bench mesh for a simulated proxy: name -> Any bytes."""
     from control.config.loader import load_text
     from control.config.merge import merge
     from control.generate import GENERATORS
@@ -218,19 +228,17 @@ def eds_response_bytes(services: int, endpoints: int) -> bytes:
     from control.xds.cache import ResourceCache
 
     proxy = proxy_from_node("sidecar~127.0.2.1~bench-0.default~default.svc.cluster.local", {})
-    before, after = (
-        GENERATORS[typeurls.ENDPOINT](
-            GenContext(
-                MeshIndex(merge([load_text(mesh_yaml(services, endpoints, changed=c), "m.yaml")])),
-                ResourceCache(),
-            ),
-            proxy,
-        )
-        for c in (False, True)
-    )
+    mesh = MeshIndex(merge([load_text(mesh_yaml(services, endpoints, changed), "m.yaml")]))
+    found = GENERATORS[type_url](GenContext(mesh, ResourceCache()), proxy)
+    return {n: found[n].any_bytes for n in sorted(found)}
+
+
+def eds_response_bytes(services: int, endpoints: int) -> bytes:
+    """The EDS response a simulated proxy gets from our generators, for the floor to push."""
+    before, after = (generated(typeurls.ENDPOINT, services, endpoints, c) for c in (False, True))
     # What our server sends on this push: the assignments that changed (SotW allows a subset
     # for EDS, see control/xds/sotw.py).
-    moved = [after[n].any_bytes for n in sorted(after) if after[n].version != before[n].version]
+    moved = [after[n] for n in after if after[n] != before[n]]
     assert moved, "the change must move an endpoint"
     return discovery_response("v", moved, typeurls.ENDPOINT, "n")
 
@@ -241,9 +249,18 @@ async def role(args: argparse.Namespace) -> dict[str, object]:
             args.streams, args.services, args.endpoints, args.rounds
         )
         return {"times": times, "serialized": serialized, "rss_per_stream": rss}
-    cds = discovery_response("v", [], typeurls.CLUSTER, "c")
     eds = eds_response_bytes(args.services, args.endpoints)
-    times, rss = await run_floor(args.streams, cds, eds, args.rounds)
+    if args.role == "floor-names":
+        # Our clusters, so the clients subscribe to their assignments by name, and all of
+        # those first (a client that lacks one has not converged).
+        clusters = generated(typeurls.CLUSTER, args.services, args.endpoints, False)
+        cds = discovery_response("v", list(clusters.values()), typeurls.CLUSTER, "c")
+        first = generated(typeurls.ENDPOINT, args.services, args.endpoints, False)
+        first_eds = discovery_response("v0", list(first.values()), typeurls.ENDPOINT, "n0")
+    else:
+        cds = discovery_response("v", [], typeurls.CLUSTER, "c")
+        first_eds = eds
+    times, rss = await run_floor(args.streams, cds, eds, args.rounds, first_eds)
     return {"times": times, "rss_per_stream": rss}
 
 
@@ -253,7 +270,7 @@ def main() -> None:
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--role", choices=("ours", "floor"), help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=("ours", "floor", "floor-names"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role:
         import uvloop
@@ -262,7 +279,7 @@ def main() -> None:
         return
     # Each side runs in a fresh process of its own, so RSS figures do not leak into each other.
     results = {}
-    for name in ("ours", "floor"):
+    for name in ("ours", "floor", "floor-names"):
         out = subprocess.run(
             [
                 sys.executable,
@@ -298,6 +315,12 @@ def main() -> None:
         f"(all: {[round(t * 1000) for t in floor['times']]})"
     )
     print(f"push_fanout ratio ours/floor: {ours_p50 / floor_p50:.2f}  (target <= 1.3, issue 23)")
+    named_p50 = statistics.median(results["floor-names"]["times"])
+    print(
+        f"push_fanout floor with our subscriptions p50: {named_p50 * 1000:.1f} ms  "
+        f"(all: {[round(t * 1000) for t in results['floor-names']['times']]}); "
+        f"ratio ours/it: {ours_p50 / named_p50:.2f}  (beside the target's floor, not instead)"
+    )
     print(f"serializations per push (one endpoint changed): {ours['serialized']}  (target: 1 each)")
     print(
         f"server RSS per stream: {ours['rss_per_stream'] / 1024:.1f} KB  (target <= 30 KB); "
