@@ -12,14 +12,13 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from control.histogram import LoopHistogram
-from control.loopcounter import LoopCounter
+from control.loopmetrics import LoopCounter, LoopHistogram
 from control.promtext import istio_exposition
 from protos import typeurls
 
 # istiod's buckets (pilot/pkg/xds/monitoring.go): dashboards' quantiles assume them. The
-# histograms observed on every push to every stream are LoopHistograms (control/histogram.py),
-# and the counter counted on every write a LoopCounter (control/loopcounter.py).
+# histograms observed on every push to every stream are LoopHistograms, and the counter counted
+# on every write a LoopCounter (control/loopmetrics.py).
 _PUSH_BUCKETS = (0.01, 0.1, 1, 3, 5, 10, 20, 30)
 _CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
 # 4 MB is gRPC's default message limit, 10 MB strains a proxy, 40 MB is about the most any

@@ -1,7 +1,7 @@
 """The control plane's metric rendering, without sockets: Istio's exposition of counters
-(control/promtext.py), the event-loop histogram against prometheus_client's own
-(control/histogram.py), the event-loop counter against prometheus_client's Counter
-(control/loopcounter.py), and Istio's label spellings (control/metrics.py)."""
+(control/promtext.py), the event-loop histogram against prometheus_client's own,
+and the event-loop counter against prometheus_client's Counter (control/loopmetrics.py), and
+Istio's label spellings (control/metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from control.histogram import LoopHistogram
-from control.loopcounter import LoopCounter
+from control.loopmetrics import LoopCounter, LoopHistogram
 from control.metrics import grpc_code_name, metric_type, trigger
 from control.promtext import istio_exposition
 from protos import typeurls
