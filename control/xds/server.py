@@ -115,6 +115,7 @@ class XdsServer:
             identifier=f'{{"Component":"pilotfish","ID":"{options.control_plane_id}"}}'
         ).SerializeToString()
         self.acks = 0  # total ACKs seen; tests and benchmarks wait on it
+        self.acks_on_bytes = 0  # those of them recognised without decoding (a push's ACKs)
         # Observed for every stream on every push (an attribute less to look up each time).
         self._convergence = metrics.convergence
         self._queue_time = metrics.queue_time
@@ -301,6 +302,7 @@ class XdsServer:
             # decoded whole: its guard judges the names themselves.
             slim = state.decode_unchanged(raw, self._guards)
             if isinstance(slim, tuple):  # a push's ACK, seen (and recorded) on its bytes
+                self.acks_on_bytes += 1
                 self._acked(conn, *slim)
                 return
             if slim is not None and slim.type_url not in self._guards:

@@ -197,6 +197,7 @@ async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_p
             beta_updates = await envoy.stat(f"{beta_cluster}.update_attempt")
             alpha_updates = await envoy.stat(f"{alpha_cluster}.update_attempt")
             assert beta_updates is not None and alpha_updates is not None
+            on_bytes = cp.xds.acks_on_bytes
 
             mesh.write_text(mesh_yaml(alpha_ip, beta_ip).replace(f'"{alpha_ip}"', f'"{moved_ip}"'))
             got = await eventually(
@@ -218,6 +219,9 @@ async def test_envoy_keeps_the_assignments_a_sotw_endpoint_push_leaves_out(tmp_p
                 return eds if (eds["status"], eds["resources"]) == ("SYNCED", 2) else None
 
             await eventually(synced, timeout=10, what="EDS acked")
+            # Envoy's ACK of the push (its fields in number order, no node after the first
+            # request) was recognised on its bytes, not decoded (SotwStream.decode_unchanged).
+            assert cp.xds.acks_on_bytes > on_bytes
         finally:
             envoy.stop()
     for a in apps:
