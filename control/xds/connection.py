@@ -125,7 +125,7 @@ def encode_response(resp: Any, control_plane: bytes) -> bytes:
     """A response as it goes on the wire: the cached frame of a body that many streams share
     when the nonce is the body's own, else assembled around the cached resource bytes."""
     if type(resp) is SotwResponse:  # on every push to every stream: no subclass to allow
-        body = resp.view if resp.part is None else resp.part
+        body = resp.body
         if resp.nonce == body.nonce:
             return body.framed(resp.type_url, control_plane)
         return wire.discovery_response_block(

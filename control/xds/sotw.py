@@ -32,6 +32,7 @@ from control.xds.state import (
     RequestOutcome,
     StreamRules,
     SyncStatus,
+    nack_stands,
     ordered,
     shared_outcome,
     sync_status,
@@ -157,8 +158,8 @@ class SotwStream(StreamRules[_TypeState]):
             sent = st.sent
             if (
                 sent is not None
-                and wire.is_ack(raw, _ack_bytes(sent.version, st.type_url, st.sent_nonce), names)
                 and st.type_url not in whole
+                and wire.is_ack(raw, _ack_bytes(sent.version, st.type_url, st.sent_nonce), names)
             ):
                 self.requests += 1
                 self._ack(st)
@@ -313,8 +314,8 @@ class SotwStream(StreamRules[_TypeState]):
         sent = st.sent
         if sent is not None and view.version == sent.version:
             return None
-        if sent is None or (st.nack_message and st.nacked_nonce == st.sent_nonce):
-            return self._emit(st, view)  # never sent, or standing NACKed (SyncStatus.ERROR)
+        if sent is None or nack_stands(st):
+            return self._emit(st, view)
         return self._emit(st, view, _changed_part(sent, view))
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[SotwResponse]:

@@ -175,12 +175,17 @@ class TypeSync(Protocol):
     def resource_count(self) -> int: ...
 
 
+def nack_stands(st: TypeSync) -> bool:
+    """Whether the client NACKed the last response of the type (SyncStatus.ERROR once sent)."""
+    return bool(st.nack_message) and st.nacked_nonce == st.sent_nonce
+
+
 def sync_status(st: TypeSync, sent: bool, acked: bool) -> SyncStatus:
     """A type's syncz status, worst first: never sent, the last response NACKed, the last
     response ACKed or not yet answered. `sent`/`acked` are the stream kind's own tests."""
     if not sent:
         return SyncStatus.NOT_SENT
-    if st.nack_message and st.nacked_nonce == st.sent_nonce:
+    if nack_stands(st):
         return SyncStatus.ERROR
     return SyncStatus.SYNCED if acked else SyncStatus.STALE
 
@@ -205,9 +210,6 @@ class StreamRules(Generic[_T]):
     @property
     def subscribed_types(self) -> list[str]:
         return list(self._types)
-
-    def subscribes(self, type_url: str) -> bool:
-        return type_url in self._types
 
     def subscribed_among(self, type_urls: frozenset[str] | None) -> set[str]:
         """The types of `type_urls` (None: every type) this stream subscribes to; a new set."""

@@ -233,9 +233,10 @@ def generated(type_url: str, services: int, endpoints: int, changed: bool) -> di
     return {n: found[n].any_bytes for n in sorted(found)}
 
 
-def eds_response_bytes(services: int, endpoints: int) -> bytes:
-    """The EDS response a simulated proxy gets from our generators, for the floor to push."""
-    before, after = (generated(typeurls.ENDPOINT, services, endpoints, c) for c in (False, True))
+def eds_response_bytes(before: dict[str, bytes], services: int, endpoints: int) -> bytes:
+    """The EDS response a simulated proxy gets from our generators when one endpoint moves,
+    for the floor to push; `before`: the assignments before the move (`generated`)."""
+    after = generated(typeurls.ENDPOINT, services, endpoints, True)
     # What our server sends on this push: the assignments that changed (SotW allows a subset
     # for EDS, see control/xds/sotw.py).
     moved = [after[n] for n in after if after[n] != before[n]]
@@ -249,13 +250,13 @@ async def role(args: argparse.Namespace) -> dict[str, object]:
             args.streams, args.services, args.endpoints, args.rounds
         )
         return {"times": times, "serialized": serialized, "rss_per_stream": rss}
-    eds = eds_response_bytes(args.services, args.endpoints)
+    first = generated(typeurls.ENDPOINT, args.services, args.endpoints, False)
+    eds = eds_response_bytes(first, args.services, args.endpoints)
     if args.role == "floor-names":
         # Our clusters, so the clients subscribe to their assignments by name, and all of
         # those first (a client that lacks one has not converged).
         clusters = generated(typeurls.CLUSTER, args.services, args.endpoints, False)
         cds = discovery_response("v", list(clusters.values()), typeurls.CLUSTER, "c")
-        first = generated(typeurls.ENDPOINT, args.services, args.endpoints, False)
         first_eds = discovery_response("v0", list(first.values()), typeurls.ENDPOINT, "n0")
     else:
         cds = discovery_response("v", [], typeurls.CLUSTER, "c")
