@@ -94,7 +94,12 @@ SERVER = textwrap.dedent(
 
 # Calls TARGET in a loop. With "fresh", every call goes over a new channel with its own
 # subchannel (no sharing with earlier channels), so every call makes a new TLS handshake
-# with the certificates of that moment.
+# with the certificates of that moment. A "fresh" client also keeps one more connection open
+# (`pinned`, answered once, never printed): gRPC 1.85's xDS server forgets its certificates
+# when its last TLS connection closes, and a handshake that arrives during that moment finds
+# none and is refused ("Failed to create security handshaker" on the server; a race between
+# the distributor's watch and cancel callbacks in gRPC core). With a connection open
+# throughout, each fresh handshake tests the rotated certificates and not that race.
 CLIENT = textwrap.dedent(
     """
     import json, os, sys, threading, time
@@ -106,8 +111,16 @@ CLIENT = textwrap.dedent(
     creds = grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials())
     options = [("grpc.use_local_subchannel_pool", 1)]
     channel = grpc.secure_channel(target, creds, options=options)
+    pinned = grpc.secure_channel(target, creds, options=options) if fresh else None
+    answered = not fresh  # pinned is kept open till exit
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
+        if pinned is not None and not answered:
+            try:
+                pinned.unary_unary(method)(b"", timeout=3)
+                answered = True
+            except grpc.RpcError:
+                pass
         if fresh:
             channel.close()
             channel = grpc.secure_channel(target, creds, options=options)
