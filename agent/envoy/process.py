@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent.envoy.adopted import AdoptedProcess
 from agent.envoy.drain import ACTIVE_CONNECTIONS_PATH, DrainPlan, active_connections, drain_step
 from agent.envoy.earlystart import ForkedProcess
 from agent.httpio import HttpClientError, fetch
@@ -99,72 +100,6 @@ class EnvoyError(RuntimeError):
     """Envoy could not be started."""
 
 
-class _AdoptedProcess:
-    """An Envoy forked before the event loop existed (agent/envoy/earlystart.py), seen as the
-    supervisor sees an `asyncio.subprocess.Process`: its stderr as a stream, its exit through
-    a pidfd the loop watches (no thread, and no child watcher that could reap another
-    child), its signals sent through that pidfd (never to a reused pid)."""
-
-    def __init__(self, forked: ForkedProcess, limit: int) -> None:
-        self.pid = forked.pid
-        self.returncode: int | None = None
-        self.stderr = asyncio.StreamReader(limit=limit)
-        self._stderr_fd = forked.stderr
-        self._pidfd = -1
-        self._exited: asyncio.Future[int] | None = None
-        self._waiter: asyncio.Task[None] | None = None
-
-    async def watch(self) -> None:
-        """Start reading stderr and watching for the exit (once, in the event loop)."""
-        loop = asyncio.get_running_loop()
-        self._exited = loop.create_future()
-        pipe = os.fdopen(self._stderr_fd, "rb", buffering=0)
-        await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(self.stderr, loop=loop), pipe
-        )
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except OSError:  # no pidfd (Linux < 5.3): a thread waits for the exit instead
-            self._waiter = loop.create_task(self._wait_in_thread(), name="envoy-wait")
-            return
-        loop.add_reader(self._pidfd, self._reap)
-        self._reap()  # it may have exited already
-
-    def _reap(self) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: its status is lost
-            pid, status = self.pid, 255 << 8
-        if pid == 0:
-            return
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        self._exited_with(os.waitstatus_to_exitcode(status))
-
-    async def _wait_in_thread(self) -> None:
-        _, status = await asyncio.to_thread(os.waitpid, self.pid, 0)
-        self._exited_with(os.waitstatus_to_exitcode(status))
-
-    def _exited_with(self, code: int) -> None:
-        self.returncode = code
-        if self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
-        if self._exited is not None and not self._exited.done():
-            self._exited.set_result(code)
-
-    async def wait(self) -> int:
-        assert self._exited is not None, "watch() first"
-        return await asyncio.shield(self._exited)
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is not None:
-            raise ProcessLookupError(self.pid)
-        if self._pidfd >= 0:
-            signal.pidfd_send_signal(self._pidfd, sig)
-        else:
-            os.kill(self.pid, sig)
-
-
 def executable(cmd: str) -> bool:
     """Whether `cmd` (a path, or a name looked up on PATH) is an executable file, as
     shutil.which says: not with it, because shutil imports bz2 and lzma (~2 ms before Envoy's
@@ -218,7 +153,7 @@ class EnvoySupervisor(Lifecycle):
         self.exited = asyncio.Event()
         # True once close() was asked for: an exit after that is expected, one before is not.
         self.stopping = False
-        self._proc: asyncio.subprocess.Process | _AdoptedProcess | None = None
+        self._proc: asyncio.subprocess.Process | AdoptedProcess | None = None
         # Envoy forked before the event loop existed (`adopt`), until `spawn()` watches it.
         self._forked: ForkedProcess | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -286,7 +221,7 @@ class EnvoySupervisor(Lifecycle):
         if self._proc is not None:
             return
         if self._forked is not None:
-            adopted = _AdoptedProcess(self._forked, _LINE_LIMIT)
+            adopted = AdoptedProcess(self._forked, _LINE_LIMIT)
             await adopted.watch()
             self._proc = adopted
             self._log_started(adopted.pid, self._forked.command)
@@ -348,7 +283,7 @@ class EnvoySupervisor(Lifecycle):
             " ".join(command),
         )
 
-    async def _watch(self, proc: asyncio.subprocess.Process | _AdoptedProcess) -> None:
+    async def _watch(self, proc: asyncio.subprocess.Process | AdoptedProcess) -> None:
         try:
             try:
                 if proc.stderr is not None:
@@ -484,7 +419,7 @@ class EnvoySupervisor(Lifecycle):
         return proc.returncode
 
     @staticmethod
-    def _signal(proc: asyncio.subprocess.Process | _AdoptedProcess, sig: int) -> None:
+    def _signal(proc: asyncio.subprocess.Process | AdoptedProcess, sig: int) -> None:
         # The process may exit between our check and the signal.
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)

@@ -20,7 +20,6 @@ import functools
 import sys
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 from google.protobuf.message import DecodeError
@@ -37,6 +36,7 @@ from control.xds.state import (
     shared_outcome,
     sync_status,
 )
+from control.xds.viewdiff import changed_part, updated_names
 from protos import typeurls, wire
 
 
@@ -316,7 +316,7 @@ class SotwStream(StreamRules[_TypeState]):
             return None
         if sent is None or nack_stands(st):
             return self._emit(st, view)
-        return self._emit(st, view, _changed_part(sent, view))
+        return self._emit(st, view, changed_part(sent, view))
 
     def push(self, sets: Mapping[str, Mapping[str, Resource]]) -> list[SotwResponse]:
         """Responses for a push of new resource sets, in make-before-break order.
@@ -385,7 +385,7 @@ class SotwStream(StreamRules[_TypeState]):
         new = cds.view(sets[typeurls.CLUSTER])
         if new.version == cds.sent.version:
             return False
-        updated = _updated_names(cds.sent, new)
+        updated = updated_names(cds.sent, new)
         return bool(updated) and (eds.wildcard or not updated.isdisjoint(eds.names))
 
     def _respond_view(self, st: _TypeState, view: View) -> SotwResponse | None:
@@ -398,63 +398,6 @@ class SotwStream(StreamRules[_TypeState]):
     def subscription(self, type_url: str) -> tuple[bool, frozenset[str]]:
         st = self._types[type_url]
         return st.wildcard, frozenset(st.names)
-
-
-_M = TypeVar("_M")
-
-# Views are shared by every stream that got the same selection, so the names updated between
-# two of them are worked out once per pair, not once per stream. Bounded: a handful of pairs
-# are live at a time (one per push and subscription shape).
-_updated_memo: dict[tuple[int, int], frozenset[str]] = {}
-# How many pairs the memos below keep. When full, the oldest pair goes, not all of them: a
-# memo cleared when full emptied and refilled every couple of minutes, and what it held swung
-# between nothing and 256 pairs' worth instead of filling once in the first minutes and
-# staying there (tests/benchmarks/xds_soak.py judges the RSS curve after minute 3).
-_MEMO_PAIRS = 256
-
-
-def _remember(memo: dict[tuple[int, int], _M], key: tuple[int, int], value: _M) -> None:
-    if len(memo) >= _MEMO_PAIRS:
-        del memo[next(iter(memo))]  # dicts keep insertion order: this is the oldest pair
-    memo[key] = value
-
-
-def _updated_names(old: View, new: View) -> frozenset[str]:
-    """Names in both views whose resource changed."""
-    key = (old.seq, new.seq)
-    found = _updated_memo.get(key)
-    if found is None:
-        before = old.by_name
-        found = frozenset(
-            n for n, r in new.by_name.items() if n in before and before[n].version != r.version
-        )
-        _remember(_updated_memo, key, found)
-    return found
-
-
-# The changed part of a view, per (sent view, new view): shared by every stream that moves
-# between the same two views, so it is worked out and encoded once per push. Bounded like
-# _updated_memo.
-_part_memo: dict[tuple[int, int], View | None] = {}
-
-
-def _changed_part(old: View, new: View) -> View | None:
-    """The resources of `new` that `old` lacks or holds at another version, as a view with
-    `new`'s version; None when the whole of `new` must be sent (a name was dropped, or
-    nothing would be saved)."""
-    key = (old.seq, new.seq)
-    if key in _part_memo:
-        return _part_memo[key]
-    before, after = old.by_name, new.by_name
-    part: View | None = None
-    if all(n in after for n in before):
-        changed = {
-            n: r for n, r in after.items() if (b := before.get(n)) is None or b.version != r.version
-        }
-        if changed and len(changed) < len(after):
-            part = View(changed, version=new.version)
-    _remember(_part_memo, key, part)
-    return part
 
 
 def names_of(responses: Sequence[SotwResponse]) -> list[tuple[str, list[str]]]:

@@ -1,4 +1,4 @@
-"""The memos of control/xds/sotw.py (the changed part of an endpoint push, the names updated
+"""The memos of control/xds/viewdiff.py (the changed part of an endpoint push, the names updated
 between two views): bounded, and once full they stay full, holding the same memory, instead
 of emptying and refilling (measured with tracemalloc, not timed)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from control.xds import sotw
+from control.xds import viewdiff
 from control.xds.cache import Resource, View
 from protos.typeurls import ENDPOINT
 
@@ -41,24 +41,24 @@ def _view(versions: dict[str, int]) -> View:
 
 @pytest.fixture(autouse=True)
 def _empty_memos() -> Iterator[None]:
-    sotw._part_memo.clear()
-    sotw._updated_memo.clear()
+    viewdiff._part_memo.clear()
+    viewdiff._updated_memo.clear()
     yield
-    sotw._part_memo.clear()
-    sotw._updated_memo.clear()
+    viewdiff._part_memo.clear()
+    viewdiff._updated_memo.clear()
 
 
 def test_changed_part_is_the_changed_assignment() -> None:
     old, new = next(_views())
-    part = sotw._changed_part(old, new)
+    part = viewdiff.changed_part(old, new)
     assert part is not None and list(part.by_name) == [_NAMES[1]]
     assert part.version == new.version
-    assert sotw._changed_part(old, new) is part  # the second stream gets the same one
+    assert viewdiff.changed_part(old, new) is part  # the second stream gets the same one
 
 
 def test_full_memos_stay_full_and_hold_constant_memory() -> None:
     pairs = _views()
-    size = sotw._MEMO_PAIRS
+    size = viewdiff._MEMO_PAIRS
     held: list[int] = []
     lengths: set[int] = set()
     # Traced from the start: what the first entries hold must be seen going when they do.
@@ -68,16 +68,16 @@ def test_full_memos_stay_full_and_hold_constant_memory() -> None:
         # its table once more (to three times what it holds) before it settles.
         for _ in range(2 * size):
             old, new = next(pairs)
-            sotw._changed_part(old, new)
-            sotw._updated_names(old, new)
+            viewdiff.changed_part(old, new)
+            viewdiff.updated_names(old, new)
         del old, new
         for _ in range(6):
             for _ in range(size // 4):
                 old, new = next(pairs)
-                assert sotw._changed_part(old, new) is not None
-                sotw._updated_names(old, new)
-                lengths.add(len(sotw._part_memo))
-                lengths.add(len(sotw._updated_memo))
+                assert viewdiff.changed_part(old, new) is not None
+                viewdiff.updated_names(old, new)
+                lengths.add(len(viewdiff._part_memo))
+                lengths.add(len(viewdiff._updated_memo))
             del old, new
             gc.collect()
             held.append(tracemalloc.get_traced_memory()[0])
