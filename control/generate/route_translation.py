@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from envoy.config.core.v3.base_pb2 import (
+    DataSource,
     HeaderValue,
     HeaderValueOption,
     RuntimeFractionalPercent,
 )
 from envoy.config.route.v3.route_components_pb2 import (
+    DirectResponseAction,
     HeaderMatcher,
     QueryParameterMatcher,
     RedirectAction,
@@ -94,6 +96,8 @@ def build_route(spec: RouteSpec) -> list[Route]:
         )
         if isinstance(action, RedirectAction):
             route.redirect.CopyFrom(action)
+        elif isinstance(action, DirectResponseAction):
+            route.direct_response.CopyFrom(action)
         else:
             route.route.CopyFrom(action)
         _headers(route, spec.route.headers)
@@ -166,8 +170,16 @@ def _fraction(percent: float) -> FractionalPercent:
     )
 
 
-def _action(spec: RouteSpec) -> RouteAction | RedirectAction:
+def _action(spec: RouteSpec) -> RouteAction | RedirectAction | DirectResponseAction:
     route = spec.route
+    if route.direct_response is not None:
+        direct = DirectResponseAction(status=route.direct_response.status)
+        body = route.direct_response.body
+        if isinstance(body, str):
+            direct.body.CopyFrom(DataSource(inline_string=body))
+        elif body is not None:
+            direct.body.CopyFrom(DataSource(inline_bytes=body))
+        return direct
     if route.redirect is not None:
         r = route.redirect
         redirect = RedirectAction(

@@ -249,6 +249,14 @@ class Redirect:
 
 
 @dataclass(frozen=True, slots=True)
+class DirectResponse:
+    """`directResponse`: Envoy answers with this status and body itself (no upstream)."""
+
+    status: int
+    body: str | bytes | None = None  # `body.string`, or `body.bytes` (base64 in the YAML)
+
+
+@dataclass(frozen=True, slots=True)
 class Rewrite:
     uri: str = ""
     authority: str = ""
@@ -261,6 +269,7 @@ class HttpRoute:
     matches: tuple[HttpMatch, ...] = ()  # empty: matches every request
     destinations: tuple[Destination, ...] = ()
     redirect: Redirect | None = None
+    direct_response: DirectResponse | None = None
     rewrite: Rewrite | None = None
     timeout: float | None = None
     retries: Retries | None = None

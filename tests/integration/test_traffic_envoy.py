@@ -39,6 +39,7 @@ def mesh_yaml(ips: dict[str, str]) -> str:
         service("reviews", "reviews"),
         service("split", "reviews"),
         service("faults", "reviews"),
+        service("maintenance", "reviews"),
         service("slow", "reviews"),
         service("delayed", "reviews"),
         service("flaky", "flaky"),
@@ -80,6 +81,19 @@ spec:
   http:
   - fault: {abort: {httpStatus: 418, percentage: {value: 50}}}
     route: [{destination: {host: faults}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: maintenance, namespace: default}
+spec:
+  hosts: [maintenance]
+  http:
+  - match: [{uri: {prefix: /down}}]
+    directResponse: {status: 503, body: {string: "down for maintenance"}}
+    headers: {response: {set: {x-maintenance: "yes"}}}
+  - match: [{uri: {exact: /bytes}}]
+    directResponse: {status: 200, body: {bytes: "AAEC/w=="}}
+  - route: [{destination: {host: maintenance}}]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -262,6 +276,19 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
             aborted = faults[(418, "")]
             assert aborted + sum(n for (s, _), n in faults.items() if s == 200) == 1000, faults
             assert 45.0 <= 100 * aborted / 1000 <= 55.0, faults
+
+            # Direct responses: Envoy answers by itself (status, body, response headers); the
+            # backend never sees those paths, and other paths still reach it.
+            served_before = apps[0].requests + apps[1].requests
+            url = f"http://{ips['client']}:{HTTP_PORT}"
+            async with client.session.get(f"{url}/down/now", headers={"Host": "maintenance"}) as r:
+                assert (r.status, await r.text()) == (503, "down for maintenance")
+                assert r.headers["x-maintenance"] == "yes"
+            async with client.session.get(f"{url}/bytes", headers={"Host": "maintenance"}) as r:
+                assert (r.status, await r.read()) == (200, bytes([0, 1, 2, 255]))
+            assert apps[0].requests + apps[1].requests == served_before
+            assert (await client.get("maintenance", "/up"))[0] == 200
+            assert apps[0].requests + apps[1].requests == served_before + 1
 
             # A 30s delay behind a route with a 0.3s timeout: 504 from Envoy, long before the
             # delay ends (the client gives up after 10s: a missing timeout shows as status 0).

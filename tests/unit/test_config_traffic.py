@@ -122,6 +122,33 @@ def test_destination_rule_errors(spec: str, line: int, message: str) -> None:
             "httpStatus: is required",
         ),
         ("- route: [{destination: {host: '*.example.com'}}]", "not a wildcard"),
+        (
+            "- directResponse: {status: 503}\n    route: [{destination: {host: a}}]",
+            "directResponse: cannot be combined with route",
+        ),
+        (
+            "- directResponse: {status: 503}\n    redirect: {uri: /x}",
+            "redirect: cannot be combined with directResponse",
+        ),
+        (
+            "- redirect: {uri: /x}\n    rewrite: {uri: /y}",
+            "redirect: cannot be combined with rewrite",
+        ),
+        (
+            "- directResponse: {status: 503}\n    fault: {abort: {httpStatus: 500}}",
+            "directResponse: cannot be combined with fault",
+        ),
+        ("- directResponse: {body: {string: x}}", "directResponse.status: is required"),
+        ("- directResponse: {status: 99}", "directResponse.status: must be an integer 200-599"),
+        (
+            "- directResponse: {status: 200, body: {string: a, bytes: YQ==}}",
+            "directResponse.body: takes one of string or bytes",
+        ),
+        ("- directResponse: {status: 200, body: {bytes: '%%%'}}", "body.bytes: is not base64"),
+        (
+            f"- directResponse: {{status: 200, body: {{string: {'x' * 4097}}}}}",
+            "directResponse.body: is 4097 bytes; Envoy takes at most 4096",
+        ),
     ],
 )
 def test_virtual_service_errors(http: str, message: str) -> None:

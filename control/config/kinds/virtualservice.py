@@ -9,6 +9,8 @@ reported and its match is dropped, so the route matches less, never more.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 
 from control.config import formats
@@ -25,6 +27,7 @@ from control.config.objects import ConfigObject
 from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     Destination,
+    DirectResponse,
     Fault,
     HeaderMatch,
     HeaderOps,
@@ -44,6 +47,9 @@ from control.model.traffic import (
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
+# Envoy's default `max_direct_response_body_size_bytes`: a route configuration with a larger
+# body is rejected whole (Istio raises the limit; Pilotfish refuses the VirtualService).
+_MAX_DIRECT_BODY = 4096
 
 
 class _Resolver:
@@ -131,12 +137,15 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
     destinations = tuple(_destination(item, resolve) for item in f.get_maps("route"))
     _check_weights(f, destinations)
     redirect = _redirect(f.get_map("redirect"))
-    if f.has("directResponse"):
-        f.fail("directResponse", "is not supported")
-    if redirect is not None and destinations:
-        f.fail("redirect", "cannot be combined with route")
-    if redirect is None and not destinations:
-        f.fail("route", "is required (or a redirect)")
+    direct = _direct_response(f.get_map("directResponse"))
+    # Istio's rules: a redirect or a direct response is the route's whole action.
+    for action, present in (("redirect", redirect), ("directResponse", direct)):
+        if present is not None:
+            for other in ("route", "redirect", "directResponse", "fault", "rewrite"):
+                if other != action and f.has(other):
+                    f.fail(action, f"cannot be combined with {other}")
+    if redirect is None and direct is None and not destinations:
+        f.fail("route", "is required (or a redirect, or a directResponse)")
     mirror = None
     mirror_f = f.get_map("mirror")
     if mirror_f is not None:
@@ -154,6 +163,7 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
         matches=tuple(matches),
         destinations=destinations,
         redirect=redirect,
+        direct_response=direct,
         rewrite=_rewrite(f.get_map("rewrite")),
         timeout=f.get_duration("timeout"),
         retries=_retries(f.get_map("retries")),
@@ -275,6 +285,41 @@ def _redirect(f: Fields | None) -> Redirect | None:
     )
     f.finish()
     return result
+
+
+def _direct_response(f: Fields | None) -> DirectResponse | None:
+    if f is None:
+        return None
+    status = f.get_int("status", required=True, minimum=200, maximum=599)
+    assert status is not None
+    body: str | bytes | None = None
+    b = f.get_map("body")
+    if b is not None:
+        if b.has("string") and b.has("bytes"):
+            b.fail(None, "takes one of string or bytes, not both")
+        size = 0
+        if b.has("string"):
+            body = b.get_str("string")
+            size = len(body.encode())
+        elif b.has("bytes"):
+            body = _base64(b, "bytes")
+            size = len(body)
+        if size > _MAX_DIRECT_BODY:
+            b.fail(None, f"is {size} bytes; Envoy takes at most {_MAX_DIRECT_BODY}")
+        b.finish()
+    f.finish()
+    return DirectResponse(status, body)
+
+
+def _base64(f: Fields, key: str) -> bytes:
+    """A protobuf `bytes` field in YAML: base64, standard or URL-safe, padded or not, as
+    protojson reads it."""
+    text = f.get_str(key)
+    try:
+        raw = text.encode("ascii").replace(b"-", b"+").replace(b"_", b"/")
+        return base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        f.fail(key, "is not base64")
 
 
 def _rewrite(f: Fields | None) -> Rewrite | None:
