@@ -29,11 +29,9 @@ from envoy.config.listener.v3.listener_components_pb2 import (
     ListenerFilter,
 )
 from envoy.config.listener.v3.listener_pb2 import Listener
-from envoy.extensions.filters.http.fault.v3.fault_pb2 import HTTPFault
 from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import TlsInspector
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
-    HttpFilter,
 )
 from google.protobuf.wrappers_pb2 import BoolValue
 
@@ -49,7 +47,7 @@ from control.generate.listener_telemetry import (
 from control.generate.listeners_explicit import weighted_tcp_proxy
 from control.generate.plans import destination_cluster
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, listener_name
-from control.generate.route_translation import FAULT_FILTER
+from control.generate.route_translation import add_route_filters
 from control.generate.telemetry_metrics import (
     WorkloadTelemetry,
     instrument_listener,
@@ -253,9 +251,7 @@ def gateway_hcm(stat_prefix: str, route_name: str) -> HttpConnectionManager:
     hcm.use_remote_address.CopyFrom(BoolValue(value=True))
     hcm.forward_client_cert_details = HttpConnectionManager.SANITIZE_SET
     hcm.set_current_client_cert_details.uri = True
-    hcm.http_filters.insert(
-        len(hcm.http_filters) - 1, HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault()))
-    )
+    add_route_filters(hcm)
     hcm.rds.config_source.CopyFrom(ads_config_source())
     hcm.rds.route_config_name = route_name
     return hcm

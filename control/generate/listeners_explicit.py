@@ -27,7 +27,6 @@ from envoy.config.listener.v3.listener_pb2 import Listener
 from envoy.config.route.v3.route_components_pb2 import (
     RouteAction,
 )
-from envoy.extensions.filters.http.fault.v3.fault_pb2 import HTTPFault
 from envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2 import TlsInspector
 from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
     HttpConnectionManager,
@@ -70,7 +69,7 @@ from control.generate.plans import (
     sidecar_of,
 )
 from control.generate.resource_names import LISTENER_TYPE, inbound_cluster_name, listener_name
-from control.generate.route_translation import FAULT_FILTER
+from control.generate.route_translation import add_route_filters
 from control.generate.telemetry_metrics import (
     WorkloadTelemetry,
     instrument_listener,
@@ -250,11 +249,7 @@ def _inbound(
 
 def build_outbound_http(bind: str, number: int) -> Listener:
     hcm = sidecar_hcm(f"outbound_{bind}_{number}")
-    # VirtualService fault injection is per route (typed_per_filter_config); the filter itself
-    # must be in the chain, before the router, as in Istio's outbound listeners.
-    hcm.http_filters.insert(
-        len(hcm.http_filters) - 1, HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault()))
-    )
+    add_route_filters(hcm)
     hcm.rds.config_source.CopyFrom(ads_config_source())
     hcm.rds.route_config_name = str(number)
     return Listener(

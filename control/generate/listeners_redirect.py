@@ -60,6 +60,7 @@ from control.generate.listener_telemetry import listener_telemetry, with_telemet
 from control.generate.mesh_tls import MESH_ALPN_MATCH, downstream_socket
 from control.generate.plans import OutboundPort, inbound_ports, outbound_plan
 from control.generate.resource_names import BLACKHOLE_CLUSTER, LISTENER_TYPE, PASSTHROUGH_CLUSTER
+from control.generate.route_translation import add_route_filters
 from control.generate.telemetry_metrics import instrument_listener, workload_telemetry
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
@@ -254,6 +255,7 @@ def build_virtual_outbound(
             match.transport_protocol = "tls"
         if kind == "http":
             hcm = sidecar_hcm(f"outbound_{WILDCARD_BIND}_{number}")
+            add_route_filters(hcm)
             hcm.rds.config_source.CopyFrom(ads_config_source())
             hcm.rds.route_config_name = str(number)
             filters = [hcm_filter(hcm)]

@@ -30,7 +30,13 @@ from envoy.config.route.v3.route_components_pb2 import (
     WeightedCluster as EnvoyWeightedCluster,
 )
 from envoy.extensions.filters.common.fault.v3.fault_pb2 import FaultDelay
+from envoy.extensions.filters.http.cors.v3.cors_pb2 import Cors
+from envoy.extensions.filters.http.cors.v3.cors_pb2 import CorsPolicy as EnvoyCorsPolicy
 from envoy.extensions.filters.http.fault.v3.fault_pb2 import FaultAbort, HTTPFault
+from envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 import (  # noqa: E501
+    HttpConnectionManager,
+    HttpFilter,
+)
 from envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2 import (
     PreviousHostsPredicate,
 )
@@ -45,6 +51,7 @@ from control.generate.wire import pack
 from control.model.traffic import (
     NO_HEADERS,
     ConsistentHash,
+    CorsPolicy,
     Fault,
     HeaderOps,
     HttpMatch,
@@ -55,6 +62,7 @@ from control.model.traffic import (
 )
 
 FAULT_FILTER: Final = "envoy.filters.http.fault"
+CORS_FILTER: Final = "envoy.filters.http.cors"
 DEFAULT_ROUTE: Final = HttpRoute(name="default")
 # Istio's retryOn when a VirtualService sets attempts without retryOn.
 DEFAULT_RETRY_ON: Final = "connect-failure,refused-stream,unavailable,cancelled,503"
@@ -86,6 +94,16 @@ class RouteSpec:
     mirror_cluster: str = ""
 
 
+def add_route_filters(hcm: HttpConnectionManager) -> None:
+    """Put the HTTP filters that VirtualService routes configure per route
+    (`typed_per_filter_config`) in front of the router, in Istio's order: CORS, then fault
+    injection. Every HCM whose routes come from VirtualServices needs them; without a filter
+    in the chain, Envoy never applies its per-route config."""
+    router = len(hcm.http_filters) - 1
+    hcm.http_filters.insert(router, HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault())))
+    hcm.http_filters.insert(router, HttpFilter(name=CORS_FILTER, typed_config=pack(Cors())))
+
+
 def build_route(spec: RouteSpec) -> list[Route]:
     action = _action(spec)
     out = []
@@ -106,6 +124,8 @@ def build_route(spec: RouteSpec) -> list[Route]:
             _headers(route, spec.targets[0].headers)
         if spec.route.fault is not None:
             route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(spec.route.fault)))
+        if spec.route.cors is not None:
+            route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(spec.route.cors)))
         out.append(route)
     return out
 
@@ -152,6 +172,23 @@ def _match(match: HttpMatch | None) -> RouteMatch:
         out.query_parameters.append(
             QueryParameterMatcher(name=name, string_match=_string_matcher(sm))
         )
+    return out
+
+
+def _cors(policy: CorsPolicy) -> EnvoyCorsPolicy:
+    """Istio's translation: lists joined with commas, the max age in whole seconds, and the
+    filter on for every request of the route (Envoy's default when nothing says otherwise)."""
+    out = EnvoyCorsPolicy(
+        allow_origin_string_match=[_string_matcher(sm) for sm in policy.allow_origins],
+        allow_methods=",".join(policy.allow_methods),
+        allow_headers=",".join(policy.allow_headers),
+        expose_headers=",".join(policy.expose_headers),
+        forward_not_matching_preflights=BoolValue(value=policy.forward_unmatched_preflights),
+    )
+    if policy.max_age is not None:
+        out.max_age = str(policy.max_age)
+    if policy.allow_credentials is not None:
+        out.allow_credentials.CopyFrom(BoolValue(value=policy.allow_credentials))
     return out
 
 

@@ -257,6 +257,21 @@ class DirectResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class CorsPolicy:
+    """`corsPolicy`: what Envoy's CORS filter answers for this route's cross-origin requests."""
+
+    allow_origins: tuple[StringMatch, ...] = ()  # `allowOrigins`, or the legacy `allowOrigin`
+    allow_methods: tuple[str, ...] = ()
+    allow_headers: tuple[str, ...] = ()
+    expose_headers: tuple[str, ...] = ()
+    max_age: int | None = None  # whole seconds
+    allow_credentials: bool | None = None  # None: not said (Envoy sends no header)
+    # `unmatchedPreflights`: FORWARD (Istio's default) passes a preflight whose origin matches
+    # nothing on to the app; IGNORE answers it without CORS headers.
+    forward_unmatched_preflights: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Rewrite:
     uri: str = ""
     authority: str = ""
@@ -270,6 +285,7 @@ class HttpRoute:
     destinations: tuple[Destination, ...] = ()
     redirect: Redirect | None = None
     direct_response: DirectResponse | None = None
+    cors: CorsPolicy | None = None
     rewrite: Rewrite | None = None
     timeout: float | None = None
     retries: Retries | None = None

@@ -94,6 +94,11 @@ spec:
   - match: [{uri: {exact: /bytes}}]
     directResponse: {status: 200, body: {bytes: "AAEC/w=="}}
   - route: [{destination: {host: maintenance}}]
+    corsPolicy:
+      allowOrigins: [{exact: "https://shop.example"}]
+      allowMethods: [GET, POST]
+      exposeHeaders: [x-app]
+      maxAge: 1h
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -289,6 +294,31 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
             assert apps[0].requests + apps[1].requests == served_before
             assert (await client.get("maintenance", "/up"))[0] == 200
             assert apps[0].requests + apps[1].requests == served_before + 1
+
+            # CORS: Envoy answers an allowed origin's preflight itself, marks the allowed
+            # origin's responses, and leaves other origins' unmarked; a preflight from an
+            # origin that matches nothing goes on to the app (unmatchedPreflights FORWARD).
+            shop = {"Host": "maintenance", "Origin": "https://shop.example"}
+            preflight = {**shop, "Access-Control-Request-Method": "POST"}
+            served_before = apps[0].requests + apps[1].requests
+            async with client.session.options(f"{url}/cart", headers=preflight) as r:
+                assert r.status == 200
+                assert r.headers["access-control-allow-origin"] == "https://shop.example"
+                assert r.headers["access-control-allow-methods"] == "GET,POST"
+                assert r.headers["access-control-max-age"] == "3600"
+            assert apps[0].requests + apps[1].requests == served_before
+            async with client.session.get(f"{url}/cart", headers=shop) as r:
+                assert r.status == 200
+                assert r.headers["access-control-allow-origin"] == "https://shop.example"
+                assert r.headers["access-control-expose-headers"] == "x-app"
+            evil = {"Host": "maintenance", "Origin": "https://evil.example"}
+            async with client.session.get(f"{url}/cart", headers=evil) as r:
+                assert r.status == 200 and "access-control-allow-origin" not in r.headers
+            before_forwarded = apps[0].requests + apps[1].requests
+            evil_preflight = {**evil, "Access-Control-Request-Method": "POST"}
+            async with client.session.options(f"{url}/cart", headers=evil_preflight) as r:
+                assert "access-control-allow-origin" not in r.headers
+            assert apps[0].requests + apps[1].requests == before_forwarded + 1
 
             # A 30s delay behind a route with a 0.3s timeout: 504 from Envoy, long before the
             # delay ends (the client gives up after 10s: a missing timeout shows as status 0).

@@ -175,7 +175,7 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
           - match: [{sourceLabels: {app: x}}]
             route: [{destination: {host: web}}]
           - match: [{sourceLabels: {app: x}}, {uri: {prefix: /ok}}]
-            corsPolicy: {allowOrigins: [{exact: "*"}]}
+            delegate: {name: other}
             route: [{destination: {host: web}}]
         ---
         apiVersion: networking.istio.io/v1
@@ -201,7 +201,7 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
     text = "\n".join(w.message for w in fc.warnings)  # type: ignore[attr-defined]
     assert "spec.http[0].match[0].sourceLabels is not supported; this match is dropped" in text
     assert "spec.http[0]: no match condition is usable; route ignored" in text
-    assert "spec.http[1].corsPolicy is not supported; ignored" in text
+    assert "spec.http[1].delegate is not supported; ignored" in text
 
 
 def test_conflicts_name_both_objects_and_the_outcome() -> None:

@@ -26,6 +26,7 @@ from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
+    CorsPolicy,
     Destination,
     DirectResponse,
     Fault,
@@ -164,6 +165,7 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
         destinations=destinations,
         redirect=redirect,
         direct_response=direct,
+        cors=_cors(f.get_map("corsPolicy")),
         rewrite=_rewrite(f.get_map("rewrite")),
         timeout=f.get_duration("timeout"),
         retries=_retries(f.get_map("retries")),
@@ -309,6 +311,39 @@ def _direct_response(f: Fields | None) -> DirectResponse | None:
         b.finish()
     f.finish()
     return DirectResponse(status, body)
+
+
+def _cors(f: Fields | None) -> CorsPolicy | None:
+    if f is None:
+        return None
+    origins = [
+        sm
+        for path, value in f.get_list("allowOrigins")
+        if (sm := _string_match_at(f, path, value)) is not None
+    ]
+    legacy = f.get_strs("allowOrigin")
+    if legacy:
+        if origins:
+            f.fail("allowOrigin", "cannot be combined with allowOrigins (its replacement)")
+        origins = [StringMatch(MatchKind.EXACT, origin) for _, origin in legacy]
+    max_age = f.get_duration("maxAge")
+    allow_credentials = f.raw("allowCredentials")
+    if allow_credentials is not None and not isinstance(allow_credentials, bool):
+        f.fail("allowCredentials", "must be true or false")
+    preflights = f.get_enum(
+        "unmatchedPreflights", ("UNSPECIFIED", "FORWARD", "IGNORE"), default="FORWARD"
+    )
+    policy = CorsPolicy(
+        allow_origins=tuple(origins),
+        allow_methods=tuple(v for _, v in f.get_strs("allowMethods")),
+        allow_headers=tuple(v for _, v in f.get_strs("allowHeaders")),
+        expose_headers=tuple(v for _, v in f.get_strs("exposeHeaders")),
+        max_age=None if max_age is None else int(max_age),
+        allow_credentials=allow_credentials,
+        forward_unmatched_preflights=preflights != "IGNORE",
+    )
+    f.finish()
+    return policy
 
 
 def _base64(f: Fields, key: str) -> bytes:
