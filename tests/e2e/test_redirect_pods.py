@@ -59,6 +59,24 @@ REGISTRY_ONLY = textwrap.dedent(
       outboundTrafficPolicy: {mode: REGISTRY_ONLY}
     """
 )
+# Per-route filters in mode REDIRECT's virtual outbound chains: a fault abort and a direct
+# response on paths of their own, the rest of the backend's traffic untouched.
+ROUTE_FILTERS = textwrap.dedent(
+    """\
+    apiVersion: networking.istio.io/v1
+    kind: VirtualService
+    metadata: {name: backend, namespace: default}
+    spec:
+      hosts: [backend]
+      http:
+      - match: [{uri: {prefix: /teapot}}]
+        fault: {abort: {httpStatus: 418, percentage: {value: 100}}}
+        route: [{destination: {host: backend}}]
+      - match: [{uri: {prefix: /down}}]
+        directResponse: {status: 503, body: {string: maintenance}}
+      - route: [{destination: {host: backend}}]
+    """
+)
 OUTSIDE_PORT = 8088
 
 
@@ -246,6 +264,17 @@ async def _scenario(
     )
     status, why = await app_get(client, outside_url)
     assert status == 0, why
+    assert _ok(await app_get(client, mesh_url)) is not None
+
+    # A VirtualService's fault and direct response apply in the virtual outbound listener's
+    # HTTP chains (the fault filter is in them, as in mode NONE's listeners).
+    (cfg / "routes.yaml").write_text(ROUTE_FILTERS)
+    await eventually(
+        lambda: _status_is(app_get(client, mesh_url + "teapot"), 418),
+        timeout=30,
+        what="fault abort in mode REDIRECT",
+    )
+    assert await app_get(client, mesh_url + "down") == (503, "maintenance")
     assert _ok(await app_get(client, mesh_url)) is not None
 
 
