@@ -41,7 +41,7 @@ from control.model.traffic import (
     HttpRoute,
     VirtualService,
 )
-from control.model.types import Service
+from control.model.types import Labels, Service, workload_selector_matches
 from control.xds.cache import Resource, ResourceSet
 
 # (virtual host name, domains, routes): everything a virtual host's bytes are made of.
@@ -52,12 +52,16 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # REDIRECT: hosts outside the registry go where the outbound traffic policy says.
     fallback = listeners_redirect.route_fallback(ctx, proxy)
-    # Short names depend on the client's namespace, so the scope alone is not enough.
+    # Short names depend on the client's namespace, so the scope alone is not enough; which
+    # `sourceLabels` matches apply depends on the client's labels, but only through which of
+    # the mesh's source selectors they satisfy (usually none exist: the key then stays the
+    # same for every client's labels).
+    labels = proxy.labels
     return ctx.memo(
-        ("rds-set", proxy.namespace, plan.key, fallback),
+        ("rds-set", proxy.namespace, plan.key, fallback, source_signature(ctx, labels)),
         lambda: ResourceSet(
             [
-                _resource(ctx, port, proxy.namespace, plan.scope, fallback)
+                _resource(ctx, port, proxy.namespace, plan.scope, fallback, labels)
                 for port in plan.ports
                 if port.http
             ]
@@ -65,10 +69,33 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     )
 
 
+def source_signature(ctx: GenContext, labels: Labels) -> tuple[bool, ...]:
+    """Which of the `sourceLabels` selectors of the mesh's VirtualServices `labels` satisfy,
+    in a fixed order: two clients with the same signature get the same routes from them."""
+    selectors: tuple[Labels, ...] = ctx.memo(("source-selectors",), lambda: _selectors(ctx))
+    return tuple(workload_selector_matches(s, labels) for s in selectors)
+
+
+def _selectors(ctx: GenContext) -> tuple[Labels, ...]:
+    found = {
+        m.source_labels: None
+        for vs in ctx.index.virtual_services
+        for r in vs.http
+        for m in r.matches
+        if m.source_labels
+    }
+    return tuple(found)
+
+
 def _resource(
-    ctx: GenContext, port: OutboundPort, client_namespace: str, scope: str, fallback: str = ""
+    ctx: GenContext,
+    port: OutboundPort,
+    client_namespace: str,
+    scope: str,
+    fallback: str = "",
+    client_labels: Labels = (),
 ) -> Resource:
-    specs = vhost_specs(ctx.index, port, client_namespace, scope, ctx.conflicts)
+    specs = vhost_specs(ctx.index, port, client_namespace, scope, ctx.conflicts, client_labels)
     key = (port.number, specs, fallback)
     # The same name ("9080") carries different domains for clients in different namespaces;
     # the key holds the finished domains, so namespaces that end up with the same names (the
@@ -82,6 +109,7 @@ def vhost_specs(
     client_namespace: str,
     scope: str = "",
     conflicts: Conflicts | None = None,
+    client_labels: Labels = (),
 ) -> tuple[VhostSpec, ...]:
     """Virtual hosts in hostname order; a domain two services could claim goes to the first
     (Envoy rejects a RouteConfiguration with a duplicate domain, case-insensitively)."""
@@ -111,13 +139,18 @@ def vhost_specs(
                 owner,
             )
         if domains:
-            routes = _routes(index, service, port.number, client_namespace, scope)
+            routes = _routes(index, service, port.number, client_namespace, scope, client_labels)
             specs.append((f"{service.hostname}:{port.number}", tuple(domains), routes))
     return tuple(specs)
 
 
 def _routes(
-    index: MeshIndex, service: Service, port: int, client_namespace: str, scope: str
+    index: MeshIndex,
+    service: Service,
+    port: int,
+    client_namespace: str,
+    scope: str,
+    client_labels: Labels,
 ) -> tuple[RouteSpec, ...]:
     vs = index.virtual_service(service.hostname, scope)
     if vs is None or not vs.http:
@@ -127,12 +160,20 @@ def _routes(
                 DEFAULT_ROUTE, (), (target,), _hash(index, service.hostname, port, "", scope)
             ),
         )
-    return vs_routes(index, vs, port, client_namespace, scope)
+    return vs_routes(index, vs, port, client_namespace, scope, client_labels)
 
 
 def vs_routes(
-    index: MeshIndex, vs: VirtualService, port: int, client_namespace: str, scope: str
+    index: MeshIndex,
+    vs: VirtualService,
+    port: int,
+    client_namespace: str,
+    scope: str,
+    client_labels: Labels | None = None,
 ) -> tuple[RouteSpec, ...]:
+    """The routes of `vs` for one client: its namespace and scope, and its workload labels
+    (None: a gateway, where a `sourceLabels` match never applies: it would match every
+    client of the gateway, more than the match says)."""
     out: list[RouteSpec] = []
     for route in vs.http:
         matches = tuple(
@@ -140,6 +181,13 @@ def vs_routes(
             for m in route.matches
             if (m.port is None or m.port == port)
             and (not m.source_namespace or m.source_namespace == client_namespace)
+            and (
+                not m.source_labels
+                or (
+                    client_labels is not None
+                    and workload_selector_matches(m.source_labels, client_labels)
+                )
+            )
         )
         if route.matches and not matches:
             continue  # every match is for another port or other clients

@@ -192,6 +192,9 @@ class HttpMatch:
     query_params: tuple[tuple[str, StringMatch], ...] = ()
     port: int | None = None
     source_namespace: str = ""
+    # `sourceLabels`: the match applies only to sidecars whose workload has these labels
+    # (never at gateways here: see control/generate/route_tables.py `vs_routes`).
+    source_labels: Labels = ()
     # `match[].gateways`: when set, this match applies only to these (resolved `ns/name` refs,
     # or `mesh`) instead of the VirtualService's `gateways`.
     gateways: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ def mesh_yaml(ips: dict[str, str]) -> str:
         service("split", "reviews"),
         service("faults", "reviews"),
         service("maintenance", "reviews"),
+        service("canary", "reviews"),
         service("slow", "reviews"),
         service("delayed", "reviews"),
         service("flaky", "flaky"),
@@ -55,6 +56,7 @@ def mesh_yaml(ips: dict[str, str]) -> str:
     ]
     rules = [
         subsets_rule("reviews"),
+        subsets_rule("canary"),
         subsets_rule(
             "split",
             host="split.default.svc.cluster.local",
@@ -99,6 +101,18 @@ spec:
       allowMethods: [GET, POST]
       exposeHeaders: [x-app]
       maxAge: 1h
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: canary, namespace: default}
+spec:
+  hosts: [canary]
+  http:
+  - match: [{sourceLabels: {app: nobody}}]
+    directResponse: {status: 418}
+  - match: [{sourceLabels: {app: client}}]
+    route: [{destination: {host: canary, subset: v2}}]
+  - route: [{destination: {host: canary, subset: v1}}]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -319,6 +333,10 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
             async with client.session.options(f"{url}/cart", headers=evil_preflight) as r:
                 assert "access-control-allow-origin" not in r.headers
             assert apps[0].requests + apps[1].requests == before_forwarded + 1
+
+            # sourceLabels: this Envoy's workload (app=client) gets its match's route, never
+            # the one of a match for other clients' labels.
+            assert await client.tally(50, "canary") == {(200, "v2"): 50}
 
             # A 30s delay behind a route with a 0.3s timeout: 504 from Envoy, long before the
             # delay ends (the client gives up after 10s: a missing timeout shows as status 0).

@@ -3,8 +3,9 @@
 `gateways` binds it as Istio does: absent means sidecars only (`mesh`); `ns/name` or a bare
 name (the VirtualService's namespace) names a Gateway, and `mesh` must then be listed to keep
 sidecars. `match[].gateways` narrows one match. Which part applies where is decided by
-`control.model.traffic.bound_to`. A match condition we cannot honour (sourceLabels, ...) is
-reported and its match is dropped, so the route matches less, never more.
+`control.model.traffic.bound_to`. A match condition we cannot honour is reported and its
+match is dropped, so the route matches less, never more; `sourceLabels` is honoured at
+sidecars, and at gateways its match is dropped (said once, at load).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from control.model.traffic import (
     VirtualService,
     host_matches,
 )
+from control.model.types import labels_of
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
@@ -84,6 +86,14 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         spec.fail(None, "needs http, tcp or tls routes")
     if tls and MESH_GATEWAY in gateways:
         ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
+    for i, route in enumerate(http):
+        for match in route.matches:
+            if match.source_labels and any(g != MESH_GATEWAY for g in match.gateways or gateways):
+                ctx.warn(
+                    f"spec.http[{i}]: sourceLabels selects sidecars only; at gateways the "
+                    "match is dropped"
+                )
+                break
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
@@ -201,6 +211,7 @@ def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
         query_params=tuple(query),
         port=f.get_port("port"),
         source_namespace=f.get_str("sourceNamespace"),
+        source_labels=labels_of(f.get_labels("sourceLabels")),
         gateways=gateways,
     )
     unusable = f.unused()
