@@ -112,6 +112,8 @@ def build_route(spec: RouteSpec) -> list[Route]:
             name=(match.name if match is not None and match.name else spec.route.name),
             match=_match(match),
         )
+        if match is not None and match.stat_prefix:
+            route.stat_prefix = match.stat_prefix
         if isinstance(action, RedirectAction):
             route.redirect.CopyFrom(action)
         elif isinstance(action, DirectResponseAction):

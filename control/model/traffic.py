@@ -195,6 +195,8 @@ class HttpMatch:
     # `sourceLabels`: the match applies only to sidecars whose workload has these labels
     # (never at gateways here: see control/generate/route_tables.py `vs_routes`).
     source_labels: Labels = ()
+    # `statPrefix`: Envoy emits this route's own statistics under it (none when empty).
+    stat_prefix: str = ""
     # `match[].gateways`: when set, this match applies only to these (resolved `ns/name` refs,
     # or `mesh`) instead of the VirtualService's `gateways`.
     gateways: tuple[str, ...] = ()

@@ -95,7 +95,8 @@ spec:
     headers: {response: {set: {x-maintenance: "yes"}}}
   - match: [{uri: {exact: /bytes}}]
     directResponse: {status: 200, body: {bytes: "AAEC/w=="}}
-  - route: [{destination: {host: maintenance}}]
+  - match: [{uri: {prefix: /}, statPrefix: maintenance-app}]
+    route: [{destination: {host: maintenance}}]
     corsPolicy:
       allowOrigins: [{exact: "https://shop.example"}]
       allowMethods: [GET, POST]
@@ -308,6 +309,9 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
             assert apps[0].requests + apps[1].requests == served_before
             assert (await client.get("maintenance", "/up"))[0] == 200
             assert apps[0].requests + apps[1].requests == served_before + 1
+            # statPrefix: Envoy counts that route's requests under it.
+            routed = "vhost.maintenance.default.svc.cluster.local:9080.route.maintenance-app"
+            assert await envoy.stat(routed + ".upstream_rq_completed") == 1
 
             # CORS: Envoy answers an allowed origin's preflight itself, marks the allowed
             # origin's responses, and leaves other origins' unmarked; a preflight from an

@@ -10,6 +10,7 @@ import pytest
 from control.config.errors import ConfigError
 from control.config.loader import load_text
 from control.config.merge import merge
+from control.generate.route_translation import RouteSpec, build_route
 from control.model.traffic import (
     ClientTls,
     ConsistentHash,
@@ -256,3 +257,23 @@ def test_conflicts_name_both_objects_and_the_outcome() -> None:
         "subset 'v1': no DestinationRule for host nothing.default.svc.cluster.local" in w
         for w in warnings
     )
+
+
+def test_stat_prefix_names_the_routes_statistics() -> None:
+    fc = load(
+        """
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {name: v, namespace: shop}
+        spec:
+          hosts: [web]
+          http:
+          - match: [{uri: {prefix: /api}, statPrefix: web-api}, {uri: {prefix: /v2}}]
+            route: [{destination: {host: web}}]
+        """
+    )
+    assert not fc.warnings  # type: ignore[attr-defined]
+    (route,) = fc.objects[0].virtual_services[0].http  # type: ignore[attr-defined]
+    api, v2 = build_route(RouteSpec(route, route.matches, ()))
+    assert (api.match.prefix, api.stat_prefix) == ("/api", "web-api")
+    assert (v2.match.prefix, v2.stat_prefix) == ("/v2", "")  # per match, as Istio

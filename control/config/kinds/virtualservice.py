@@ -212,6 +212,7 @@ def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
         port=f.get_port("port"),
         source_namespace=f.get_str("sourceNamespace"),
         source_labels=labels_of(f.get_labels("sourceLabels")),
+        stat_prefix=f.get_str("statPrefix"),
         gateways=gateways,
     )
     unusable = f.unused()
