@@ -168,6 +168,8 @@ def _match(match: HttpMatch | None) -> RouteMatch:
         out.headers.append(_header(":method", match.method))
     if match.authority is not None:
         out.headers.append(_header(":authority", match.authority))
+    if match.scheme is not None:
+        out.headers.append(_header(":scheme", match.scheme))
     for header in match.headers:
         out.headers.append(_header(header.name, header.match, header.invert))
     for name, sm in match.query_params:

@@ -188,6 +188,7 @@ class HttpMatch:
     ignore_uri_case: bool = False
     method: StringMatch | None = None
     authority: StringMatch | None = None
+    scheme: StringMatch | None = None
     headers: tuple[HeaderMatch, ...] = ()
     query_params: tuple[tuple[str, StringMatch], ...] = ()
     port: int | None = None

@@ -95,6 +95,10 @@ spec:
     headers: {response: {set: {x-maintenance: "yes"}}}
   - match: [{uri: {exact: /bytes}}]
     directResponse: {status: 200, body: {bytes: "AAEC/w=="}}
+  - match: [{uri: {exact: /scheme}, scheme: {exact: https}}]
+    directResponse: {status: 418}
+  - match: [{uri: {exact: /scheme}, scheme: {exact: http}}]
+    directResponse: {status: 200, body: {string: plain}}
   - match: [{uri: {prefix: /}, statPrefix: maintenance-app}]
     route: [{destination: {host: maintenance}}]
     corsPolicy:
@@ -307,6 +311,9 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
             async with client.session.get(f"{url}/bytes", headers={"Host": "maintenance"}) as r:
                 assert (r.status, await r.read()) == (200, bytes([0, 1, 2, 255]))
             assert apps[0].requests + apps[1].requests == served_before
+            # scheme: the request's :scheme (plaintext from the app: http).
+            async with client.session.get(f"{url}/scheme", headers={"Host": "maintenance"}) as r:
+                assert (r.status, await r.text()) == (200, "plain")
             assert (await client.get("maintenance", "/up"))[0] == 200
             assert apps[0].requests + apps[1].requests == served_before + 1
             # statPrefix: Envoy counts that route's requests under it.

@@ -173,9 +173,9 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
           hosts: [web, api.example.com]
           gateways: [mesh, istio-system/public]
           http:
-          - match: [{scheme: {exact: https}}]
+          - match: [{port: 9080, scheme: {exact: https}, foo: bar}]
             route: [{destination: {host: web}}]
-          - match: [{scheme: {exact: https}}, {uri: {prefix: /ok}}]
+          - match: [{foo: bar}, {uri: {prefix: /ok}}]
             delegate: {name: other}
             route: [{destination: {host: web}}]
         ---
@@ -200,7 +200,7 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
     assert gw.gateways == ("shop/public",)
     assert bound_to(gw, "mesh") is None and bound_to(gw, "shop/public") is gw
     text = "\n".join(w.message for w in fc.warnings)  # type: ignore[attr-defined]
-    assert "spec.http[0].match[0].scheme is not supported; this match is dropped" in text
+    assert "spec.http[0].match[0].foo is not supported; this match is dropped" in text
     assert "spec.http[0]: no match condition is usable; route ignored" in text
     assert "spec.http[1].delegate is not supported; ignored" in text
 

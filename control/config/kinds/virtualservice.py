@@ -207,6 +207,7 @@ def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
         ignore_uri_case=f.get_bool("ignoreUriCase"),
         method=_string_match(f, "method"),
         authority=_string_match(f, "authority"),
+        scheme=_string_match(f, "scheme"),
         headers=tuple(headers),
         query_params=tuple(query),
         port=f.get_port("port"),
