@@ -119,7 +119,15 @@ async def test_fork_exec_sets_envoy_up_as_the_launcher_does(tmp_path: Path) -> N
         pids = json.loads(line)
         pid = pids["pid"]
         assert pid != pids["agent"]
-        assert "envoy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        # The owner reports the pid once it forked, and the child's exec may still be under
+        # way: before it the child shows the owner's command line, mid-exec an empty one
+        # (the new image's arguments are not laid out yet). Envoy's shows once it is done.
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        await eventually(
+            lambda: cmdline.read_bytes().split(b"\0")[0] == envoy_binary().encode(),
+            timeout=10,
+            what="Envoy exec'd",
+        )
         assert os.getsid(pid) == pid  # a session of its own: the terminal's Ctrl-C is not its
         assert os.readlink(f"/proc/{pid}/fd/0") == os.devnull
         assert int(_status(pid)["PPid"]) == pids["agent"]
