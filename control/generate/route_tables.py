@@ -38,6 +38,7 @@ from control.model.traffic import (
     ConsistentHash,
     Destination,
     DestinationRule,
+    HttpMatch,
     HttpRoute,
     VirtualService,
 )
@@ -177,22 +178,25 @@ def vs_routes(
     out: list[RouteSpec] = []
     for route in vs.http:
         matches = tuple(
-            m
-            for m in route.matches
-            if (m.port is None or m.port == port)
-            and (not m.source_namespace or m.source_namespace == client_namespace)
-            and (
-                not m.source_labels
-                or (
-                    client_labels is not None
-                    and workload_selector_matches(m.source_labels, client_labels)
-                )
-            )
+            m for m in route.matches if _applies(m, port, client_namespace, client_labels)
         )
         if route.matches and not matches:
             continue  # every match is for another port or other clients
         out.append(_route_spec(index, route, matches, port, scope))
     return tuple(out)
+
+
+def _applies(m: HttpMatch, port: int, client_namespace: str, client_labels: Labels | None) -> bool:
+    """Whether a match is for this listener port and this client (see `vs_routes`)."""
+    if m.port is not None and m.port != port:
+        return False
+    if m.source_namespace and m.source_namespace != client_namespace:
+        return False
+    if m.source_labels:
+        return client_labels is not None and workload_selector_matches(
+            m.source_labels, client_labels
+        )
+    return True
 
 
 # What a VirtualService's translation reads besides the VirtualService itself (the ports of

@@ -100,8 +100,14 @@ def add_route_filters(hcm: HttpConnectionManager) -> None:
     injection. Every HCM whose routes come from VirtualServices needs them; without a filter
     in the chain, Envoy never applies its per-route config."""
     router = len(hcm.http_filters) - 1
-    hcm.http_filters.insert(router, HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault())))
-    hcm.http_filters.insert(router, HttpFilter(name=CORS_FILTER, typed_config=pack(Cors())))
+    for f in reversed(_ROUTE_FILTERS):
+        hcm.http_filters.insert(router, f)  # a copy: the chain owns its messages
+
+
+_ROUTE_FILTERS: Final = (
+    HttpFilter(name=CORS_FILTER, typed_config=pack(Cors())),
+    HttpFilter(name=FAULT_FILTER, typed_config=pack(HTTPFault())),
+)
 
 
 def build_route(spec: RouteSpec) -> list[Route]:

@@ -14,9 +14,8 @@ from control.xds.cache import View
 
 _M = TypeVar("_M")
 
-# Views are shared by every stream that got the same selection, so the names updated between
-# two of them are worked out once per pair, not once per stream. Bounded: a handful of pairs
-# are live at a time (one per push and subscription shape).
+# The names updated between two views. A handful of pairs are live at a time (one per push
+# and subscription shape).
 _updated_memo: dict[tuple[int, int], frozenset[str]] = {}
 # How many pairs the memos below keep. When full, the oldest pair goes, not all of them: a
 # memo cleared when full emptied and refilled every couple of minutes, and what it held swung

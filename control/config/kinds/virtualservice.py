@@ -87,13 +87,14 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
     if tls and MESH_GATEWAY in gateways:
         ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
     for i, route in enumerate(http):
-        for match in route.matches:
-            if match.source_labels and any(g != MESH_GATEWAY for g in match.gateways or gateways):
-                ctx.warn(
-                    f"spec.http[{i}]: sourceLabels selects sidecars only; at gateways the "
-                    "match is dropped"
-                )
-                break
+        if any(
+            m.source_labels and any(g != MESH_GATEWAY for g in m.gateways or gateways)
+            for m in route.matches
+        ):
+            ctx.warn(
+                f"spec.http[{i}]: sourceLabels selects sidecars only; at gateways the "
+                "match is dropped"
+            )
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
