@@ -227,10 +227,10 @@ class CurrentPush:
             cache,
         )
         self._started = time.monotonic()
-        # This push's sets of the BY_VISIBILITY generators, by (generator, visibility class):
-        # one per class, not a walk of the generator's lookups per stream. Emptied whenever
-        # the generator context changes (advance), so a set never outlives its push.
-        self._by_class: dict[tuple[Generator, Hashable], ResourceSet] = {}
+        # This push's sets of the BY_VISIBILITY generators, by (generator, visibility class,
+        # locality): one per class, not a walk of the generator's lookups per stream. Emptied
+        # whenever the generator context changes (advance), so a set never outlives its push.
+        self._by_class: dict[tuple[Generator, Hashable, str], ResourceSet] = {}
         # Istio's conflict gauges: what generating the current push has met so far.
         for kind, name in _CONFLICT_GAUGES.items():
             metrics.conflicts[name].set_function(functools.partial(self._conflicts, kind))
@@ -290,7 +290,8 @@ class CurrentPush:
             if gen is None:
                 out[t] = EMPTY
             elif gen in BY_VISIBILITY:
-                key = (gen, visibility_class(proxy))
+                # Locality load balancing makes EDS depend on where the proxy is, too.
+                key = (gen, visibility_class(proxy), proxy.locality)
                 found = by_class.get(key)
                 if found is None:
                     found = by_class[key] = gen(ctx, proxy)

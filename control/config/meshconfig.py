@@ -13,11 +13,13 @@ from typing import Any
 
 from control.config.errors import ConfigError
 from control.config.fields import Context, Fields
+from control.config.locality import locality_lb_setting
 from control.config.manifest import RawObject, format_path
 from control.config.yamlsource import Path, parse_yaml
 from control.model.meshconfig import (
     BUILTIN_PROVIDERS,
     HTTP_ALS,
+    LOCALITY_LB_DEFAULT,
     OTEL_ALS,
     TCP_ALS,
     AccessLogEncoding,
@@ -32,6 +34,7 @@ from control.model.meshconfig import (
     ProxyDefaults,
     ZipkinProvider,
 )
+from control.model.traffic import LocalityLbSetting
 from control.model.types import Labels, labels_of
 
 KIND = "MeshConfig"
@@ -49,7 +52,6 @@ _QUIET = (
     "defaultServiceExportTo",
     "defaultVirtualServiceExportTo",
     "defaultDestinationRuleExportTo",
-    "localityLbSetting",
     "protocolDetectionTimeout",
     "dnsRefreshRate",
     "connectTimeout",
@@ -98,10 +100,17 @@ def parse_mesh_config(text: str, file: str) -> MeshSettings:
         outbound_traffic_policy=_outbound(root.get_map("outboundTrafficPolicy")),
         trust_domain=root.get_str("trustDomain", default="cluster.local"),
         root_namespace=root.get_str("rootNamespace", default="istio-system"),
+        locality_lb=_locality_lb(root.get_map("localityLbSetting")),
         source=file,
     )
     root.finish()
     return replace(settings, warnings=tuple(ctx.warnings))
+
+
+def _locality_lb(f: Fields | None) -> LocalityLbSetting:
+    if f is None:
+        return LOCALITY_LB_DEFAULT
+    return locality_lb_setting(f)
 
 
 def _outbound(f: Fields | None) -> str:

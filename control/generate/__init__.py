@@ -92,8 +92,9 @@ ROUTER_GENERATORS: Final[dict[str, Generator]] = {
 
 
 # Generators whose answer depends on the proxy only through its visibility class
-# (control/model/visibility_index.py): EDS is the outbound plan's assignments, and the plan
-# is keyed by the visible services and the traffic scope alone. Every proxy of a class gets
+# (control/model/visibility_index.py) and its locality: EDS is the outbound plan's
+# assignments, the plan is keyed by the visible services and the traffic scope alone, and
+# locality load balancing reads the proxy's locality and labels. Every proxy of a class gets
 # the same set object anyway (the per-push memo); naming them here lets the push ask once per
 # class instead of walking the plan lookups for each of a thousand streams.
 BY_VISIBILITY: Final[frozenset[Generator]] = frozenset((endpoints.generate,))

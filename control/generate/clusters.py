@@ -43,6 +43,7 @@ from control.generate.destination_policy import (
     origination_socket,
 )
 from control.generate.load_assignment import EndpointKey, endpoint_keys, locality_endpoints
+from control.generate.locality_lb import cluster_locality_lb
 from control.generate.mesh_tls import auto_mtls_matches, sni, upstream_socket
 from control.generate.plans import (
     InboundPort,
@@ -211,7 +212,9 @@ def _resource(ctx: GenContext, cluster: OutboundCluster, mtls: bool) -> Resource
     key: Hashable
     build: Callable[[], Cluster]
     if cluster.eds:
-        eds_key = (http2, tls, policy, http)
+        locality = cluster_locality_lb(ctx.index.mesh.locality_lb, cluster.policy)
+        weighted = locality is not None and locality.weighted
+        eds_key = (http2, tls, policy, http, weighted)
         key, build = eds_key, lambda: build_eds(cluster.name, *eds_key)
     else:
         endpoints = endpoint_keys(cluster.endpoints)
@@ -263,12 +266,17 @@ def build_eds(
     tls: UpstreamTls | None = None,
     policy: ClusterPolicy | None = None,
     http: bool = False,
+    locality_weighted: bool = False,
 ) -> Cluster:
     cluster = _base(name, Cluster.EDS, http2)
     cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     cluster.eds_cluster_config.service_name = name
     _apply_tls(cluster, tls, http2)
     apply_policy(cluster, policy, http, http2)
+    if locality_weighted:
+        # Locality `distribute`: the assignments weigh each locality (control/generate/
+        # locality_lb.py), which Envoy honours only with this set.
+        cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
     return cluster
 
 

@@ -10,35 +10,76 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 
 from control.generate.context import GenContext
-from control.generate.load_assignment import EndpointKey, endpoint_keys, locality_endpoints
+from control.generate.load_assignment import (
+    EndpointKey,
+    endpoint_keys,
+    locality_endpoints,
+    locality_group,
+)
+from control.generate.locality_lb import Group, LocalityLb, assignment_groups, cluster_locality_lb
 from control.generate.plans import OutboundCluster, OutboundPlan, outbound_plan
 from control.generate.resource_names import ENDPOINT_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet
 
 
+@dataclass(frozen=True, slots=True)
+class _Client:
+    """What of a client its assignments depend on under locality load balancing."""
+
+    locality: str
+    labels: tuple[tuple[str, str], ...]  # the values of the labels failoverPriority names
+
+
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
-    key = ("eds-set", plan.key)
-    # Nothing here depends on the proxy beyond its scope: one set per scope per push.
-    return ctx.memo(key, lambda: _patched(ctx, plan, key) or _full(ctx, plan))
+    label_keys = _locality_label_keys(ctx, plan)
+    if label_keys is None:
+        # Nothing here depends on the proxy beyond its scope: one set per scope per push.
+        key: Hashable = ("eds-set", plan.key)
+        client = None
+    else:
+        # Locality load balancing: the set depends on where the client is, too.
+        labels = dict(proxy.labels)
+        client = _Client(proxy.locality, tuple((k, labels.get(k, "")) for k in label_keys))
+        key = ("eds-set", plan.key, client)
+    return ctx.memo(key, lambda: _patched(ctx, plan, key, client) or _full(ctx, plan, client))
 
 
-def _full(ctx: GenContext, plan: OutboundPlan) -> ResourceSet:
-    return ResourceSet(
-        [
-            ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c))
-            for c in plan.all_clusters
-            if c.eds
-        ]
-    )
+def _locality_label_keys(ctx: GenContext, plan: OutboundPlan) -> tuple[str, ...] | None:
+    """None when no EDS cluster of the plan balances by locality; else the client labels
+    the assignments depend on (possibly none)."""
+    key = ("eds-locality", plan.key)
+
+    def scan() -> tuple[tuple[str, ...] | None]:
+        if plan.rebuilt is not None:
+            # A plan patched for endpoints keeps its clusters' policies: so does the answer.
+            old = ctx.previous_memo(key, depends=frozenset())
+            if isinstance(old, tuple):
+                return old
+        mesh = ctx.index.mesh.locality_lb
+        keys: set[str] | None = None
+        for c in plan.all_clusters:
+            lb = cluster_locality_lb(mesh, c.policy) if c.eds else None
+            if lb is not None:
+                keys = (keys or set()) | set(lb.label_keys)
+        return (None if keys is None else tuple(sorted(keys)),)
+
+    return ctx.memo(key, scan)[0]
 
 
-def _patched(ctx: GenContext, plan: OutboundPlan, key: Hashable) -> ResourceSet | None:
+def _full(ctx: GenContext, plan: OutboundPlan, client: _Client | None) -> ResourceSet:
+    return ResourceSet([_memo_resource(ctx, c, client) for c in plan.all_clusters if c.eds])
+
+
+def _patched(
+    ctx: GenContext, plan: OutboundPlan, key: Hashable, client: _Client | None
+) -> ResourceSet | None:
     """The previous push's set with the assignments of the rebuilt clusters replaced, when
     the plan was patched from the previous push's plan of the same key (whose set this is)."""
     # The set is the plan's alone, whatever else changed.
@@ -50,10 +91,18 @@ def _patched(ctx: GenContext, plan: OutboundPlan, key: Hashable) -> ResourceSet 
     if not plan.rebuilt:
         return old
     changes: dict[str, Resource | None] = {
-        c.name: ctx.memo(("eds", id(c)), functools.partial(_resource, ctx, c)) if c.eds else None
-        for c in plan.rebuilt
+        c.name: _memo_resource(ctx, c, client) if c.eds else None for c in plan.rebuilt
     }
     return old.replace(changes)
+
+
+def _memo_resource(ctx: GenContext, cluster: OutboundCluster, client: _Client | None) -> Resource:
+    lb = None if client is None else cluster_locality_lb(ctx.index.mesh.locality_lb, cluster.policy)
+    if lb is None or client is None:
+        return ctx.memo(("eds", id(cluster)), functools.partial(_resource, ctx, cluster))
+    return ctx.memo(
+        ("eds", id(cluster), client), functools.partial(_client_resource, ctx, cluster, lb, client)
+    )
 
 
 def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:
@@ -63,7 +112,33 @@ def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:
     return ctx.resource(ENDPOINT_TYPE, cluster.name, key, lambda: build(cluster.name, key))
 
 
+def _client_resource(
+    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb, client: _Client
+) -> Resource:
+    groups = assignment_groups(
+        lb,
+        client.locality,
+        dict(client.labels),
+        cluster.endpoints,
+        endpoint_keys(cluster.endpoints),
+    )
+    # A slot per client locality: clients elsewhere do not evict each other's bytes.
+    return ctx.resource(
+        ENDPOINT_TYPE, cluster.name, groups, lambda: build_groups(cluster.name, groups), client
+    )
+
+
 def build(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLoadAssignment:
     return ClusterLoadAssignment(
         cluster_name=name, endpoints=locality_endpoints(name, endpoints, dns=False)
+    )
+
+
+def build_groups(name: str, groups: tuple[Group, ...]) -> ClusterLoadAssignment:
+    return ClusterLoadAssignment(
+        cluster_name=name,
+        endpoints=[
+            locality_group(name, locality, priority, weight, endpoints, dns=False)
+            for locality, priority, weight, endpoints in groups
+        ],
     )

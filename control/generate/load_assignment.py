@@ -5,6 +5,7 @@ grouping by locality, and which addresses each kind of cluster (EDS, DNS) can us
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from envoy.config.core.v3.base_pb2 import Locality, Metadata
@@ -51,15 +52,34 @@ def parse_locality(value: str) -> Locality:
 def locality_endpoints(
     cluster: str, endpoints: tuple[EndpointKey, ...], *, dns: bool
 ) -> list[LocalityLbEndpoints]:
-    """Group endpoints by locality (sorted, so equal inputs give equal bytes).
+    """Group endpoints by locality (sorted, so equal inputs give equal bytes)."""
+    groups: dict[str, list[EndpointKey]] = {}
+    for key in sorted(endpoints):
+        groups.setdefault(key[3], []).append(key)
+    return [
+        locality_group(cluster, locality, 0, 0, groups[locality], dns=dns)
+        for locality in sorted(groups)
+    ]
+
+
+def locality_group(
+    cluster: str,
+    locality: str,
+    priority: int,
+    weight: int,
+    endpoints: Iterable[EndpointKey],
+    *,
+    dns: bool,
+) -> LocalityLbEndpoints:
+    """One locality group; `weight` 0 leaves its load-balancing weight unset.
 
     An address Envoy cannot use for the cluster's kind is left out with a warning instead of
     being sent: Envoy rejects the whole resource for one bad address, which would take every
     other endpoint of the cluster down with it. EDS takes IPs and Unix sockets; a DNS cluster
     takes IPs and hostnames (to resolve) but no sockets.
     """
-    groups: dict[str, list[LbEndpoint]] = {}
-    for address, port, weight, locality, mtls in sorted(endpoints):
+    group = LocalityLbEndpoints(priority=priority)
+    for address, port, endpoint_weight, _, mtls in endpoints:
         if address.startswith("unix://"):
             usable = not dns
             addr = Upstream(pipe=address.removeprefix("unix://")).address()
@@ -76,15 +96,13 @@ def locality_endpoints(
             )
             continue
         lb = LbEndpoint(endpoint=EnvoyEndpoint(address=addr))
-        if weight > 0:
-            lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+        if endpoint_weight > 0:
+            lb.load_balancing_weight.CopyFrom(UInt32Value(value=endpoint_weight))
         if mtls:
             lb.metadata.CopyFrom(_MTLS_METADATA)
-        groups.setdefault(locality, []).append(lb)
-    out = []
-    for locality in sorted(groups):
-        group = LocalityLbEndpoints(lb_endpoints=groups[locality])
-        if locality:
-            group.locality.CopyFrom(parse_locality(locality))
-        out.append(group)
-    return out
+        group.lb_endpoints.append(lb)
+    if locality:
+        group.locality.CopyFrom(parse_locality(locality))
+    if weight > 0:
+        group.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
+    return group

@@ -37,6 +37,7 @@ from control.kube.endpointslices import slice_endpoints, slices_by_service
 from control.kube.gatewaystatus import StatusWriter
 from control.kube.reflector import Key, Reflector
 from control.kube.watchloop import WatchSpec, reflect
+from control.model.locality import locality_from_labels
 from control.model.types import (
     TLS_MODE_LABEL,
     ConfigWarning,
@@ -155,6 +156,9 @@ def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
         # Istio's proxyless injection template: an agent beside a gRPC app, no Envoy.
         proxyless=GRPC_AGENT_TEMPLATE
         in str(annotations.get(TEMPLATES_ANNOTATION, "")).replace(" ", "").split(","),
+        # Istio reads the node's topology labels; a pod states its own with `istio-locality`
+        # (or the topology labels themselves).
+        locality=locality_from_labels(labels),
     )
 
 

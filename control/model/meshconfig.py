@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Final
 
+from control.model.traffic import LocalityLbSetting
 from control.model.types import ConfigWarning, Labels
+
+# Istio's default mesh config turns locality load balancing on.
+LOCALITY_LB_DEFAULT: Final = LocalityLbSetting(enabled=True)
 
 
 class AccessLogEncoding(enum.StrEnum):
@@ -142,6 +147,9 @@ class MeshSettings:
     outbound_traffic_policy: str = "ALLOW_ANY"
     trust_domain: str = "cluster.local"
     root_namespace: str = "istio-system"
+    # Istio's default: locality load balancing on, for the DestinationRules with outlier
+    # detection (failover needs it to notice that local endpoints are gone).
+    locality_lb: LocalityLbSetting | None = LOCALITY_LB_DEFAULT
     # Where it came from ("" = defaults) and what loading it reported; not part of equality.
     source: str = field(default="", compare=False)
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)
@@ -155,6 +163,7 @@ class MeshSettings:
         }
         out["default_config"] = asdict(self.default_config)
         out["default_providers"] = asdict(self.default_providers)
+        out["locality_lb"] = None if self.locality_lb is None else asdict(self.locality_lb)
         out["extension_providers"] = [
             {"name": p.name, "kind": type(p.provider).__name__, **asdict(p.provider)}
             for p in self.extension_providers

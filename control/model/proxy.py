@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from control.model.locality import locality_from_labels
 from control.model.types import Labels, SourceRef, Workload, labels_of
 from protos.telemetry import ALS_NODE_METADATA, LOG_NODE_METADATA, valid_log_path
 
@@ -60,6 +61,10 @@ class Proxy:
     # The agent's status server port (node metadata STATUS_PORT); 0: not announced, Istio's
     # 15020. The dashboard reads the agent's metrics there.
     status_port: int = 0
+    # `region/zone/subzone` (or a prefix of it): the node's locality, else what its labels
+    # say (control/model/locality.py); "" unknown. Locality load balancing ranks endpoints
+    # by it.
+    locality: str = ""
 
     @property
     def is_grpc(self) -> bool:
@@ -84,6 +89,7 @@ class Proxy:
             # or its gRPC server can (the certificate provider).
             has_sidecar=self.sds and not self.is_grpc,
             proxyless=self.is_grpc and self.cert_provider,
+            locality=self.locality,
         )
 
 
@@ -92,12 +98,13 @@ def _str(meta: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
+def proxy_from_node(node_id: str, metadata: Mapping[str, Any], locality: str = "") -> Proxy:
     """Build a Proxy from an Envoy node id and its metadata (as a plain dict).
 
     The id has Istio's form `type~ip~pod.namespace~namespace.svc.cluster.local`; metadata keys
     (INSTANCE_IPS, NAMESPACE, LABELS, SERVICE_ACCOUNT, INTERCEPTION_MODE, GENERATOR, NAME, ...)
-    win over what the id says.
+    win over what the id says. `locality`: the node's own (`region/zone/subzone`), which wins
+    over the labels'.
     """
     if not node_id:
         raise NodeError("node id is empty")
@@ -143,6 +150,7 @@ def proxy_from_node(node_id: str, metadata: Mapping[str, Any]) -> Proxy:
         als=_str(metadata, ALS_NODE_METADATA).lower() == "true",
         metrics_log=_log_path(_str(metadata, LOG_NODE_METADATA)),
         status_port=_port(metadata.get("STATUS_PORT")),
+        locality=intern(locality or locality_from_labels(dict(labels))),
     )
 
 

@@ -47,9 +47,40 @@ class ConsistentHash:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalityDistribute:
+    """`distribute[]`: clients in localities matching `source` (`region/zone/subzone`, `*`
+    as the last part matches anything) send these shares (percent, summing to 100) to the
+    endpoints of the localities matching each destination pattern, in the order given."""
+
+    source: str
+    to: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityFailover:
+    """`failover[]`: a client in region `source` falls back to region `to` before others."""
+
+    source: str
+    to: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityLbSetting:
+    """Istio `localityLbSetting` (DestinationRule `loadBalancer`, or the mesh default).
+    `enabled` None means unset: on, unless the mesh-wide setting turns it off."""
+
+    enabled: bool | None = None
+    distribute: tuple[LocalityDistribute, ...] = ()
+    failover: tuple[LocalityFailover, ...] = ()
+    # Label keys, most significant first; `key=value` pins the value to compare with.
+    failover_priority: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class LoadBalancer:
     simple: LbPolicy | None = None
     consistent_hash: ConsistentHash | None = None
+    locality: LocalityLbSetting | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,9 +116,17 @@ def proxy_of(first: DiscoveryRequest | DeltaDiscoveryRequest) -> Proxy:
         )
     metadata: Mapping[str, Any] = json_format.MessageToDict(first.node.metadata)
     try:
-        return proxy_from_node(first.node.id, metadata)
+        return proxy_from_node(first.node.id, metadata, node_locality(first.node.locality))
     except NodeError as e:
         raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+
+
+def node_locality(locality: Any) -> str:
+    """An Envoy Node's locality as `region/zone/subzone`, without trailing empty parts."""
+    parts = [locality.region, locality.zone, locality.sub_zone]
+    while parts and not parts[-1]:
+        parts.pop()
+    return "/".join(parts)
 
 
 def encode_response(resp: Any, control_plane: bytes) -> bytes:

@@ -11,6 +11,8 @@ from control.config.kinds.common import (
     resolve_host,
     spec_of,
 )
+from control.config.locality import locality_lb_setting
+from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.traffic import (
     ClientTls,
@@ -87,6 +89,17 @@ def traffic_policy(f: Fields | None, *, port_level: bool) -> TrafficPolicy | Non
         tls=_tls(f.get_map("tls")),
         port_settings=tuple(sorted(port_settings)),
     )
+    locality = policy.load_balancer.locality if policy.load_balancer else None
+    if (
+        locality is not None
+        and (locality.failover or locality.failover_priority)
+        and policy.outlier_detection is None
+    ):
+        # As Istio: without it Envoy never sees local endpoints fail, so never fails over.
+        f.ctx.warn(
+            f"{format_path(f.at('loadBalancer'))}: localityLbSetting failover needs "
+            "outlierDetection; without it, it has no effect"
+        )
     if not port_level:
         f.ignore("port")
     f.finish()
@@ -100,15 +113,17 @@ def _load_balancer(f: Fields | None) -> LoadBalancer | None:
     hashed = f.get_map("consistentHash")
     if simple and hashed is not None:
         f.fail(None, "set either simple or consistentHash, not both")
-    result = LoadBalancer()
+    locality_f = f.get_map("localityLbSetting")
+    locality = None if locality_f is None else locality_lb_setting(locality_f)
+    result = LoadBalancer(locality=locality)
     if simple:
         if simple == "PASSTHROUGH":
             f.fail("simple", "PASSTHROUGH is not supported (it needs traffic capture)")
         choice = f.get_enum("simple", (*_SIMPLE_LB, "UNSPECIFIED"), default="UNSPECIFIED")
         if choice != "UNSPECIFIED":
-            result = LoadBalancer(simple=LbPolicy(choice))
+            result = LoadBalancer(simple=LbPolicy(choice), locality=locality)
     elif hashed is not None:
-        result = LoadBalancer(consistent_hash=_consistent_hash(hashed))
+        result = LoadBalancer(consistent_hash=_consistent_hash(hashed), locality=locality)
     f.finish()
     return result
 
