@@ -53,10 +53,16 @@ class Reflector:
     relists: int = 0
     bookmarks: int = 0
     on_events: Callable[[str, int], None] | None = field(default=None, compare=False)
+    # What of an object to keep (None: all of it). An update that changes nothing kept
+    # leaves the store, and `changed`, alone: a Node's heartbeats are not config changes.
+    keep: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = field(
+        default=None, compare=False
+    )
 
     def listed(self, items: Iterable[Mapping[str, Any]], resource_version: str) -> None:
         """A complete list: it replaces the store (objects absent from it are gone)."""
-        store = {key_of(o): o for o in items}
+        keep = self.keep
+        store = {key_of(o): o if keep is None else keep(o) for o in items}
         if store != self.store:
             self.changed = True
             if self.on_events is not None:
@@ -96,6 +102,8 @@ class Reflector:
             self.bookmarks += 1
         elif etype in ("ADDED", "MODIFIED"):
             key = key_of(obj)
+            if self.keep is not None:
+                obj = self.keep(obj)
             before = self.store.get(key)
             if before != obj:
                 self.store[key] = obj

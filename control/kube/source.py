@@ -37,7 +37,7 @@ from control.kube.endpointslices import slice_endpoints, slices_by_service
 from control.kube.gatewaystatus import StatusWriter
 from control.kube.reflector import Key, Reflector
 from control.kube.watchloop import WatchSpec, reflect
-from control.model.locality import locality_from_labels
+from control.model.locality import TOPOLOGY_LABELS, locality_from_labels
 from control.model.types import (
     TLS_MODE_LABEL,
     ConfigWarning,
@@ -91,6 +91,8 @@ NAMESPACES = Resource("Namespace", "v1", "namespaces")
 ENDPOINT_SLICES = Resource("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")
 # Gateway certificates (kind converter control/config/kinds/secret.py; other Secrets skipped).
 SECRETS = Resource("Secret", "v1", "secrets")
+# Where pods run (Istio reads a pod's locality from its node's topology labels).
+NODES = Resource("Node", "v1", "nodes")
 
 _ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
 
@@ -121,8 +123,24 @@ def gateway_api_resources() -> list[Resource]:
     ]
 
 
-def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
-    """A running, ready pod with an IP as a workload; None for any other pod."""
+def node_topology(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What is kept of a Node: its name and topology labels (its status, which changes with
+    every heartbeat and lists every image it holds, is not)."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "labels": {k: str(labels[k]) for k in TOPOLOGY_LABELS if k in labels},
+        }
+    }
+
+
+def pod_workload(
+    pod: Mapping[str, Any], node_labels: Mapping[str, str] | None = None
+) -> Workload | None:
+    """A running, ready pod with an IP as a workload; None for any other pod. `node_labels`:
+    the topology labels of the node it runs on, if known."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -156,9 +174,9 @@ def pod_workload(pod: Mapping[str, Any]) -> Workload | None:
         # Istio's proxyless injection template: an agent beside a gRPC app, no Envoy.
         proxyless=GRPC_AGENT_TEMPLATE
         in str(annotations.get(TEMPLATES_ANNOTATION, "")).replace(" ", "").split(","),
-        # Istio reads the node's topology labels; a pod states its own with `istio-locality`
-        # (or the topology labels themselves).
-        locality=locality_from_labels(labels),
+        # As Istio: the pod's `istio-locality` label, else its node's topology labels (else
+        # the pod's own, for clusters whose nodes say nothing).
+        locality=locality_from_labels({**labels, **(node_labels or {})}),
     )
 
 
@@ -182,6 +200,7 @@ _REGISTRY_TYPES = {
     "Pod": "Pods",
     "Namespace": "Namespaces",
     "EndpointSlice": "EndpointSlice",
+    "Node": "Nodes",
 }
 
 
@@ -209,8 +228,8 @@ class KubeSource(Lifecycle):
         on_events: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
         """`on_events(source, type, event, n)`: n objects of `type` were added, updated or
-        deleted; source "registry" for Services, Pods, Namespaces and EndpointSlices, "config"
-        for Istio kinds (Istio's pilot_k8s_reg_events and pilot_k8s_cfg_events)."""
+        deleted; source "registry" for Services, Pods, Namespaces, Nodes and EndpointSlices,
+        "config" for Istio kinds (Istio's pilot_k8s_reg_events and pilot_k8s_cfg_events)."""
         self.config = config
         self.client = KubeClient(config)
         self._handlers: list[OnChange] = [] if on_change is None else [on_change]
@@ -225,10 +244,12 @@ class KubeSource(Lifecycle):
             NAMESPACES,
             ENDPOINT_SLICES,
             SECRETS,
+            NODES,
             *istio_resources(),
             *gateway_api_resources(),
         ]
         self.reflectors = {r.key: Reflector() for r in self.resources}
+        self.reflectors[NODES.key].keep = node_topology
         if on_events is not None:
             for r in self.resources:
                 self.reflectors[r.key].on_events = _events_of(r, on_events)
@@ -365,16 +386,18 @@ class KubeSource(Lifecycle):
         seen: set[tuple[str, Key]] = set()
         slices = slices_by_service(self.reflectors[ENDPOINT_SLICES.kind].store.values())
         pods = self.reflectors[PODS.kind].store
+        nodes = self.reflectors[NODES.kind].store
         for resource in self.resources:
             store = self.reflectors[resource.key].store
             for key in sorted(store):
                 obj = store[key]
                 if resource is PODS:
-                    wl = pod_workload(obj)
+                    node = nodes.get(("", str((obj.get("spec") or {}).get("nodeName") or "")))
+                    wl = pod_workload(obj, node["metadata"]["labels"] if node else None)
                     if wl is not None:
                         objects.append(ConfigObject(wl.source, obj, workloads=(wl,)))
                     continue
-                if resource in (NAMESPACES, ENDPOINT_SLICES):
+                if resource in (NAMESPACES, ENDPOINT_SLICES, NODES):
                     continue  # read through the Services and the webhook
                 converted = self._convert(resource, key, obj, errors)
                 if converted is not None:

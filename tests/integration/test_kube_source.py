@@ -21,7 +21,7 @@ from control.model.types import MeshConfig
 from control.xds.server import XdsOptions
 from tests.support.apps import EchoApp
 from tests.support.controlplane import agent_token, bounded_teardown, eventually
-from tests.support.kubeapi import FakeKubeApi, pod
+from tests.support.kubeapi import FakeKubeApi, node, pod
 from tests.support.mesh import mesh_agent
 from tests.support.net import pod_ip
 
@@ -322,3 +322,35 @@ async def test_token_review_gives_the_callers_identity(tmp_path: Path) -> None:
                 assert await first_answer("default") == grpc.StatusCode.PERMISSION_DENIED.value[0]
         finally:
             await bounded_teardown(cp.close(0.2), "control plane close")
+
+
+async def test_a_pod_locality_comes_from_its_node(tmp_path: Path) -> None:
+    zone_a = {"topology.kubernetes.io/region": "us-east", "topology.kubernetes.io/zone": "a"}
+    async with FakeKubeApi() as api:
+        api.put(service("web", {"app": "web"}))
+        api.put(node("node-1", {**zone_a, "kubernetes.io/hostname": "node-1"}))
+        api.put(pod("web-1", "10.0.0.1", {"app": "web"}, node="node-1"))
+        # A pod's own `istio-locality` label wins over its node's.
+        api.put(pod("web-2", "10.0.0.2", {"app": "web", "istio-locality": "eu.b.c"}))
+        api.put(pod("web-3", "10.0.0.3", {"app": "web"}, node="unknown-node"))
+        changes: list[MeshConfig] = []
+        source = await kube_source(api, tmp_path, changes)
+        async with source:
+
+            def localities() -> dict[str, str]:
+                return {w.address: w.locality for w in source.current.workload_entries}
+
+            assert localities() == {
+                "10.0.0.1": "us-east/a",
+                "10.0.0.2": "eu/b/c",
+                "10.0.0.3": "",
+            }
+            # Only the topology labels are kept of a Node: a heartbeat is no change.
+            (kept,) = source.reflectors["Node"].store.values()
+            assert kept == {"metadata": {"name": "node-1", "labels": zone_a}}
+            reloads = source.reloads
+            api.put(node("node-1", {**zone_a, "kubernetes.io/hostname": "node-1"}, "12:00"))
+            # A relabelled node moves its pods.
+            api.put(node("node-1", {**zone_a, "topology.istio.io/subzone": "rack7"}))
+            await eventually(lambda: localities()["10.0.0.1"] == "us-east/a/rack7", what="moved")
+            assert source.reloads == reloads + 1

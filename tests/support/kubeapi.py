@@ -52,6 +52,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "services": ("Service", "v1"),
     "pods": ("Pod", "v1"),
     "namespaces": ("Namespace", "v1"),
+    "nodes": ("Node", "v1"),
     "configmaps": ("ConfigMap", "v1"),
     "secrets": ("Secret", "v1"),
     "endpointslices": ("EndpointSlice", "discovery.k8s.io/v1"),
@@ -81,7 +82,7 @@ for _plural, _kind, _version in (
 ):
     RESOURCES[f"{_plural}.{GATEWAY_API}"] = (_kind, f"{GATEWAY_API}/{_version}")
 CLUSTER_SCOPED = frozenset(
-    ("namespaces", "mutatingwebhookconfigurations", f"gatewayclasses.{GATEWAY_API}")
+    ("namespaces", "nodes", "mutatingwebhookconfigurations", f"gatewayclasses.{GATEWAY_API}")
 )
 _BY_KIND = {
     (api_version.rpartition("/")[0], kind): plural
@@ -579,6 +580,7 @@ def pod(
     namespace: str = "default",
     service_account: str = "default",
     ready: bool = True,
+    node: str = "node-1",
 ) -> dict[str, Any]:
     """A Pod object as the API server returns it for a running pod."""
     return {
@@ -586,6 +588,7 @@ def pod(
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "uid": name},
         "spec": {
+            "nodeName": node,
             "serviceAccountName": service_account,
             "containers": [{"name": "app", "image": "app", "ports": [{"containerPort": 8080}]}],
         },
@@ -594,5 +597,18 @@ def pod(
             "podIP": ip,
             "podIPs": [{"ip": ip}],
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def node(name: str, labels: dict[str, str], heartbeat: str = "") -> dict[str, Any]:
+    """A Node object, with the parts of its status that change on every heartbeat."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "uid": name},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat}],
+            "images": [{"names": ["registry.example/app:1"], "sizeBytes": 1000}],
         },
     }

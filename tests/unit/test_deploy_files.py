@@ -126,6 +126,7 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
     from control.kube.source import (
         ENDPOINT_SLICES,
         NAMESPACES,
+        NODES,
         PODS,
         SECRETS,
         SERVICES,
@@ -140,7 +141,7 @@ def test_rbac_is_read_only_and_covers_what_the_source_watches() -> None:
             for resource in rule["resources"]:
                 granted[(group, resource)] = set(rule["verbs"])
     gateway_api = gateway_api_resources()
-    watched = (SERVICES, PODS, NAMESPACES, ENDPOINT_SLICES, SECRETS, *istio_resources())
+    watched = (SERVICES, PODS, NAMESPACES, NODES, ENDPOINT_SLICES, SECRETS, *istio_resources())
     for r in (*watched, *gateway_api):
         group = r.api_version.rpartition("/")[0]
         assert {"list", "watch"} <= granted.get((group, r.plural), set()), r
