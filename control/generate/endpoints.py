@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 
@@ -21,19 +20,18 @@ from control.generate.load_assignment import (
     locality_endpoints,
     locality_group,
 )
-from control.generate.locality_lb import Group, LocalityLb, assignment_groups, cluster_locality_lb
+from control.generate.locality_lb import (
+    ClientPlace,
+    Group,
+    LocalityLb,
+    client_groups,
+    cluster_locality_lb,
+    label_keys_of,
+)
 from control.generate.plans import OutboundCluster, OutboundPlan, outbound_plan
 from control.generate.resource_names import ENDPOINT_TYPE
 from control.model.proxy import Proxy
 from control.xds.cache import Resource, ResourceSet
-
-
-@dataclass(frozen=True, slots=True)
-class _Client:
-    """What of a client its assignments depend on under locality load balancing."""
-
-    locality: str
-    labels: tuple[tuple[str, str], ...]  # the values of the labels failoverPriority names
 
 
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
@@ -45,15 +43,12 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
         client = None
     else:
         # Locality load balancing: the set depends on where the client is, too.
-        labels = dict(proxy.labels)
-        client = _Client(proxy.locality, tuple((k, labels.get(k, "")) for k in label_keys))
+        client = ClientPlace.of(proxy, label_keys)
         key = ("eds-set", plan.key, client)
     return ctx.memo(key, lambda: _patched(ctx, plan, key, client) or _full(ctx, plan, client))
 
 
 def _locality_label_keys(ctx: GenContext, plan: OutboundPlan) -> tuple[str, ...] | None:
-    """None when no EDS cluster of the plan balances by locality; else the client labels
-    the assignments depend on (possibly none)."""
     key = ("eds-locality", plan.key)
 
     def scan() -> tuple[tuple[str, ...] | None]:
@@ -63,22 +58,19 @@ def _locality_label_keys(ctx: GenContext, plan: OutboundPlan) -> tuple[str, ...]
             if isinstance(old, tuple):
                 return old
         mesh = ctx.index.mesh.locality_lb
-        keys: set[str] | None = None
-        for c in plan.all_clusters:
-            lb = cluster_locality_lb(mesh, c.policy) if c.eds else None
-            if lb is not None:
-                keys = (keys or set()) | set(lb.label_keys)
-        return (None if keys is None else tuple(sorted(keys)),)
+        return (
+            label_keys_of(cluster_locality_lb(mesh, c.policy) for c in plan.all_clusters if c.eds),
+        )
 
     return ctx.memo(key, scan)[0]
 
 
-def _full(ctx: GenContext, plan: OutboundPlan, client: _Client | None) -> ResourceSet:
+def _full(ctx: GenContext, plan: OutboundPlan, client: ClientPlace | None) -> ResourceSet:
     return ResourceSet([_memo_resource(ctx, c, client) for c in plan.all_clusters if c.eds])
 
 
 def _patched(
-    ctx: GenContext, plan: OutboundPlan, key: Hashable, client: _Client | None
+    ctx: GenContext, plan: OutboundPlan, key: Hashable, client: ClientPlace | None
 ) -> ResourceSet | None:
     """The previous push's set with the assignments of the rebuilt clusters replaced, when
     the plan was patched from the previous push's plan of the same key (whose set this is)."""
@@ -96,7 +88,9 @@ def _patched(
     return old.replace(changes)
 
 
-def _memo_resource(ctx: GenContext, cluster: OutboundCluster, client: _Client | None) -> Resource:
+def _memo_resource(
+    ctx: GenContext, cluster: OutboundCluster, client: ClientPlace | None
+) -> Resource:
     lb = None if client is None else cluster_locality_lb(ctx.index.mesh.locality_lb, cluster.policy)
     if lb is None or client is None:
         return ctx.memo(("eds", id(cluster)), functools.partial(_resource, ctx, cluster))
@@ -113,15 +107,9 @@ def _resource(ctx: GenContext, cluster: OutboundCluster) -> Resource:
 
 
 def _client_resource(
-    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb, client: _Client
+    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb, client: ClientPlace
 ) -> Resource:
-    groups = assignment_groups(
-        lb,
-        client.locality,
-        dict(client.labels),
-        cluster.endpoints,
-        endpoint_keys(cluster.endpoints),
-    )
+    groups = client_groups(lb, client, cluster.endpoints)
     # A slot per client locality: clients elsewhere do not evict each other's bytes.
     return ctx.resource(
         ENDPOINT_TYPE, cluster.name, groups, lambda: build_groups(cluster.name, groups), client

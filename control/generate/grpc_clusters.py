@@ -27,6 +27,14 @@ from control.generate.grpc_targets import (
     grpc_clusters,
 )
 from control.generate.load_assignment import EndpointKey, endpoint_keys, parse_locality
+from control.generate.locality_lb import (
+    ClientPlace,
+    Group,
+    LocalityLb,
+    client_groups,
+    cluster_locality_lb,
+    label_keys_of,
+)
 from control.generate.mesh_tls import grpc_upstream_socket
 from control.generate.plans import OutboundCluster
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE
@@ -55,15 +63,34 @@ def generate_clusters(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 
 def generate_endpoints(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     found = grpc_clusters(ctx, proxy)
+    mesh = ctx.index.mesh.locality_lb
+    lbs = ctx.memo(
+        ("grpc-eds-locality", id(found)),
+        lambda: tuple(cluster_locality_lb(mesh, c.policy) if c.eds else None for c in found),
+    )
+    label_keys = label_keys_of(lbs)
+    # With locality load balancing the set depends on where the client is, too.
+    client = None if label_keys is None else ClientPlace.of(proxy, label_keys)
     return ctx.memo(
-        ("grpc-eds-set", id(found)),
+        ("grpc-eds-set", id(found), client),
         lambda: ResourceSet(
             [
-                ctx.memo(("grpc-eds", c.name), functools.partial(_assignment, ctx, c))
-                for c in found
+                _memo_assignment(ctx, c, lb, client)
+                for c, lb in zip(found, lbs, strict=True)
                 if c.eds
             ]
         ),
+    )
+
+
+def _memo_assignment(
+    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb | None, client: ClientPlace | None
+) -> Resource:
+    if lb is None or client is None:
+        return ctx.memo(("grpc-eds", cluster.name), functools.partial(_assignment, ctx, cluster))
+    return ctx.memo(
+        ("grpc-eds", id(cluster), client),
+        functools.partial(_client_assignment, ctx, cluster, lb, client),
     )
 
 
@@ -181,6 +208,19 @@ def _assignment(ctx: GenContext, cluster: OutboundCluster) -> Resource:
     )
 
 
+def _client_assignment(
+    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb, client: ClientPlace
+) -> Resource:
+    groups = client_groups(lb, client, cluster.endpoints)
+    return ctx.resource(
+        ENDPOINT_TYPE,
+        cluster.name,
+        groups,
+        functools.partial(build_grouped_assignment, cluster.name, groups),
+        variant=(VARIANT, client),
+    )
+
+
 # --- pure builders: the output depends on the arguments only ---------------------------------
 
 
@@ -220,47 +260,61 @@ def build_dns_cluster(
 def build_assignment(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLoadAssignment:
     """Endpoints grouped by locality, in sorted order so equal inputs give equal bytes.
 
-    What gRPC needs beyond Envoy: every group carries a locality and a non-zero weight (gRPC
-    drops a group without one, and then has no endpoints at all); an address appears once (gRPC
-    rejects the whole assignment for a duplicate); only IP addresses (no hostnames, no Unix
-    sockets: gRPC would reject the resource, taking every other endpoint down with it).
-
     gRPC always picks a locality by weight first and then round-robins inside it, whereas an
     Envoy sidecar here balances over all endpoints. A locality weighs the sum of its
     endpoints' weights (1 each when unset), so equal endpoints get equal shares either way.
     """
-    groups: dict[str, list[LbEndpoint]] = {}
-    weights: dict[str, int] = {}
+    groups: dict[str, list[EndpointKey]] = {}
+    for key in sorted(endpoints):
+        groups.setdefault(key[3], []).append(key)
+    return build_grouped_assignment(
+        name, tuple((locality, 0, 0, tuple(keys)) for locality, keys in sorted(groups.items()))
+    )
+
+
+def build_grouped_assignment(name: str, groups: tuple[Group, ...]) -> ClusterLoadAssignment:
+    """Locality groups (locality_lb.Group) in the shape gRPC requires: every group carries a
+    locality and a non-zero weight (gRPC drops a group without one; a group given none weighs
+    its endpoints); an address appears once (gRPC rejects the whole assignment for a
+    duplicate); only IP addresses (no hostnames, no Unix sockets: gRPC would reject the
+    resource, taking every other endpoint down with it); priorities without gaps (gRPC
+    rejects a sparse list), so a group left empty gives its priority up."""
+    out: list[LocalityLbEndpoints] = []
     seen: set[tuple[str, int]] = set()
     # The mTLS flag (last) is the cluster's business here (cluster_tls), not the endpoint's.
-    for address, port, weight, locality, _ in sorted(endpoints):
-        if not is_ip(address):
-            warn_once(
-                ("grpc-unusable-endpoint", name, address),
-                "cluster %s: endpoint address %s is not an IP, which gRPC requires; left out",
-                name,
-                address,
+    for locality, priority, weight, endpoints in groups:
+        lbs: list[LbEndpoint] = []
+        total = 0
+        for address, port, endpoint_weight, _, _ in endpoints:
+            if not is_ip(address):
+                warn_once(
+                    ("grpc-unusable-endpoint", name, address),
+                    "cluster %s: endpoint address %s is not an IP, which gRPC requires; left out",
+                    name,
+                    address,
+                )
+                continue
+            if (address, port) in seen:
+                continue
+            seen.add((address, port))
+            lb = LbEndpoint(
+                endpoint=EnvoyEndpoint(address=socket_address(address, port)),
+                health_status=HealthStatus.HEALTHY,
             )
-            continue
-        if (address, port) in seen:
-            continue
-        seen.add((address, port))
-        lb = LbEndpoint(
-            endpoint=EnvoyEndpoint(address=socket_address(address, port)),
-            health_status=HealthStatus.HEALTHY,
-        )
-        if weight > 0:
-            lb.load_balancing_weight.CopyFrom(UInt32Value(value=weight))
-        groups.setdefault(locality, []).append(lb)
-        weights[locality] = weights.get(locality, 0) + max(weight, 1)
-    return ClusterLoadAssignment(
-        cluster_name=name,
-        endpoints=[
-            LocalityLbEndpoints(
-                locality=parse_locality(locality),
-                load_balancing_weight=UInt32Value(value=weights[locality]),
-                lb_endpoints=groups[locality],
+            if endpoint_weight > 0:
+                lb.load_balancing_weight.CopyFrom(UInt32Value(value=endpoint_weight))
+            lbs.append(lb)
+            total += max(endpoint_weight, 1)
+        if lbs:
+            out.append(
+                LocalityLbEndpoints(
+                    locality=parse_locality(locality),
+                    load_balancing_weight=UInt32Value(value=weight or total),
+                    lb_endpoints=lbs,
+                    priority=priority,
+                )
             )
-            for locality in sorted(groups)
-        ],
-    )
+    renumbered = {p: i for i, p in enumerate(sorted({g.priority for g in out}))}
+    for group in out:
+        group.priority = renumbered[group.priority]
+    return ClusterLoadAssignment(cluster_name=name, endpoints=out)

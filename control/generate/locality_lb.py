@@ -19,16 +19,49 @@ Pure functions: settings, localities and labels in; groups of endpoint keys out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from control.generate.load_assignment import EndpointKey
 from control.model.locality import split_locality, with_topology_labels
+from control.model.proxy import Proxy
 from control.model.traffic import LocalityLbSetting, TrafficPolicy
 from control.model.types import Endpoint
 
 # One locality group of an assignment: locality, priority, weight (0: none) and endpoints.
 Group = tuple[str, int, int, tuple[EndpointKey, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlace:
+    """What of a client its assignments depend on under locality load balancing: a memo and
+    cache key part (clients alike in it share their assignments)."""
+
+    locality: str
+    labels: tuple[tuple[str, str], ...]  # the values of the labels failoverPriority names
+
+    @classmethod
+    def of(cls, proxy: Proxy, label_keys: Iterable[str]) -> ClientPlace:
+        labels = dict(proxy.labels)
+        return cls(proxy.locality, tuple((k, labels.get(k, "")) for k in label_keys))
+
+
+def label_keys_of(lbs: Iterable[LocalityLb | None]) -> tuple[str, ...] | None:
+    """None when no cluster balances by locality; else the client labels their assignments
+    depend on (possibly none)."""
+    keys: set[str] | None = None
+    for lb in lbs:
+        if lb is not None:
+            keys = (keys or set()) | set(lb.label_keys)
+    return None if keys is None else tuple(sorted(keys))
+
+
+def client_groups(
+    lb: LocalityLb, client: ClientPlace, endpoints: tuple[Endpoint, ...]
+) -> tuple[Group, ...]:
+    """`assignment_groups` for a client as ClientPlace states it."""
+    keys = tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in endpoints)
+    return assignment_groups(lb, client.locality, dict(client.labels), endpoints, keys)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,14 @@ deviations, never timings."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from tests.integration.test_proxyless_grpc import backend, bootstrap, grpc_client
 from tests.integration.test_traffic_envoy import Client, envoy_for
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
@@ -126,3 +129,46 @@ async def test_locality_failover_and_distribute_with_real_envoy(tmp_path: Path) 
 
 async def _ok(client: Client, host: str) -> bool:
     return (await client.get(host))[0] == 200
+
+
+async def test_a_proxyless_grpc_client_fails_over_by_locality(tmp_path: Path) -> None:
+    """gRPC's own priorities: a proxyless client (node locality in its bootstrap) calls the
+    backend in its zone, moves to the other zone when it goes down, and comes back."""
+    near_ip, far_ip = pod_ip(), pod_ip()
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "mesh.yaml").write_text(
+        service("echo", "echo", 7070, 8080, "grpc")
+        + located("echo-near", near_ip, "echo", "us-east/zone1/a")
+        + located("echo-far", far_ip, "echo", "us-east/zone2/b")
+        + textwrap.dedent(
+            """
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: DestinationRule
+            metadata: {name: echo, namespace: default}
+            spec:
+              host: echo
+              trafficPolicy: {outlierDetection: {consecutive5xxErrors: 1}}
+            """
+        )
+    )
+    target = "xds:///echo.default.svc.cluster.local:7070"
+    async with backend("far", far_ip), running_control_plane(cfg) as cp:
+        boot = tmp_path / "grpc-bootstrap.json"
+        config = bootstrap(cp.xds_port)
+        locality = {"region": "us-east", "zone": "zone1", "sub_zone": "a"}
+        node = cast(dict[str, object], config["node"])
+        boot.write_text(json.dumps({**config, "node": {**node, "locality": locality}}))
+        async with grpc_client(boot, (target,)) as client:
+            async with backend("near", near_ip) as near:
+                await client.wait_for("near", timeout=15)
+                # Its zone only, though the other zone's backend is as good (without
+                # locality balancing gRPC would share the calls between them).
+                assert all(line.get("backend") == "near" for line in client.lines[-20:])
+                assert near.calls > 0
+            # The near backend is gone: gRPC fails over to the next priority.
+            await client.wait_for("far", timeout=15)
+            async with backend("near", near_ip):
+                # And comes back to its zone once the near backend serves again.
+                await client.wait_for("near", timeout=20)

@@ -20,6 +20,7 @@ from control.config.merge import merge
 from control.config.meshconfig import parse_mesh_config
 from control.generate import GENERATORS
 from control.generate.context import GenContext, next_context
+from control.generate.grpc_clusters import build_grouped_assignment
 from control.generate.locality_lb import (
     LocalityLb,
     assignment_groups,
@@ -459,4 +460,23 @@ def test_an_endpoint_change_patches_each_locality_assignment() -> None:
     near = [e for e in cla.endpoints if e.locality.region == "us-east"]
     assert [ep.endpoint.address.socket_address.address for ep in near[0].lb_endpoints] == [
         "127.0.5.9"
+    ]
+
+
+def test_a_grpc_assignment_keeps_priorities_without_gaps() -> None:
+    groups = (
+        ("r/a", 0, 0, (("10.0.2.1", 80, 3, "r/a", False), ("10.0.2.2", 80, 0, "r/a", False))),
+        ("r/b", 1, 0, (("backend.example", 80, 0, "r/b", False),)),  # no IP: left out
+        ("s/c", 2, 7, (("10.0.2.3", 80, 0, "s/c", False), ("10.0.2.1", 80, 0, "s/c", False))),
+    )
+    cla = build_grouped_assignment("c", groups)
+    assert [
+        (g.locality.region, g.priority, g.load_balancing_weight.value) for g in cla.endpoints
+    ] == [
+        ("r", 0, 4),  # its endpoints' weights: 3 + 1
+        ("s", 1, 7),  # priority 2 moved up: gRPC rejects a sparse list
+    ]
+    # An address stands once in the whole assignment.
+    assert [e.endpoint.address.socket_address.address for e in cla.endpoints[1].lb_endpoints] == [
+        "10.0.2.3"
     ]
