@@ -193,8 +193,8 @@ class HttpMatch:
     query_params: tuple[tuple[str, StringMatch], ...] = ()
     port: int | None = None
     source_namespace: str = ""
-    # `sourceLabels`: the match applies only to sidecars whose workload has these labels
-    # (never at gateways here: see control/generate/route_tables.py `vs_routes`).
+    # `sourceLabels`: the match applies only to sidecars whose workload has these labels,
+    # and to routers whose pod has them (control/generate/route_tables.py `vs_routes`).
     source_labels: Labels = ()
     # `statPrefix`: Envoy emits this route's own statistics under it (none when empty).
     stat_prefix: str = ""

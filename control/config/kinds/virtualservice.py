@@ -4,8 +4,8 @@
 name (the VirtualService's namespace) names a Gateway, and `mesh` must then be listed to keep
 sidecars. `match[].gateways` narrows one match. Which part applies where is decided by
 `control.model.traffic.bound_to`. A match condition we cannot honour is reported and its
-match is dropped, so the route matches less, never more; `sourceLabels` is honoured at
-sidecars, and at gateways its match is dropped (said once, at load).
+match is dropped, so the route matches less, never more. `sourceLabels` selects the client
+sidecar's workload labels, and at a gateway the router pod's own, as in Istio.
 """
 
 from __future__ import annotations
@@ -86,15 +86,6 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         spec.fail(None, "needs http, tcp or tls routes")
     if tls and MESH_GATEWAY in gateways:
         ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
-    for i, route in enumerate(http):
-        if any(
-            m.source_labels and any(g != MESH_GATEWAY for g in m.gateways or gateways)
-            for m in route.matches
-        ):
-            ctx.warn(
-                f"spec.http[{i}]: sourceLabels selects sidecars only; at gateways the "
-                "match is dropped"
-            )
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
