@@ -28,8 +28,10 @@ from operator import is_not
 
 from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate.context import GenContext
+from control.generate.filters import direct_body_limit
 from control.generate.gateway_listeners import http_route_name, router_listeners
 from control.generate.resource_names import ROUTE_TYPE
 from control.generate.route_tables import (
@@ -272,15 +274,19 @@ def vhost_bytes(
     return data
 
 
-# `validate_clusters` (field 7) set to an empty BoolValue (false): clusters arrive in their
-# own response and a route may come first (see route_tables).
-_NO_VALIDATION = wire.tag(7) + wire.varint(0)
+# The fields after the virtual hosts, as route_tables sets them: `validate_clusters` (7)
+# false, since clusters arrive in their own response and a route may come first, and
+# `max_direct_response_body_size_bytes` (11).
+_TRAILER: bytes = RouteConfiguration(
+    validate_clusters=BoolValue(value=False),
+    max_direct_response_body_size_bytes=direct_body_limit(),
+).SerializeToString(deterministic=True)
 
 
 def encoded(name: str, vhosts: tuple[bytes, ...]) -> bytes:
     """The deterministic serialization of the table: its fields in number order, name (1),
-    the virtual hosts (2: each piece is one encoded element), validate_clusters (7). Joined,
-    not parsed and serialized again: a one-host change to a table of thousands costs the
-    copy of their bytes."""
+    the virtual hosts (2: each piece is one encoded element), then _TRAILER's (7, 11).
+    Joined, not parsed and serialized again: a one-host change to a table of thousands
+    costs the copy of their bytes."""
     label = name.encode()
-    return b"".join((wire.tag(1), wire.varint(len(label)), label, *vhosts, _NO_VALIDATION))
+    return b"".join((wire.tag(1), wire.varint(len(label)), label, *vhosts, _TRAILER))

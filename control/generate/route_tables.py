@@ -19,6 +19,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from control.generate import listeners_redirect
 from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext, variant_resource
+from control.generate.filters import direct_body_limit
 from control.generate.names import search_names
 from control.generate.plans import (
     OutboundPort,
@@ -318,6 +319,7 @@ def build(port: int, vhosts: tuple[VhostSpec, ...], fallback: str = "") -> Route
         # Clusters and routes travel on one ADS stream in separate responses; validating
         # references would reject a route that merely arrived before its cluster.
         validate_clusters=BoolValue(value=False),
+        max_direct_response_body_size_bytes=direct_body_limit(),
     )
     config.virtual_hosts.extend(listeners_redirect.fallback_vhosts(fallback))
     return config

@@ -254,6 +254,12 @@ class Redirect:
     code: int = 301
 
 
+# The largest `directResponse` body, Istio's: Envoy's own default (`max_direct_response_body_
+# size_bytes`, 4 KB) would reject a whole route configuration holding a larger one, so every
+# route configuration sets it to this (control/generate/filters.py `direct_body_limit`).
+MAX_DIRECT_RESPONSE_BODY = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class DirectResponse:
     """`directResponse`: Envoy answers with this status and body itself (no upstream)."""

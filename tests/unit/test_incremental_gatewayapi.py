@@ -256,5 +256,7 @@ def test_a_table_is_the_deterministic_encoding_of_its_message() -> None:
         assert not rc.validate_clusters.value
         assert any_msg.value == rc.SerializeToString(deterministic=True)
         assert gateway_routes.encoded(name, ()) == RouteConfiguration(
-            name=name, validate_clusters=rc.validate_clusters
+            name=name,
+            validate_clusters=rc.validate_clusters,
+            max_direct_response_body_size_bytes=rc.max_direct_response_body_size_bytes,
         ).SerializeToString(deterministic=True)

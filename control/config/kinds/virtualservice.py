@@ -27,6 +27,7 @@ from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
+    MAX_DIRECT_RESPONSE_BODY,
     CorsPolicy,
     Destination,
     DirectResponse,
@@ -50,9 +51,6 @@ from control.model.types import labels_of
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
-# Envoy's default `max_direct_response_body_size_bytes`: a route configuration with a larger
-# body is rejected whole (Istio raises the limit; Pilotfish refuses the VirtualService).
-_MAX_DIRECT_BODY = 4096
 
 
 class _Resolver:
@@ -311,8 +309,11 @@ def _direct_response(f: Fields | None) -> DirectResponse | None:
         elif b.has("bytes"):
             body = _base64(b, "bytes")
             size = len(body)
-        if size > _MAX_DIRECT_BODY:
-            b.fail(None, f"is {size} bytes; Envoy takes at most {_MAX_DIRECT_BODY}")
+        if size > MAX_DIRECT_RESPONSE_BODY:
+            b.fail(
+                None,
+                f"is {size} bytes; the limit is {MAX_DIRECT_RESPONSE_BODY} (1 MiB, as Istio's)",
+            )
         b.finish()
     f.finish()
     return DirectResponse(status, body)
