@@ -2,7 +2,7 @@
 (real Envoy connected straight to the control plane as `router~` nodes) serve one Istio
 Gateway; the match is for routers labelled zone=canary, so the canary router sends the host's
 traffic to v2 and the other router, whose labels differ only there, to v1 (as in Istio, where
-the gateway pod's labels are the ones matched)."""
+the gateway pod's labels are the ones matched). Both answer a 210 KB direct response."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ pytestmark = pytest.mark.envoy
 
 GATEWAY_PORT = 8080
 HOST = "shop.example.com"
+# A direct response body far above Envoy's default limit (4 KB): a gateway's route table
+# must raise it (to Istio's 1 MiB) or Envoy rejects the whole table.
+LARGE_BODY = "".join(f"{i:07d}" for i in range(30_000))
 
 ROUTING = """
 ---
@@ -45,6 +48,8 @@ spec:
   hosts: [shop.example.com]
   gateways: [edge/public]
   http:
+  - match: [{uri: {exact: /large}}]
+    directResponse: {status: 200, body: {string: LARGE_BODY}}
   - match: [{sourceLabels: {zone: canary}}]
     route: [{destination: {host: reviews, subset: v2}}]
   - route: [{destination: {host: reviews, subset: v1}}]
@@ -88,7 +93,7 @@ async def test_source_labels_match_the_routers_own_labels(tmp_path: Path) -> Non
             workload_entry("reviews-v1", ips["v1"], app="reviews", version="v1"),
             workload_entry("reviews-v2", ips["v2"], app="reviews", version="v2"),
             subsets_rule("reviews"),
-            textwrap.dedent(ROUTING),
+            textwrap.dedent(ROUTING).replace("LARGE_BODY", LARGE_BODY),
         )
     )
     (cfg / "mesh.yaml").write_text(mesh)
@@ -109,6 +114,9 @@ async def test_source_labels_match_the_routers_own_labels(tmp_path: Path) -> Non
             stable = Counter([await _app(ips["stable"]) for _ in range(20)])
             assert canary == {"v2": 20}, canary
             assert stable == {"v1": 20}, stable
+            for ip in (ips["canary"], ips["stable"]):
+                status, _, body = await http_get(ip, GATEWAY_PORT, "/large", HOST)
+                assert (status, body) == (200, LARGE_BODY)
     finally:
         for e in envoys:
             e.stop()
