@@ -7,22 +7,26 @@ router pod's own labels satisfy it, as in Istio."""
 from __future__ import annotations
 
 import textwrap
-from typing import Any
 
 import pytest
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.any_pb2 import Any as AnyProto
 
-from control.generate import GENERATORS, ROUTER_GENERATORS, route_tables
+from control.generate import GENERATORS, ROUTER_GENERATORS
 from control.generate.context import GenContext, next_context
 from control.generate.resource_names import ROUTE_TYPE
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
-from control.model.traffic import VirtualService
 from control.model.types import MeshConfig
 from control.xds.cache import Resource, ResourceCache
 from tests.support.gateways import router
-from tests.support.traffic import mesh_config, service, subsets_rule, workload_entry
+from tests.support.traffic import (
+    count_translations,
+    mesh_config,
+    service,
+    subsets_rule,
+    workload_entry,
+)
 
 VS = textwrap.dedent(
     """
@@ -161,14 +165,7 @@ def test_at_gateways_a_source_labels_match_is_for_routers_with_those_labels() ->
 def test_routers_that_satisfy_the_same_selectors_share_one_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    translated: list[str] = []
-    original = route_tables.vs_routes
-
-    def counted(index: MeshIndex, vs: VirtualService, *args: Any) -> Any:
-        translated.append(vs.name)
-        return original(index, vs, *args)
-
-    monkeypatch.setattr(route_tables, "vs_routes", counted)
+    translated = count_translations(monkeypatch)
     ctx = GenContext(MeshIndex(_config(GATEWAY_VS), []), ResourceCache())
     one, one_table = _gateway_routes(ctx, _router(pod="a"))
     two, two_table = _gateway_routes(ctx, _router(pod="b", zone="stable"))
