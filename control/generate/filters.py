@@ -26,9 +26,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3.http_connection
     HttpFilter,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3.tcp_proxy_pb2 import TcpProxy
-from google.protobuf.wrappers_pb2 import BoolValue
+from google.protobuf.wrappers_pb2 import BoolValue, UInt32Value
 
 from control.generate.wire import pack
+from control.model.traffic import MAX_DIRECT_RESPONSE_BODY
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
@@ -72,8 +73,16 @@ def catch_all_routes(
     else:
         route = Route(name="default", match=match, non_forwarding_action=action)
     return RouteConfiguration(
-        name=name, virtual_hosts=[VirtualHost(name=vhost, domains=["*"], routes=[route])]
+        name=name,
+        virtual_hosts=[VirtualHost(name=vhost, domains=["*"], routes=[route])],
+        max_direct_response_body_size_bytes=direct_body_limit(),
     )
+
+
+def direct_body_limit() -> UInt32Value:
+    """`max_direct_response_body_size_bytes` for every RouteConfiguration: the limit bodies
+    are checked against at load (Istio's), not Envoy's smaller default."""
+    return UInt32Value(value=MAX_DIRECT_RESPONSE_BODY)
 
 
 def tcp_proxy(cluster: str) -> Filter:

@@ -6,8 +6,10 @@ Virtual hosts come from the VirtualServices bound to the servers (model/gateway_
 one per host a VirtualService serves through a server (the intersection of its hosts with the
 server's), with domains `host` and `host:port`. Several VirtualServices for one host merge
 their routes in (namespace, name) order, as Istio merges them at a gateway; each
-VirtualService's HTTP routes translate as for sidecars (route_tables.vs_routes). A request for
-a host nothing serves gets Envoy's 404; a server with `httpsRedirect` answers 301 to https.
+VirtualService's HTTP routes translate as for sidecars (route_tables.vs_routes), the router
+being the client: a `sourceLabels` match applies when the router pod's own labels satisfy
+it, as in Istio. A request for a host nothing serves gets Envoy's 404; a server with
+`httpsRedirect` answers 301 to https.
 
 A push after one VirtualService changed costs that VirtualService: each table's translations
 and virtual host bytes are carried from push to push (route_tables.renew_vs_routes) and the
@@ -26,15 +28,23 @@ from operator import is_not
 
 from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
+from google.protobuf.wrappers_pb2 import BoolValue
 
 from control.generate.context import GenContext
+from control.generate.filters import direct_body_limit
 from control.generate.gateway_listeners import http_route_name, router_listeners
 from control.generate.resource_names import ROUTE_TYPE
-from control.generate.route_tables import ROUTE_SLICES, RoutesEntry, renew_vs_routes
+from control.generate.route_tables import (
+    ROUTE_SLICES,
+    RoutesEntry,
+    renew_vs_routes,
+    source_signature,
+)
 from control.generate.route_translation import RouteSpec, build_route
 from control.model.gateway_index import Binding, BoundServer, PortKind
 from control.model.proxy import Proxy
-from control.model.types import Protocol
+from control.model.traffic import VirtualService
+from control.model.types import Labels, Protocol
 from control.xds.cache import Resource, ResourceSet
 from protos import wire
 
@@ -56,26 +66,33 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                     if bound.terminates and bound.server.protocol is Protocol.HTTPS:
                         tables.setdefault(bound.route_name, []).append(bound)
         scope = ctx.index.traffic_scope(proxy.namespace)
+        client = _Client(proxy.namespace, scope, proxy.labels)
         return ResourceSet(
-            [
-                _resource(ctx, name, tuple(servers), proxy.namespace, scope)
-                for name, servers in tables.items()
-            ]
+            [_resource(ctx, name, tuple(servers), client) for name, servers in tables.items()]
         )
 
     return ctx.memo(("gateway-rds", proxy.labels, proxy.namespace, bind), build_all)
 
 
+@dataclass(frozen=True, slots=True)
+class _Client:
+    """The router the routes are for: `sourceNamespace` and `sourceLabels` match against its
+    namespace and its pod's labels, as Istio matches them at a gateway."""
+
+    namespace: str
+    scope: str
+    labels: Labels
+
+
 def _resource(
-    ctx: GenContext,
-    name: str,
-    servers: tuple[BoundServer, ...],
-    namespace: str,
-    scope: str,
+    ctx: GenContext, name: str, servers: tuple[BoundServer, ...], client: _Client
 ) -> Resource:
+    # Routers whose labels satisfy the same `sourceLabels` selectors share a table (with no
+    # such selectors in the mesh, all of them); the labels themselves stay out of the key.
+    sources = source_signature(ctx, client.labels, gateways=True)
     table = ctx.renewed(
-        ("gateway-rds-table", name, servers, namespace, scope),
-        lambda old: _renew_table(ctx, old, servers, namespace, scope),
+        ("gateway-rds-table", name, servers, client.namespace, client.scope, sources),
+        lambda old: _renew_table(ctx, old, servers, client),
     )
     vhosts = table.vhosts
     # The finished virtual hosts are the whole content: one changed host is a new key whose
@@ -113,8 +130,7 @@ def _renew_table(
     ctx: GenContext,
     old: _Table | None,
     servers: tuple[BoundServer, ...],
-    namespace: str,
-    scope: str,
+    client: _Client,
 ) -> _Table:
     """The table of this push: `old` patched where only some VirtualServices were replaced
     in place (same names, same hosts: an edited route), else made again from what `old`
@@ -122,10 +138,10 @@ def _renew_table(
     bindings = tuple(ctx.index.gateway_bindings(bound) for bound in servers)
     rules_same = ctx.unchanged(ROUTE_SLICES)
     if old is not None and rules_same:
-        patched = _patched_table(ctx, old, bindings, servers, namespace, scope)
+        patched = _patched_table(ctx, old, bindings, servers, client)
         if patched is not None:
             return patched
-    return _rebuilt_table(ctx, old, bindings, servers, namespace, scope, rules_same)
+    return _rebuilt_table(ctx, old, bindings, servers, client, rules_same)
 
 
 def _patched_table(
@@ -133,8 +149,7 @@ def _patched_table(
     old: _Table,
     bindings: tuple[tuple[Binding, ...], ...],
     servers: tuple[BoundServer, ...],
-    namespace: str,
-    scope: str,
+    client: _Client,
 ) -> _Table | None:
     """`old` with the bindings that are new objects translated again and the virtual hosts
     they serve made again; the rest is taken as it is (services and DestinationRules are
@@ -156,7 +171,7 @@ def _patched_table(
             (before, served), (vs, serves) = was[i], now[i]
             if serves != served or vs.key != before.key:
                 return None
-            entries[i] = renew_vs_routes(ctx.index, None, vs, port, namespace, scope, True)
+            entries[i] = _renew_routes(ctx, None, vs, port, client, True)
             dirty.update(serves)
         routes[position] = tuple(entries)
     hosts = dict(old.hosts)
@@ -177,8 +192,7 @@ def _rebuilt_table(
     old: _Table | None,
     bindings: tuple[tuple[Binding, ...], ...],
     servers: tuple[BoundServer, ...],
-    namespace: str,
-    scope: str,
+    client: _Client,
     rules_same: bool,
 ) -> _Table:
     """Virtual hosts in the order their hosts first appear (servers in precedence order,
@@ -186,7 +200,6 @@ def _rebuilt_table(
     VirtualService's for it, in that order. What the previous push made (`old`) is reused
     wherever its inputs are the same objects, so one changed VirtualService costs that one
     (plus a look at each of the others)."""
-    index = ctx.index
     old_routes: dict[tuple[int, int], RoutesEntry] = {}
     old_hosts: dict[str, _Host] = {}
     if old is not None:
@@ -204,15 +217,7 @@ def _rebuilt_table(
         entries: list[RoutesEntry] = []
         for i, (vs, served) in enumerate(bound_here):
             entries.append(
-                renew_vs_routes(
-                    index,
-                    old_routes.get((position, id(vs))),
-                    vs,
-                    port,
-                    namespace,
-                    scope,
-                    rules_same,
-                )
+                _renew_routes(ctx, old_routes.get((position, id(vs))), vs, port, client, rules_same)
             )
             for host in served:
                 seen = found.get(host)
@@ -236,6 +241,19 @@ def _rebuilt_table(
     return _Table(bindings, tuple(routes), hosts, tuple(h.data for h in hosts.values()))
 
 
+def _renew_routes(
+    ctx: GenContext,
+    old: RoutesEntry | None,
+    vs: VirtualService,
+    port: int,
+    client: _Client,
+    rules_same: bool,
+) -> RoutesEntry:
+    return renew_vs_routes(
+        ctx.index, old, vs, port, client.namespace, client.scope, rules_same, client.labels
+    )
+
+
 def _domains(host: str, port: int) -> list[str]:
     return ["*"] if host == "*" else [host, f"{host}:{port}"]
 
@@ -256,15 +274,19 @@ def vhost_bytes(
     return data
 
 
-# `validate_clusters` (field 7) set to an empty BoolValue (false): clusters arrive in their
-# own response and a route may come first (see route_tables).
-_NO_VALIDATION = wire.tag(7) + wire.varint(0)
+# The fields after the virtual hosts, as route_tables sets them: `validate_clusters` (7)
+# false, since clusters arrive in their own response and a route may come first, and
+# `max_direct_response_body_size_bytes` (11).
+_TRAILER: bytes = RouteConfiguration(
+    validate_clusters=BoolValue(value=False),
+    max_direct_response_body_size_bytes=direct_body_limit(),
+).SerializeToString(deterministic=True)
 
 
 def encoded(name: str, vhosts: tuple[bytes, ...]) -> bytes:
     """The deterministic serialization of the table: its fields in number order, name (1),
-    the virtual hosts (2: each piece is one encoded element), validate_clusters (7). Joined,
-    not parsed and serialized again: a one-host change to a table of thousands costs the
-    copy of their bytes."""
+    the virtual hosts (2: each piece is one encoded element), then _TRAILER's (7, 11).
+    Joined, not parsed and serialized again: a one-host change to a table of thousands
+    costs the copy of their bytes."""
     label = name.encode()
-    return b"".join((wire.tag(1), wire.varint(len(label)), label, *vhosts, _NO_VALIDATION))
+    return b"".join((wire.tag(1), wire.varint(len(label)), label, *vhosts, _TRAILER))

@@ -10,6 +10,8 @@ translates each one); a request none of them matches gets 404, as with Istio.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from envoy.config.route.v3.route_components_pb2 import VirtualHost
 from envoy.config.route.v3.route_pb2 import RouteConfiguration
 from google.protobuf.wrappers_pb2 import BoolValue
@@ -17,6 +19,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from control.generate import listeners_redirect
 from control.generate.conflicts import Conflict, Conflicts
 from control.generate.context import GenContext, variant_resource
+from control.generate.filters import direct_body_limit
 from control.generate.names import search_names
 from control.generate.plans import (
     OutboundPort,
@@ -70,17 +73,28 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     )
 
 
-def source_signature(ctx: GenContext, labels: Labels) -> tuple[bool, ...]:
-    """Which of the `sourceLabels` selectors of the mesh's VirtualServices `labels` satisfy,
-    in a fixed order: two clients with the same signature get the same routes from them."""
-    selectors: tuple[Labels, ...] = ctx.memo(("source-selectors",), lambda: _selectors(ctx))
-    return tuple(workload_selector_matches(s, labels) for s in selectors)
+def source_signature(
+    ctx: GenContext, labels: Labels, *, gateways: bool = False
+) -> tuple[Labels, ...]:
+    """The `sourceLabels` selectors of the mesh's VirtualServices that `labels` satisfy, in
+    a fixed order: two clients with the same signature get the same routes from them. Of
+    the parts sidecars see, or with `gateways` of every VirtualService (those bound to
+    gateways only too). The selectors themselves rather than one flag per selector: a key
+    carried to the next push (gateway route tables) then still says the same when another
+    selector came or went."""
+    selectors: tuple[Labels, ...] = ctx.memo(
+        ("source-selectors", gateways),
+        lambda: _selectors(
+            ctx.index.config.virtual_services if gateways else ctx.index.virtual_services
+        ),
+    )
+    return tuple(s for s in selectors if workload_selector_matches(s, labels))
 
 
-def _selectors(ctx: GenContext) -> tuple[Labels, ...]:
+def _selectors(virtual_services: Iterable[VirtualService]) -> tuple[Labels, ...]:
     found = {
         m.source_labels: None
-        for vs in ctx.index.virtual_services
+        for vs in virtual_services
         for r in vs.http
         for m in r.matches
         if m.source_labels
@@ -170,11 +184,10 @@ def vs_routes(
     port: int,
     client_namespace: str,
     scope: str,
-    client_labels: Labels | None = None,
+    client_labels: Labels = (),
 ) -> tuple[RouteSpec, ...]:
     """The routes of `vs` for one client: its namespace and scope, and its workload labels
-    (None: a gateway, where a `sourceLabels` match never applies: it would match every
-    client of the gateway, more than the match says)."""
+    (at a gateway the router's own, as Istio matches `sourceLabels` there)."""
     out: list[RouteSpec] = []
     for route in vs.http:
         matches = tuple(
@@ -186,17 +199,13 @@ def vs_routes(
     return tuple(out)
 
 
-def _applies(m: HttpMatch, port: int, client_namespace: str, client_labels: Labels | None) -> bool:
+def _applies(m: HttpMatch, port: int, client_namespace: str, client_labels: Labels) -> bool:
     """Whether a match is for this listener port and this client (see `vs_routes`)."""
     if m.port is not None and m.port != port:
         return False
     if m.source_namespace and m.source_namespace != client_namespace:
         return False
-    if m.source_labels:
-        return client_labels is not None and workload_selector_matches(
-            m.source_labels, client_labels
-        )
-    return True
+    return workload_selector_matches(m.source_labels, client_labels)
 
 
 # What a VirtualService's translation reads besides the VirtualService itself (the ports of
@@ -217,9 +226,11 @@ def renew_vs_routes(
     client_namespace: str,
     scope: str,
     rules_same: bool,
+    client_labels: Labels = (),
 ) -> RoutesEntry:
     """`vs_routes` carried over from the previous push (`old`, made for the same port,
-    client namespace and scope) while the VirtualService object and what its translation
+    client namespace and scope, and for labels that satisfy the same `sourceLabels`
+    selectors: `source_signature`) while the VirtualService object and what its translation
     reads stay the same; `rules_same`: neither services nor DestinationRules changed since
     (GenContext.unchanged(ROUTE_SLICES)), so only the object needs checking. The entry
     itself is returned while it holds, so what is built from its routes can be kept by
@@ -230,7 +241,7 @@ def renew_vs_routes(
     return (
         vs,
         route_inputs(index, vs, scope),
-        vs_routes(index, vs, port, client_namespace, scope),
+        vs_routes(index, vs, port, client_namespace, scope, client_labels),
     )
 
 
@@ -308,6 +319,7 @@ def build(port: int, vhosts: tuple[VhostSpec, ...], fallback: str = "") -> Route
         # Clusters and routes travel on one ADS stream in separate responses; validating
         # references would reject a route that merely arrived before its cluster.
         validate_clusters=BoolValue(value=False),
+        max_direct_response_body_size_bytes=direct_body_limit(),
     )
     config.virtual_hosts.extend(listeners_redirect.fallback_vhosts(fallback))
     return config

@@ -224,8 +224,8 @@ class HttpMatch:
     query_params: tuple[tuple[str, StringMatch], ...] = ()
     port: int | None = None
     source_namespace: str = ""
-    # `sourceLabels`: the match applies only to sidecars whose workload has these labels
-    # (never at gateways here: see control/generate/route_tables.py `vs_routes`).
+    # `sourceLabels`: the match applies only to sidecars whose workload has these labels,
+    # and to routers whose pod has them (control/generate/route_tables.py `vs_routes`).
     source_labels: Labels = ()
     # `statPrefix`: Envoy emits this route's own statistics under it (none when empty).
     stat_prefix: str = ""
@@ -283,6 +283,12 @@ class Redirect:
     port: int | None = None
     scheme: str = ""
     code: int = 301
+
+
+# The largest `directResponse` body, Istio's: Envoy's own default (`max_direct_response_body_
+# size_bytes`, 4 KB) would reject a whole route configuration holding a larger one, so every
+# route configuration sets it to this (control/generate/filters.py `direct_body_limit`).
+MAX_DIRECT_RESPONSE_BODY = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ deviations of the binomial, never timings."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import textwrap
 from collections import Counter
@@ -32,6 +33,9 @@ from tests.support.traffic import (
 pytestmark = pytest.mark.envoy
 
 TCP_PORT = 9000
+# A direct response body far above Envoy's default limit (4 KB), below Istio's (1 MiB),
+# with every byte value.
+LARGE_BODY = bytes(range(256)) * 800
 
 
 def mesh_yaml(ips: dict[str, str]) -> str:
@@ -95,6 +99,8 @@ spec:
     headers: {response: {set: {x-maintenance: "yes"}}}
   - match: [{uri: {exact: /bytes}}]
     directResponse: {status: 200, body: {bytes: "AAEC/w=="}}
+  - match: [{uri: {exact: /large}}]
+    directResponse: {status: 200, body: {bytes: "LARGE_BODY"}}
   - match: [{uri: {exact: /scheme}, scheme: {exact: https}}]
     directResponse: {status: 418}
   - match: [{uri: {exact: /scheme}, scheme: {exact: http}}]
@@ -172,7 +178,9 @@ spec:
       interval: 1s
       baseEjectionTime: 5m
       maxEjectionPercent: 100
-""".replace("CLIENT_IP", ips["client"]),
+""".replace("CLIENT_IP", ips["client"]).replace(
+            "LARGE_BODY", base64.b64encode(LARGE_BODY).decode()
+        ),
         subsets_rule("tcpecho"),
         tcp_split("tcpecho", {"v1": 80, "v2": 20}),
         """
@@ -310,6 +318,8 @@ async def test_traffic_management_with_real_envoy(tmp_path: Path) -> None:
                 assert r.headers["x-maintenance"] == "yes"
             async with client.session.get(f"{url}/bytes", headers={"Host": "maintenance"}) as r:
                 assert (r.status, await r.read()) == (200, bytes([0, 1, 2, 255]))
+            async with client.session.get(f"{url}/large", headers={"Host": "maintenance"}) as r:
+                assert (r.status, await r.read()) == (200, LARGE_BODY)
             assert apps[0].requests + apps[1].requests == served_before
             # scheme: the request's :scheme (plaintext from the app: http).
             async with client.session.get(f"{url}/scheme", headers={"Host": "maintenance"}) as r:

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Mapping
+from typing import Any
+
+import pytest
 
 from control.config.loader import load_text
 from control.config.merge import merge
+from control.generate import route_tables
+from control.model.index import MeshIndex
+from control.model.traffic import VirtualService
 from control.model.types import MeshConfig
 
 HTTP_PORT = 9080
@@ -259,3 +265,17 @@ TRAFFIC_YAML = textwrap.dedent(
 
 def traffic_config() -> MeshConfig:
     return mesh_config(TRAFFIC_YAML, file="traffic.yaml")
+
+
+def count_translations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the VirtualServices route_tables translates from now on, one entry per
+    translation (`vs_routes` call), for tests of what is carried rather than made again."""
+    translated: list[str] = []
+    original = route_tables.vs_routes
+
+    def vs_routes(index: MeshIndex, vs: VirtualService, *args: Any) -> Any:
+        translated.append(vs.name)
+        return original(index, vs, *args)
+
+    monkeypatch.setattr(route_tables, "vs_routes", vs_routes)
+    return translated

@@ -9,7 +9,6 @@ build gives, byte for byte, and an edited route must cost that route."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 import yaml
@@ -20,13 +19,12 @@ from control.config.loader import load_text
 from control.config.merge import merge
 from control.config.objects import FileConfig
 from control.gatewayapi.translate import Translator
-from control.generate import gateway_routes, generators_for, route_tables
+from control.generate import gateway_routes, generators_for
 from control.generate.context import GenContext, next_context
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE
 from control.model.gatewayapi import GATEWAY_NAME_LABEL
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy, proxy_from_node
-from control.model.traffic import VirtualService
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceCache, ResourceSet
 from tests.support.gatewayapi import (
@@ -40,6 +38,7 @@ from tests.support.gatewayapi import (
     route,
     service,
 )
+from tests.support.traffic import count_translations
 
 TYPES = (CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE)
 NAMESPACES = ("infra", "apps")
@@ -186,14 +185,7 @@ def _table(sets: dict[str, ResourceSet], name: str) -> RouteConfiguration:
 
 
 def test_an_edited_http_route_is_translated_again_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    translated: list[str] = []
-    original = route_tables.vs_routes
-
-    def vs_routes(index: MeshIndex, vs: VirtualService, *args: Any) -> Any:
-        translated.append(vs.name)
-        return original(index, vs, *args)
-
-    monkeypatch.setattr(route_tables, "vs_routes", vs_routes)
+    translated = count_translations(monkeypatch)
     files = _base(random.Random(7), 10)
     files.put("grant.yaml", reference_grant("apps-in", "infra", "apps"))
     proxy = _router()
@@ -256,5 +248,7 @@ def test_a_table_is_the_deterministic_encoding_of_its_message() -> None:
         assert not rc.validate_clusters.value
         assert any_msg.value == rc.SerializeToString(deterministic=True)
         assert gateway_routes.encoded(name, ()) == RouteConfiguration(
-            name=name, validate_clusters=rc.validate_clusters
+            name=name,
+            validate_clusters=rc.validate_clusters,
+            max_direct_response_body_size_bytes=rc.max_direct_response_body_size_bytes,
         ).SerializeToString(deterministic=True)

@@ -4,8 +4,8 @@
 name (the VirtualService's namespace) names a Gateway, and `mesh` must then be listed to keep
 sidecars. `match[].gateways` narrows one match. Which part applies where is decided by
 `control.model.traffic.bound_to`. A match condition we cannot honour is reported and its
-match is dropped, so the route matches less, never more; `sourceLabels` is honoured at
-sidecars, and at gateways its match is dropped (said once, at load).
+match is dropped, so the route matches less, never more. `sourceLabels` selects the client
+sidecar's workload labels, and at a gateway the router pod's own, as in Istio.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
+    MAX_DIRECT_RESPONSE_BODY,
     CorsPolicy,
     Destination,
     DirectResponse,
@@ -50,9 +51,6 @@ from control.model.types import labels_of
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
-# Envoy's default `max_direct_response_body_size_bytes`: a route configuration with a larger
-# body is rejected whole (Istio raises the limit; Pilotfish refuses the VirtualService).
-_MAX_DIRECT_BODY = 4096
 
 
 class _Resolver:
@@ -86,15 +84,6 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         spec.fail(None, "needs http, tcp or tls routes")
     if tls and MESH_GATEWAY in gateways:
         ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
-    for i, route in enumerate(http):
-        if any(
-            m.source_labels and any(g != MESH_GATEWAY for g in m.gateways or gateways)
-            for m in route.matches
-        ):
-            ctx.warn(
-                f"spec.http[{i}]: sourceLabels selects sidecars only; at gateways the "
-                "match is dropped"
-            )
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
@@ -320,8 +309,11 @@ def _direct_response(f: Fields | None) -> DirectResponse | None:
         elif b.has("bytes"):
             body = _base64(b, "bytes")
             size = len(body)
-        if size > _MAX_DIRECT_BODY:
-            b.fail(None, f"is {size} bytes; Envoy takes at most {_MAX_DIRECT_BODY}")
+        if size > MAX_DIRECT_RESPONSE_BODY:
+            b.fail(
+                None,
+                f"is {size} bytes; the limit is {MAX_DIRECT_RESPONSE_BODY} (1 MiB, as Istio's)",
+            )
         b.finish()
     f.finish()
     return DirectResponse(status, body)
