@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from control.model.traffic import DestinationRule, VirtualService, pick_destination_rule
-from control.model.types import ConfigWarning, Service
+from control.model.types import ConfigWarning, Labels, Service
 
 
 def virtual_service_conflicts(services: Sequence[VirtualService]) -> list[ConfigWarning]:
@@ -34,11 +34,12 @@ def virtual_service_conflicts(services: Sequence[VirtualService]) -> list[Config
 
 
 def destination_rule_conflicts(rules: Sequence[DestinationRule]) -> list[ConfigWarning]:
-    """Two DestinationRules for the same host in one namespace: the first by name applies."""
-    owner: dict[tuple[str, str], DestinationRule] = {}
+    """Two DestinationRules for the same host in one namespace (and the same workload
+    selector, if any): the first by name applies."""
+    owner: dict[tuple[str, str, Labels | None], DestinationRule] = {}
     out: list[ConfigWarning] = []
     for rule in sorted(rules, key=lambda r: r.key):
-        first = owner.setdefault((rule.namespace, rule.host), rule)
+        first = owner.setdefault((rule.namespace, rule.host, rule.workload_selector), rule)
         if first is rule:
             continue
         out.append(
@@ -58,8 +59,11 @@ def unknown_subsets(
 ) -> list[ConfigWarning]:
     """Routes to a subset that the DestinationRule in effect (for clients in the
     VirtualService's namespace) does not define. Such a destination keeps its cluster name,
-    `outbound|PORT|SUBSET|HOST`, which no cluster has: Envoy answers 503, as with Istio."""
-    sorted_rules = tuple(sorted(rules, key=lambda r: r.key))
+    `outbound|PORT|SUBSET|HOST`, which no cluster has: Envoy answers 503, as with Istio.
+    Judged by the rules every client of the namespace sees (those without a selector)."""
+    sorted_rules = tuple(
+        sorted((r for r in rules if r.workload_selector is None), key=lambda r: r.key)
+    )
     namespace_of = {s.hostname: s.namespace for s in registry}
     out: list[ConfigWarning] = []
     for vs in sorted(services, key=lambda v: v.key):

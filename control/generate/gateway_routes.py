@@ -65,7 +65,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
                 for bound in listener.servers:
                     if bound.terminates and bound.server.protocol is Protocol.HTTPS:
                         tables.setdefault(bound.route_name, []).append(bound)
-        scope = ctx.index.traffic_scope(proxy.namespace)
+        scope = ctx.index.traffic_scope(proxy.namespace, proxy.labels)
         client = _Client(proxy.namespace, scope, proxy.labels)
         return ResourceSet(
             [_resource(ctx, name, tuple(servers), client) for name, servers in tables.items()]

@@ -114,7 +114,7 @@ PLAN_SLICES = frozenset(("services", "destination_rules"))
 
 def outbound_plan(ctx: GenContext, proxy: Proxy) -> OutboundPlan:
     visible = ctx.index.visible_services(proxy)
-    scope = ctx.index.traffic_scope(proxy.namespace)
+    scope = ctx.index.traffic_scope(proxy.namespace, proxy.labels)
     # MeshIndex memoizes visible_services per scope, so proxies with the same scope hand us the
     # same tuple object: keying on its identity avoids hashing every service for every proxy.
     key = ("outbound-plan", id(visible), scope)

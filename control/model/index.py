@@ -315,8 +315,8 @@ class MeshIndex:
     def destination_rules(self) -> tuple[DestinationRule, ...]:
         return self._traffic.destination_rules
 
-    def traffic_scope(self, client_namespace: str) -> str:
-        return self._traffic.traffic_scope(client_namespace)
+    def traffic_scope(self, client_namespace: str, labels: Labels = ()) -> str:
+        return self._traffic.traffic_scope(client_namespace, labels)
 
     def virtual_service(self, host: str, scope: str) -> VirtualService | None:
         return self._traffic.virtual_service(host, scope)

@@ -8,6 +8,7 @@ seconds as floats, percentages floats 0-100; hosts are already resolved by the c
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
 from control.model.types import Labels, SourceRef
@@ -170,6 +171,9 @@ class DestinationRule:
     policy: TrafficPolicy | None = None
     subsets: tuple[Subset, ...] = ()
     export_to: tuple[str, ...] = ("*",)
+    # `workloadSelector.matchLabels`: the rule applies only to the clients of its own
+    # namespace with these labels, and before any rule without one. None: every client.
+    workload_selector: Labels | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -438,6 +442,24 @@ def pick_destination_rule(
         if best is not None:
             return best
     return None
+
+
+def selects(rule: DestinationRule, labels: Mapping[str, str]) -> bool:
+    """Whether a rule with a workload selector applies to a client with `labels`."""
+    return all(labels.get(k) == v for k, v in rule.workload_selector or ())
+
+
+def pick_selected_rule(rules: tuple[DestinationRule, ...], host: str) -> DestinationRule | None:
+    """Among the rules that select a client (one namespace's, sorted by name), the one for
+    `host`: the most specific host, then the first by name. Istio prefers such a rule to the
+    namespace's rules without a selector."""
+    best: DestinationRule | None = None
+    for rule in rules:
+        if not host_matches(rule.host, host):
+            continue
+        if best is None or _specificity(rule.host, host) > _specificity(best.host, host):
+            best = rule
+    return best
 
 
 def pick_virtual_service(

@@ -14,9 +14,15 @@ from control.model.traffic import (
     VirtualService,
     bound_to,
     pick_destination_rule,
+    pick_selected_rule,
     pick_virtual_service,
+    selects,
 )
-from control.model.types import MeshConfig, Service
+from control.model.types import Labels, MeshConfig, Service
+
+# Between a scope's namespace and the names of the selected DestinationRules (a namespace
+# name cannot hold it).
+_SELECTED = "#"
 
 
 def mesh_virtual_services(services: Iterable[VirtualService]) -> list[VirtualService]:
@@ -45,8 +51,13 @@ class TrafficIndex:
                     self._vs_by_host.setdefault(host, []).append(vs)
         self._dr_by_host: dict[str, list[DestinationRule]] = {}
         self._dr_wild: list[DestinationRule] = []
+        # Rules with a workload selector, by namespace: only that namespace's clients with
+        # the labels see them (traffic_scope names the ones a client's labels select).
+        self._selected: dict[str, tuple[DestinationRule, ...]] = {}
         for dr in self.destination_rules:
-            if dr.host.startswith("*"):
+            if dr.workload_selector is not None:
+                self._selected[dr.namespace] = (*self._selected.get(dr.namespace, ()), dr)
+            elif dr.host.startswith("*"):
                 self._dr_wild.append(dr)
             else:
                 self._dr_by_host.setdefault(dr.host, []).append(dr)
@@ -61,14 +72,23 @@ class TrafficIndex:
         self._vs_for: dict[tuple[str, str], VirtualService | None] = {}
         self._dr_for: dict[tuple[str, str], DestinationRule | None] = {}
 
-    def traffic_scope(self, client_namespace: str) -> str:
-        """The namespace that traffic rules are resolved for: the client's own when it could
-        see them differently from other namespaces, else "" (shared by all such clients, so
-        their clusters and routes are computed once)."""
-        return client_namespace if client_namespace in self._rule_namespaces else ""
+    def traffic_scope(self, client_namespace: str, labels: Labels = ()) -> str:
+        """What traffic rules are resolved for: the client's namespace when it could see them
+        differently from other namespaces, else "" (shared by all such clients, so their
+        clusters and routes are computed once); `namespace#rule,...` when the client's
+        `labels` select DestinationRules of its namespace that have a workload selector."""
+        scope = client_namespace if client_namespace in self._rule_namespaces else ""
+        selected = self._selected.get(client_namespace)
+        if selected and labels:
+            have = dict(labels)
+            names = [r.name for r in selected if selects(r, have)]
+            if names:
+                return f"{client_namespace}{_SELECTED}{','.join(names)}"
+        return scope
 
     def virtual_service(self, host: str, scope: str) -> VirtualService | None:
         """The VirtualService routing `host` for clients of `scope` (see traffic_scope)."""
+        scope = scope.partition(_SELECTED)[0]
         key = (host, scope)
         if key in self._vs_for:
             return self._vs_for[key]
@@ -80,10 +100,19 @@ class TrafficIndex:
         return found
 
     def destination_rule(self, host: str, scope: str) -> DestinationRule | None:
-        """The DestinationRule for `host` as clients of `scope` see it."""
+        """The DestinationRule for `host` as clients of `scope` see it: one that selects them,
+        else the rules without a selector as Istio looks them up."""
         key = (host, scope)
         if key in self._dr_for:
             return self._dr_for[key]
+        scope, _, names = scope.partition(_SELECTED)
+        if names:
+            picked = set(names.split(","))
+            rules = tuple(r for r in self._selected.get(scope, ()) if r.name in picked)
+            found = pick_selected_rule(rules, host)
+            if found is not None:
+                self._dr_for[key] = found
+                return found
         candidates = (*self._dr_by_host.get(host, ()), *self._dr_wild)
         found = None
         if candidates:

@@ -11,6 +11,7 @@ from control.config.kinds.common import (
     resolve_host,
     spec_of,
 )
+from control.config.kinds.security import match_labels
 from control.config.locality import locality_lb_setting
 from control.config.manifest import format_path
 from control.config.objects import ConfigObject
@@ -52,10 +53,12 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         sub_policy = traffic_policy(item.get_map("trafficPolicy"), port_level=True)
         item.finish()
         subsets.append(Subset(name, labels_of(labels), sub_policy))
-    if spec.has("workloadSelector"):
-        # Applying it to some clients only would change what other clients see silently.
-        spec.fail("workloadSelector", "is not supported (the rule would apply to every client)")
+    selector = match_labels(spec, "workloadSelector")
     exports = export_to(spec)
+    if selector is not None and any(e not in (".", obj.namespace) for e in exports):
+        if spec.has("exportTo"):
+            spec.fail("exportTo", "with workloadSelector may only be '.' (its own namespace)")
+        exports = (".",)  # a selected rule applies in its namespace only, as Istio's
     spec.finish()
     rule = DestinationRule(
         namespace=obj.namespace,
@@ -65,6 +68,7 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
         policy=policy,
         subsets=tuple(subsets),
         export_to=exports,
+        workload_selector=selector,
     )
     return ConfigObject(ctx.source, obj.data, destination_rules=(rule,))
 
