@@ -79,6 +79,15 @@ class UpstreamTls:
     sni: str
     sans: tuple[str, ...] = ()
     client: ClientTls | None = None
+    credential: str = ""  # origination at a gateway: the rule's credentialName
+
+
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    """What of the proxy its outbound clusters depend on."""
+
+    mtls: bool  # it holds certificates (SDS): auto mTLS applies
+    router: bool  # a gateway: a rule's `credentialName` applies (sidecars read files)
 
 
 # Istio's default DNS refresh for ServiceEntry hosts; Envoy's own 5s default is needlessly busy.
@@ -88,18 +97,20 @@ _DNS_REFRESH_SECONDS = 60
 def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     plan = outbound_plan(ctx, proxy)
     # Auto mTLS needs the proxy to hold certificates (SDS); without them it stays plaintext.
-    mtls = proxy.sds
-    key = ("cds-outbound", plan.key, mtls)
+    caller = _Caller(proxy.sds, proxy.is_router)
+    key = ("cds-outbound", plan.key, caller)
     outbound = ctx.memo(
         key,
-        lambda: _patched_outbound(ctx, plan, mtls, key) or _outbound(ctx, plan.all_clusters, mtls),
+        lambda: (
+            _patched_outbound(ctx, plan, caller, key) or _outbound(ctx, plan.all_clusters, caller)
+        ),
     )
     inbound = tuple(_inbound(ctx, port) for port in inbound_ports(ctx, proxy))
     # The tracers' collectors (generate/tracing.py), unless a service cluster is one already.
     names = ctx.memo(("cds-names", plan.key), lambda: frozenset(c.name for c in plan.all_clusters))
     inbound += collector_clusters(ctx, proxy, names)
     # Proxies of one scope with equal inbound clusters share the set (and its digest).
-    set_key = ("cds-set", plan.key, mtls, inbound)
+    set_key = ("cds-set", plan.key, caller, inbound)
 
     def resource_set() -> ResourceSet:
         # Made of the same resources as the previous push's: that very set (and its digest).
@@ -112,7 +123,7 @@ def generate(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 
 
 def _patched_outbound(
-    ctx: GenContext, plan: OutboundPlan, mtls: bool, key: Hashable
+    ctx: GenContext, plan: OutboundPlan, caller: _Caller, key: Hashable
 ) -> tuple[Resource, ...] | None:
     """The previous push's outbound clusters with those of the rebuilt plan clusters made
     again, when the plan was patched from the previous push's (same key, so same clusters
@@ -130,14 +141,14 @@ def _patched_outbound(
         reused = found
     else:
         reused = [(r.name, None) for r in old[:_FIXED]]
-        reused += [(c.name, (mtls, c.policy)) for c in plan.all_clusters if id(c) not in rebuilt]
+        reused += [(c.name, _variant(c, caller)) for c in plan.all_clusters if id(c) not in rebuilt]
     if not rebuilt:
         ctx.memo(kept_key, lambda: reused)
     ctx.cache.keep_slots(CLUSTER_TYPE, reused)
     if not rebuilt:
         return old  # type: ignore[no-any-return]
     made = tuple(
-        ctx.memo(("cds", id(c), mtls), functools.partial(_resource, ctx, c, mtls))
+        ctx.memo(("cds", id(c), caller), functools.partial(_resource, ctx, c, caller))
         if id(c) in rebuilt
         else old[_FIXED + i]
         for i, c in enumerate(plan.all_clusters)
@@ -150,7 +161,7 @@ _FIXED = 2
 
 
 def _outbound(
-    ctx: GenContext, clusters: tuple[OutboundCluster, ...], mtls: bool
+    ctx: GenContext, clusters: tuple[OutboundCluster, ...], caller: _Caller
 ) -> tuple[Resource, ...]:
     fixed = (
         ctx.memo(
@@ -167,11 +178,12 @@ def _outbound(
     # The memo key holds the cluster object (not just its name): scopes that see different
     # DestinationRules get different cluster objects under one name.
     return fixed + tuple(
-        ctx.memo(("cds", id(c), mtls), functools.partial(_resource, ctx, c, mtls)) for c in clusters
+        ctx.memo(("cds", id(c), caller), functools.partial(_resource, ctx, c, caller))
+        for c in clusters
     )
 
 
-def auto_mtls(cluster: OutboundCluster, mtls: bool) -> UpstreamTls | None:
+def auto_mtls(cluster: OutboundCluster, mtls: bool, router: bool = False) -> UpstreamTls | None:
     """How a cluster speaks TLS, or None for plaintext.
 
     A DestinationRule `tls` setting wins, as in Istio: DISABLE is plaintext, ISTIO_MUTUAL is
@@ -195,20 +207,31 @@ def auto_mtls(cluster: OutboundCluster, mtls: bool) -> UpstreamTls | None:
                 )
                 return None
             return UpstreamTls("istio", tls.sni or server_name, cluster.identities)
-        return UpstreamTls("origination", cluster.service.hostname, client=tls)
+        credential = tls.credential_name if router else ""
+        return UpstreamTls(
+            "origination", cluster.service.hostname, client=tls, credential=credential
+        )
     if not mtls or cluster.service.mesh_external:
         return None
     return UpstreamTls("auto", server_name, cluster.identities)
 
 
-def _resource(ctx: GenContext, cluster: OutboundCluster, mtls: bool) -> Resource:
+def _variant(cluster: OutboundCluster, caller: _Caller) -> Hashable:
+    """A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8); so
+    do clusters under other DestinationRules (a rule in the client's namespace), and, where
+    the rule names a credential, gateways and sidecars."""
+    tls = cluster.policy.tls if cluster.policy is not None else None
+    if caller.router and tls is not None and tls.credential_name:
+        return (caller.mtls, cluster.policy, "router")
+    return (caller.mtls, cluster.policy)
+
+
+def _resource(ctx: GenContext, cluster: OutboundCluster, caller: _Caller) -> Resource:
     http2 = cluster.port.protocol.is_http2
     http = cluster.port.protocol.is_http
-    tls = auto_mtls(cluster, mtls)
+    tls = auto_mtls(cluster, caller.mtls, caller.router)
     policy = ClusterPolicy.of(cluster.policy)
-    # A plain and an mTLS proxy get different bytes under one name: a slot each (rule 8);
-    # so do clusters under other DestinationRules (a rule in the client's namespace).
-    variant = (mtls, cluster.policy)
+    variant = _variant(cluster, caller)
     key: Hashable
     build: Callable[[], Cluster]
     if cluster.eds:
@@ -257,7 +280,7 @@ def _apply_tls(cluster: Cluster, tls: UpstreamTls | None, http2: bool) -> None:
     elif tls.kind == "istio":
         cluster.transport_socket.CopyFrom(upstream_socket(tls.sni, tls.sans, http2))
     elif tls.client is not None:
-        cluster.transport_socket.CopyFrom(origination_socket(tls.client, tls.sni))
+        cluster.transport_socket.CopyFrom(origination_socket(tls.client, tls.sni, tls.credential))
 
 
 def build_eds(

@@ -30,6 +30,7 @@ from envoy.type.v3.percent_pb2 import Percent
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.wrappers_pb2 import UInt32Value, UInt64Value
 
+from control.generate.gateway_tls import CA_SUFFIX, CREDENTIAL_PREFIX, gateway_secret
 from control.generate.mesh_tls import TLS_SOCKET
 from control.generate.wire import pack
 from control.model.traffic import (
@@ -39,6 +40,7 @@ from control.model.traffic import (
     LbPolicy,
     LoadBalancer,
     OutlierDetection,
+    TlsMode,
     TrafficPolicy,
 )
 
@@ -157,8 +159,12 @@ def _outlier(cluster: Cluster, outlier: OutlierDetection) -> None:
     )
 
 
-def origination_socket(tls: ClientTls, sni: str) -> TransportSocket:
-    """SIMPLE / MUTUAL TLS origination (to a host outside the mesh, usually)."""
+def origination_socket(tls: ClientTls, sni: str, credential: str = "") -> TransportSocket:
+    """SIMPLE / MUTUAL TLS origination (to a host outside the mesh, usually). `credential`:
+    the Secret a gateway takes the client certificate (MUTUAL) and the CA from, over SDS
+    (`kubernetes://<name>`, `…-cacert`), instead of the rule's files."""
+    if credential:
+        return _credential_socket(tls, sni, CREDENTIAL_PREFIX + credential)
     common = CommonTlsContext()
     if tls.client_certificate:
         common.tls_certificates.append(
@@ -171,16 +177,35 @@ def origination_socket(tls: ClientTls, sni: str) -> TransportSocket:
         common.validation_context.CopyFrom(
             CertificateValidationContext(
                 trusted_ca=DataSource(filename=tls.ca_certificates or SYSTEM_CA_BUNDLE),
-                match_typed_subject_alt_names=[
-                    SubjectAltNameMatcher(
-                        san_type=SubjectAltNameMatcher.DNS, matcher=StringMatcher(exact=name)
-                    )
-                    for name in tls.subject_alt_names
-                ],
+                match_typed_subject_alt_names=_san_matchers(tls.subject_alt_names),
             )
         )
     context = UpstreamTlsContext(common_tls_context=common, sni=tls.sni or sni)
     return TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
+
+
+def _credential_socket(tls: ClientTls, sni: str, secret: str) -> TransportSocket:
+    common = CommonTlsContext()
+    if tls.mode is TlsMode.MUTUAL:
+        common.tls_certificate_sds_secret_configs.append(gateway_secret(secret))
+    if not tls.insecure_skip_verify:
+        common.combined_validation_context.CopyFrom(
+            CommonTlsContext.CombinedCertificateValidationContext(
+                default_validation_context=CertificateValidationContext(
+                    match_typed_subject_alt_names=_san_matchers(tls.subject_alt_names)
+                ),
+                validation_context_sds_secret_config=gateway_secret(secret + CA_SUFFIX),
+            )
+        )
+    context = UpstreamTlsContext(common_tls_context=common, sni=tls.sni or sni)
+    return TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
+
+
+def _san_matchers(names: tuple[str, ...]) -> list[SubjectAltNameMatcher]:
+    return [
+        SubjectAltNameMatcher(san_type=SubjectAltNameMatcher.DNS, matcher=StringMatcher(exact=n))
+        for n in names
+    ]
 
 
 def hash_policies(hashed: ConsistentHash | None) -> list[RouteAction.HashPolicy]:

@@ -81,8 +81,9 @@ def _gateway_sds() -> ConfigSource:
     return source
 
 
-def _secret(name: str) -> SdsSecretConfig:
-    # The mesh's own secrets keep the mesh's config source (and its wait), as in sidecars.
+def gateway_secret(name: str) -> SdsSecretConfig:
+    """An SDS reference to a secret a router's agent serves: the mesh's own secrets keep the
+    mesh's config source (and its wait), as in sidecars; the others wait a finite time."""
     if name in (WORKLOAD_SECRET, ROOT_SECRET):
         return SdsSecretConfig(name=name, sds_config=sds_config())
     return SdsSecretConfig(name=name, sds_config=_gateway_sds())
@@ -104,7 +105,7 @@ def server_socket(tls: ServerTls, alpn: tuple[str, ...]) -> TransportSocket:
                 tls.max_protocol_version, TlsParameters.TLS_AUTO
             ),
         ),
-        tls_certificate_sds_secret_configs=[_secret(secrets.certificate)],
+        tls_certificate_sds_secret_configs=[gateway_secret(secrets.certificate)],
         alpn_protocols=list(alpn),
     )
     if secrets.ca:
@@ -118,7 +119,7 @@ def server_socket(tls: ServerTls, alpn: tuple[str, ...]) -> TransportSocket:
                 default_validation_context=CertificateValidationContext(
                     match_typed_subject_alt_names=matchers
                 ),
-                validation_context_sds_secret_config=_secret(secrets.ca),
+                validation_context_sds_secret_config=gateway_secret(secrets.ca),
             )
         )
     context = DownstreamTlsContext(

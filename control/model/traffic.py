@@ -116,7 +116,8 @@ class TlsMode(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class ClientTls:
     """`trafficPolicy.tls`: how the client side of a cluster speaks TLS. Certificate fields are
-    file paths on the proxy's host, as Istio's are."""
+    file paths on the proxy's host, as Istio's are; `credential_name` names a Secret (client
+    certificate and key, CA in `ca.crt`) that gateways use instead, as Istio's do."""
 
     mode: TlsMode
     client_certificate: str = ""
@@ -125,6 +126,7 @@ class ClientTls:
     subject_alt_names: tuple[str, ...] = ()
     sni: str = ""
     insecure_skip_verify: bool = False
+    credential_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

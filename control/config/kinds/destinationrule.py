@@ -224,8 +224,9 @@ def _tls(f: Fields | None) -> ClientTls | None:
     if f is None:
         return None
     mode = TlsMode(f.get_enum("mode", _TLS_MODES, default="DISABLE"))
-    if f.has("credentialName"):
-        f.fail("credentialName", "is not supported (there is no secret store); use file paths")
+    credential = f.get_str("credentialName")
+    if credential and (problem := formats.dns1123_subdomain(credential)):
+        f.fail("credentialName", problem)
     tls = ClientTls(
         mode=mode,
         client_certificate=f.get_str("clientCertificate"),
@@ -234,8 +235,10 @@ def _tls(f: Fields | None) -> ClientTls | None:
         subject_alt_names=tuple(v for _, v in f.get_strs("subjectAltNames")),
         sni=f.get_str("sni"),
         insecure_skip_verify=f.get_bool("insecureSkipVerify"),
+        credential_name=credential,
     )
-    if mode is TlsMode.MUTUAL and not (tls.client_certificate and tls.private_key):
-        f.fail("mode", "MUTUAL needs clientCertificate and privateKey")
+    files = bool(tls.client_certificate and tls.private_key)
+    if mode is TlsMode.MUTUAL and not (files or credential):
+        f.fail("mode", "MUTUAL needs clientCertificate and privateKey, or credentialName")
     f.finish()
     return tls
