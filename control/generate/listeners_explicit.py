@@ -80,7 +80,7 @@ from control.generate.wire import ads_config_source, pack
 from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.telemetry import WorkloadMode
-from control.model.traffic import TrafficPolicy
+from control.model.traffic import Destination, TrafficPolicy
 from control.model.types import AuthorizationPolicy, MtlsMode
 from control.xds.cache import Resource, ResourceSet
 
@@ -185,24 +185,48 @@ def _record_conflicts(ctx: GenContext, port: OutboundPort) -> None:
 
 
 def tcp_chains(port: OutboundPort, index: MeshIndex | None = None, scope: str = "") -> Chains:
-    """TLS services get a chain each, matched on SNI; plain TCP carries nothing to tell
+    """TLS services get chains matched on SNI (tls_chains). Plain TCP carries nothing to tell
     services apart, so the first by hostname takes the default chain and the others are not
     reachable on this port (as with any two servers that want the same address). The default
     chain follows the service's VirtualService `tcp` routes (weighted destinations)."""
-    chains: list[tuple[tuple[str, ...], TcpTargets]] = [
-        ((c.service.hostname,), (((c.name, 0),), False))
-        for c in sorted(port.tls, key=lambda c: c.service.hostname)
-    ]
+    chains = list(tls_chains(port, index, scope))
     if port.tcp:
         first = min(port.tcp, key=lambda c: c.service.hostname)
-        chains.append(((), _tcp_targets(first, port.number, index, scope)))
+        chains.append(((), tcp_targets(first, port.number, index, scope)))
     return tuple(chains)
 
 
-def _tcp_targets(
+def tls_chains(port: OutboundPort, index: MeshIndex | None = None, scope: str = "") -> Chains:
+    """A port's chains for its TLS services, matched on SNI: each service's VirtualService
+    `tls` routes (a route's `sniHosts` to its weighted destinations), and the service's
+    hostname to the service unless a route took it. A server name already taken on the port
+    (by a service or route earlier by hostname) stays with it: Envoy refuses a listener
+    whose chains match alike."""
+    chains: list[tuple[tuple[str, ...], TcpTargets]] = []
+    taken: set[str] = set()
+    for c in sorted(port.tls, key=lambda c: c.service.hostname):
+        vs = index.virtual_service(c.service.hostname, scope) if index is not None else None
+        routes = [r for r in vs.tls if not r.ports or port.number in r.ports] if vs else []
+        wanted = [(r.sni_hosts, r.destinations) for r in routes]
+        if not any(c.service.hostname in names for names, _ in wanted):
+            wanted.append(((c.service.hostname,), ()))
+        for names, destinations in wanted:
+            free = tuple(n for n in names if n not in taken)
+            if not free:
+                continue
+            taken.update(free)
+            if destinations and index is not None:
+                chains.append((free, _route_targets(c, destinations, port.number, index, scope)))
+            else:
+                chains.append((free, (((c.name, 0),), False)))
+    return tuple(chains)
+
+
+def tcp_targets(
     cluster: OutboundCluster, number: int, index: MeshIndex | None, scope: str
 ) -> TcpTargets:
-    source_ip = _source_ip_hash(cluster.policy)
+    """Where a plain TCP service's connections go: its VirtualService's first `tcp` route for
+    the port (weighted destinations), else the service itself."""
     vs = index.virtual_service(cluster.service.hostname, scope) if index is not None else None
     route = (
         next((r for r in vs.tcp if not r.ports or number in r.ports), None)
@@ -210,9 +234,22 @@ def _tcp_targets(
         else None
     )
     if index is None or route is None:
-        return (((cluster.name, 0),), source_ip)
-    targets = tuple((destination_cluster(index, d, number), d.weight) for d in route.destinations)
-    first = route.destinations[0]
+        return (((cluster.name, 0),), _source_ip_hash(cluster.policy))
+    return _route_targets(cluster, route.destinations, number, index, scope)
+
+
+def _route_targets(
+    cluster: OutboundCluster,
+    destinations: tuple[Destination, ...],
+    number: int,
+    index: MeshIndex,
+    scope: str,
+) -> TcpTargets:
+    """A TCP or TLS route's weighted clusters, hashed by source IP when the first
+    destination's DestinationRule says so."""
+    source_ip = _source_ip_hash(cluster.policy)
+    targets = tuple((destination_cluster(index, d, number), d.weight) for d in destinations)
+    first = destinations[0]
     rule = index.destination_rule(first.host, scope)
     if rule is not None:
         source_ip = _source_ip_hash(

@@ -64,6 +64,7 @@ from control.generate.route_translation import add_route_filters
 from control.generate.telemetry_metrics import instrument_listener, workload_telemetry
 from control.generate.warn import warn_once
 from control.generate.wire import ads_config_source, pack
+from control.model.index import MeshIndex
 from control.model.proxy import Proxy
 from control.model.telemetry import WorkloadMode
 from control.model.types import AuthorizationPolicy, MtlsMode
@@ -79,7 +80,7 @@ REGISTRY_ONLY: Final = "REGISTRY_ONLY"
 
 # One outbound filter chain: (kind "http"|"tcp", port, VIP prefixes, SNI names, cluster).
 # An http chain's cluster is unused (the routes choose); the RDS name is the port.
-OutboundChain = tuple[str, int, tuple[str, ...], tuple[str, ...], str]
+OutboundChain = tuple[str, int, tuple[str, ...], tuple[str, ...], listeners_explicit.TcpTargets]
 # One inbound port: (port, HTTP?, mTLS mode).
 InboundSpec = tuple[int, bool, MtlsMode]
 
@@ -128,7 +129,8 @@ def fallback_vhosts(policy: str) -> list[VirtualHost]:
 def _outbound(ctx: GenContext, proxy: Proxy) -> Resource:
     plan = outbound_plan(ctx, proxy)
     chains = ctx.memo(
-        ("virtual-chains", id(plan.visible)), lambda: outbound_chains(plan.ports, ctx.conflicts)
+        ("virtual-chains", plan.key),
+        lambda: outbound_chains(plan.ports, ctx.conflicts, ctx.index, plan.scope),
     )
     key = (chains, ctx.index.outbound_policy(proxy), has_ipv6(proxy))
     return _instrumented(
@@ -180,27 +182,32 @@ def _vip_prefixes(addresses: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def outbound_chains(
-    ports: tuple[OutboundPort, ...], conflicts: Conflicts | None = None
+    ports: tuple[OutboundPort, ...],
+    conflicts: Conflicts | None = None,
+    index: MeshIndex | None = None,
+    scope: str = "",
 ) -> tuple[OutboundChain, ...]:
-    """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates)."""
+    """The filter chains of virtualOutbound, each match unique (Envoy rejects duplicates);
+    TLS and TCP chains follow VirtualService `tls` and `tcp` routes as in mode NONE."""
     chains: list[OutboundChain] = []
     for port in ports:
         port_taken = False
         if port.http:
-            chains.append(("http", port.number, (), (), ""))
+            chains.append(("http", port.number, (), (), ((), False)))
             port_taken = True
-        for c in sorted(port.tls, key=lambda c: c.service.hostname):
-            chains.append(("tcp", port.number, (), (c.service.hostname,), c.name))
+        for server_names, targets in listeners_explicit.tls_chains(port, index, scope):
+            chains.append(("tcp", port.number, (), server_names, targets))
         claimed: dict[str, str] = {}
         for c in sorted(port.tcp, key=lambda c: c.service.hostname):
             prefixes = tuple(p for p in _vip_prefixes(c.service.addresses) if p not in claimed)
+            targets = listeners_explicit.tcp_targets(c, port.number, index, scope)
             if prefixes:
                 for p in prefixes:
                     claimed[p] = c.service.hostname
-                chains.append(("tcp", port.number, prefixes, (), c.name))
+                chains.append(("tcp", port.number, prefixes, (), targets))
             elif not port_taken:
                 # No address to tell it by: it takes the whole port, as in mode NONE.
-                chains.append(("tcp", port.number, (), (), c.name))
+                chains.append(("tcp", port.number, (), (), targets))
                 port_taken = True
             else:
                 if conflicts is not None:
@@ -247,7 +254,7 @@ def build_virtual_outbound(
     listener = _capture_listener(
         VIRTUAL_OUTBOUND, OUTBOUND_CAPTURE_PORT, TrafficDirection.OUTBOUND, ipv6
     )
-    for kind, number, prefixes, server_names, cluster in chains:
+    for kind, number, prefixes, server_names, (targets, source_ip) in chains:
         match = FilterChainMatch(destination_port=UInt32Value(value=number))
         match.prefix_ranges.extend(_cidr(p) for p in prefixes)
         if server_names:
@@ -261,8 +268,10 @@ def build_virtual_outbound(
             filters = [hcm_filter(hcm)]
             name = f"{WILDCARD_BIND}_{number}"
         else:
-            filters = [tcp_proxy(cluster)]
-            name = f"{cluster}|{','.join(prefixes)}"
+            proxy = listeners_explicit.weighted_tcp_proxy(targets, source_ip, number)
+            filters = [proxy]
+            target = targets[0][0] if len(targets) == 1 else f"outbound|{number}|weighted"
+            name = f"{target}|{','.join(prefixes)}"
         listener.filter_chains.append(
             FilterChain(name=name, filter_chain_match=match, filters=filters)
         )

@@ -31,6 +31,7 @@ from tests.support.netns import Pod, PodNetwork, pod_network
 pytestmark = pytest.mark.envoy
 
 VIP = "10.96.0.50"
+TCP_VIP = "10.96.0.51"
 MESH = textwrap.dedent(
     f"""\
     apiVersion: v1
@@ -40,6 +41,14 @@ MESH = textwrap.dedent(
       clusterIP: {VIP}
       selector: {{app: backend}}
       ports: [{{name: http, port: 9080, targetPort: 9080}}]
+    ---
+    apiVersion: v1
+    kind: Service
+    metadata: {{name: tunnel, namespace: default}}
+    spec:
+      clusterIP: {TCP_VIP}
+      selector: {{app: nobody}}
+      ports: [{{name: tcp, port: 7000}}]
     ---
     apiVersion: security.istio.io/v1
     kind: PeerAuthentication
@@ -75,6 +84,18 @@ ROUTE_FILTERS = textwrap.dedent(
       - match: [{uri: {prefix: /down}}]
         directResponse: {status: 503, body: {string: maintenance}}
       - route: [{destination: {host: backend}}]
+    """
+)
+# A `tcp` route in mode REDIRECT's virtual outbound TCP chains (matched by the service's VIP):
+# the tunnel service has no endpoints of its own; its route sends connections to the backend.
+TCP_ROUTE = textwrap.dedent(
+    """\
+    apiVersion: networking.istio.io/v1
+    kind: VirtualService
+    metadata: {name: tunnel, namespace: default}
+    spec:
+      hosts: [tunnel]
+      tcp: [{route: [{destination: {host: backend, port: {number: 9080}}}]}]
     """
 )
 OUTSIDE_PORT = 8088
@@ -276,6 +297,16 @@ async def _scenario(
     )
     assert await app_get(client, mesh_url + "down") == (503, "maintenance")
     assert _ok(await app_get(client, mesh_url)) is not None
+
+    # A VirtualService's tcp route applies in the virtual outbound listener's TCP chains:
+    # before it, the tunnel's VIP leads nowhere; with it, to the backend (over mTLS).
+    tunnel_url = f"http://{TCP_VIP}:7000/"
+    assert (await app_get(client, tunnel_url))[0] == 0
+    (cfg / "tunnel.yaml").write_text(TCP_ROUTE)
+    status, body = await eventually(
+        lambda: _ok_async(app_get(client, tunnel_url)), timeout=30, what="tcp route in REDIRECT"
+    )
+    assert isinstance(body, dict) and body["app"] == "backend", body
 
 
 def _alive(agent: AgentProcess) -> bool:

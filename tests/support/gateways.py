@@ -325,11 +325,13 @@ async def refused(ip: str, port: int, sni: str, ctx: ssl.SSLContext) -> bool:
 
 @dataclass
 class TlsBackend:
-    """A TLS server outside the mesh (PASSTHROUGH's backend): greets with its name."""
+    """A TLS server (PASSTHROUGH's backend, a TLS service's endpoint): answers an HTTP
+    request with its name."""
 
     ip: str
     port: int
     cert: tuple[Path, Path]
+    name: str = "tlsbackend"
     _server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -340,7 +342,7 @@ class TlsBackend:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await reader.readuntil(b"\r\n\r\n")
-            body = b"tlsbackend"
+            body = self.name.encode()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
                 % (len(body), body)

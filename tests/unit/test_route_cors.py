@@ -137,6 +137,6 @@ def test_every_virtualservice_hcm_has_cors_then_fault_before_the_router() -> Non
     assert _filters(_hcm_of(explicit.filter_chains[0])) == ROUTE_FILTERS
     # Mode REDIRECT: the virtual outbound listener's HTTP chains (fault injection was missing
     # there before: the per-route fault config had no filter to apply it).
-    virtual = build_virtual_outbound((("http", 9080, (), (), ""),), "ALLOW_ANY")
+    virtual = build_virtual_outbound((("http", 9080, (), (), ((), False)),), "ALLOW_ANY")
     assert _filters(_hcm_of(virtual.filter_chains[0])) == ROUTE_FILTERS
     assert _filters(gateway_hcm("gateway_0.0.0.0_80", "http.80")) == ROUTE_FILTERS

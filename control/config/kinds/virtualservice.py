@@ -82,8 +82,6 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
     spec.finish()
     if not any(spec.has(k) for k in ("http", "tcp", "tls")):
         spec.fail(None, "needs http, tcp or tls routes")
-    if tls and MESH_GATEWAY in gateways:
-        ctx.warn("spec.tls: TLS routes are served by gateways only; sidecars ignore them")
     vs = VirtualService(
         namespace=obj.namespace,
         name=obj.name,
@@ -497,7 +495,7 @@ def _l4_matches(
     return tuple(ports), gateways
 
 
-# --- TLS (passthrough by SNI, on gateways) ---------------------------------------------------
+# --- TLS (passthrough by SNI, on gateways and sidecars) -----------------------------------
 
 
 def _tls_route(f: Fields, resolve: _Resolver, hosts: tuple[str, ...]) -> TlsRoute:
