@@ -10,34 +10,30 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
 from control.app import ControlPlane
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoy import EnvoyProcess
-from tests.support.gateways import http_get
+from tests.support.envoy import EnvoyProcess, direct_envoy
+from tests.support.gateways import http_get, istio_gateway
 from tests.support.net import pod_ip
-from tests.support.traffic import HTTP_PORT, service, subsets_rule, workload_entry
+from tests.support.traffic import HTTP_PORT, versioned_reviews
 
 pytestmark = pytest.mark.envoy
 
 GATEWAY_PORT = 8080
 SHOP = "shop.example.com"
 
+GATEWAY = istio_gateway(
+    "public",
+    "- port: {number: 8080, name: http, protocol: HTTP}\n  hosts: [shop.example.com]",
+    namespace="edge",
+)
 ROOTS = """
----
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: public, namespace: edge}
-spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 8080, name: http, protocol: HTTP}
-    hosts: [shop.example.com]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -81,17 +77,13 @@ def delegate(api_v2: str, api_rest: str) -> str:
 
 
 def _envoy(cp: ControlPlane, ip: str, pod: str, workdir: Path, router: bool) -> EnvoyProcess:
-    options = BootstrapOptions(
-        ip=ip,
-        pod_name=pod,
-        namespace="edge" if router else "front",
-        proxy_type="router" if router else "sidecar",
-        labels={"istio": "ingressgateway"} if router else {"app": "client"},
-        xds_address=f"127.0.0.1:{cp.xds_port}",
+    if router:
+        labels, namespace, kind = {"istio": "ingressgateway"}, "edge", "router"
+    else:
+        labels, namespace, kind = {"app": "client"}, "front", "sidecar"
+    return direct_envoy(
+        cp.xds_port, ip, pod, workdir, labels=labels, namespace=namespace, proxy_type=kind
     )
-    envoy = EnvoyProcess(build_bootstrap(options), workdir, name=pod)
-    envoy.start()
-    return envoy
 
 
 Fetch = Callable[[str], Awaitable[str]]
@@ -117,15 +109,7 @@ async def test_delegated_routes_and_a_delegate_edit_reach_envoy(tmp_path: Path) 
         await app.start()
     cfg = tmp_path / "config"
     cfg.mkdir()
-    mesh = "".join(
-        (
-            service("reviews", "reviews"),
-            workload_entry("reviews-v1", ips["v1"], app="reviews", version="v1"),
-            workload_entry("reviews-v2", ips["v2"], app="reviews", version="v2"),
-            subsets_rule("reviews"),
-            textwrap.dedent(ROOTS),
-        )
-    )
+    mesh = versioned_reviews(ips["v1"], ips["v2"]) + GATEWAY + textwrap.dedent(ROOTS)
     (cfg / "mesh.yaml").write_text(mesh)
     (cfg / "delegate.yaml").write_text(delegate("v2", "v1"))
     envoys: list[EnvoyProcess] = []
@@ -139,9 +123,7 @@ async def test_delegated_routes_and_a_delegate_edit_reach_envoy(tmp_path: Path) 
             gateway = _fetcher(ips["router"], GATEWAY_PORT, SHOP)
             before = ("v2", "v1", "v1", "v1")
             for fetch, what in ((sidecar, "sidecar"), (gateway, "gateway")):
-                await eventually(
-                    lambda f=fetch: _is(f, before), timeout=30, what=f"{what} delegated routes"
-                )
+                await eventually(partial(_is, fetch, before), 30, what=f"{what} routes")
             # The root route's header, inherited by the delegate's routes, and only theirs.
             seen = [h.get("x-root") for app in apps.values() for h in app.headers_seen]
             assert {"sidecar", "gateway", None} == set(seen), seen
@@ -150,9 +132,7 @@ async def test_delegated_routes_and_a_delegate_edit_reach_envoy(tmp_path: Path) 
             (cfg / "delegate.yaml").write_text(delegate("v1", "v2"))
             after = ("v1", "v2", "v2", "v1")
             for fetch, what in ((sidecar, "sidecar"), (gateway, "gateway")):
-                await eventually(
-                    lambda f=fetch: _is(f, after), timeout=30, what=f"{what} edited delegate"
-                )
+                await eventually(partial(_is, fetch, after), 30, what=f"{what} delegate edit")
             assert not cp.watcher.errors
             for fetch in (sidecar, gateway):
                 for _ in range(5):

@@ -30,7 +30,7 @@ from control.model.traffic import (
 )
 from control.model.types import MeshConfig
 from control.xds.cache import ResourceCache
-from tests.support.gateways import router
+from tests.support.gateways import istio_gateway, router
 from tests.support.traffic import mesh_config, service, subsets_rule
 
 ROOT = """
@@ -371,17 +371,11 @@ def test_sidecar_gets_the_merged_routes_and_an_edit_of_the_delegate_alone() -> N
     assert _sidecar_routes(ctx) == [("/api/v2", V1), ("/api", V2), ("/", V1)]
 
 
-GATEWAY = """
----
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: public, namespace: edge}
-spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 80, name: http, protocol: HTTP}
-    hosts: [shop.example.com]
-"""
+GATEWAY = "\n" + istio_gateway(
+    "public",
+    "- port: {number: 80, name: http, protocol: HTTP}\n  hosts: [shop.example.com]",
+    namespace="edge",
+)
 
 GATEWAY_ROOT = (
     SIMPLE_ROOT.replace("hosts: [reviews.default.svc.cluster.local]", "hosts: [shop.example.com]")
