@@ -18,6 +18,7 @@ from control.config.conflicts import (
 from control.config.errors import DuplicateObjectError
 from control.config.objects import ConfigObject, FileConfig, MergeParts
 from control.gatewayapi.translate import Translator
+from control.model.delegation import merge_delegates
 from control.model.traffic_index import mesh_virtual_services
 from control.model.types import (
     ConfigWarning,
@@ -91,12 +92,19 @@ def merge(
     warnings.extend(
         _namespace_wide([t for t in telemetries if t.selector is None], "Telemetry", "selector")
     )
-    virtual_services = _all(parts, lambda p: p.virtual_services)
+    written = _all(parts, lambda p: p.virtual_services)
+    virtual_services = written
+    if any(p.delegation for p in parts):
+        # Roots with their delegates' routes in place, delegates left out: every index and
+        # generator sees plain VirtualServices (configz still shows the objects as written).
+        virtual_services, unresolved = merge_delegates(written)
+        warnings.extend(unresolved)
     destination_rules = _all(parts, lambda p: p.destination_rules)
     # One VirtualService per host holds for sidecars; gateways merge theirs per host.
     warnings.extend(virtual_service_conflicts(mesh_virtual_services(virtual_services)))
     warnings.extend(destination_rule_conflicts(destination_rules))
-    warnings.extend(unknown_subsets(virtual_services, destination_rules, services))
+    # As written: a delegate's unknown subset is reported at the delegate.
+    warnings.extend(unknown_subsets(written, destination_rules, services))
     # Translated after the checks above: those are about sidecar routing (one VirtualService
     # per host), while a gateway merges the routes of many HTTPRoutes per host.
     tls_secrets = tuple(_all(parts, lambda p: p.secrets))

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from control.model.delegation import takes_part
 from control.model.gatewayapi import GatewayApiObject
 from control.model.types import (
     ConfigWarning,
@@ -80,6 +81,9 @@ class MergeParts(MeshObjects):
     raw: tuple[tuple[SourceRef, Mapping[str, Any]], ...]
     workloads: tuple[Workload, ...]
     gateway_api: tuple[GatewayApiObject, ...]
+    # Whether a VirtualService here is a delegate or delegates a route: merging every file
+    # again on each reload resolves delegation only when one does.
+    delegation: bool
 
     @classmethod
     def of(cls, objects: Iterable[ConfigObject], file: str = "") -> MergeParts:
@@ -92,6 +96,7 @@ class MergeParts(MeshObjects):
             objects=ordered,
             keys=frozenset(o.key for o in ordered),
             raw=tuple([(o.source, o.raw) for o in ordered]),
+            delegation=any(map(takes_part, per_kind["virtual_services"])),
             **per_kind,
         )
 

@@ -328,6 +328,18 @@ class Rewrite:
 
 
 @dataclass(frozen=True, slots=True)
+class Delegate:
+    """`http[].delegate`: the VirtualService (without hosts) whose routes replace this one."""
+
+    name: str
+    namespace: str  # the root VirtualService's when not given
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
 class HttpRoute:
     name: str = ""
     matches: tuple[HttpMatch, ...] = ()  # empty: matches every request
@@ -342,6 +354,9 @@ class HttpRoute:
     mirror: Destination | None = None
     mirror_percent: float = 100.0
     headers: HeaderOps = NO_HEADERS
+    # Set on a root VirtualService's route as written; config merge replaces the route with
+    # the delegate's routes (control/model/delegation.py), so generators never see one.
+    delegate: Delegate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +382,9 @@ class VirtualService:
     namespace: str
     name: str
     source: SourceRef = field(compare=False)
-    hosts: tuple[str, ...] = ()  # resolved FQDNs or wildcards
+    # Resolved FQDNs or wildcards; none for a delegate, which applies only through the
+    # routes of root VirtualServices that delegate to it.
+    hosts: tuple[str, ...] = ()
     http: tuple[HttpRoute, ...] = ()
     tcp: tuple[TcpRoute, ...] = ()
     tls: tuple[TlsRoute, ...] = ()

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
 from control.app import ControlPlane
 from tests.support.apps import EchoApp
 from tests.support.controlplane import eventually, running_control_plane
-from tests.support.envoy import EnvoyProcess
+from tests.support.envoy import EnvoyProcess, direct_envoy
 from tests.support.gateways import http_get
 from tests.support.net import pod_ip
-from tests.support.traffic import service, subsets_rule, workload_entry
+from tests.support.traffic import versioned_reviews
 
 pytestmark = pytest.mark.envoy
 
@@ -59,19 +58,9 @@ spec:
 def _router(
     cp: ControlPlane, ip: str, pod: str, labels: dict[str, str], workdir: Path
 ) -> EnvoyProcess:
-    boot = build_bootstrap(
-        BootstrapOptions(
-            ip=ip,
-            pod_name=pod,
-            namespace="edge",
-            proxy_type="router",
-            labels=labels,
-            xds_address=f"127.0.0.1:{cp.xds_port}",
-        )
+    return direct_envoy(
+        cp.xds_port, ip, pod, workdir, labels=labels, namespace="edge", proxy_type="router"
     )
-    envoy = EnvoyProcess(boot, workdir, name=pod)
-    envoy.start()
-    return envoy
 
 
 async def _app(ip: str) -> str:
@@ -87,15 +76,8 @@ async def test_source_labels_match_the_routers_own_labels(tmp_path: Path) -> Non
         await app.start()
     cfg = tmp_path / "config"
     cfg.mkdir()
-    mesh = "".join(
-        (
-            service("reviews", "reviews"),
-            workload_entry("reviews-v1", ips["v1"], app="reviews", version="v1"),
-            workload_entry("reviews-v2", ips["v2"], app="reviews", version="v2"),
-            subsets_rule("reviews"),
-            textwrap.dedent(ROUTING).replace("LARGE_BODY", LARGE_BODY),
-        )
-    )
+    routing = textwrap.dedent(ROUTING).replace("LARGE_BODY", LARGE_BODY)
+    mesh = versioned_reviews(ips["v1"], ips["v2"]) + routing
     (cfg / "mesh.yaml").write_text(mesh)
     envoys: list[EnvoyProcess] = []
     try:

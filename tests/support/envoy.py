@@ -45,6 +45,33 @@ async def wait_admin(envoy: EnvoySupervisor, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def direct_envoy(
+    xds_port: int,
+    ip: str,
+    pod: str,
+    workdir: Path,
+    *,
+    labels: dict[str, str],
+    namespace: str = "default",
+    proxy_type: str = "sidecar",
+) -> EnvoyProcess:
+    """A started Envoy connected straight to a control plane's plaintext xDS port (no agent):
+    a sidecar, or a gateway with `proxy_type="router"`."""
+    from agent.envoy.bootstrap import BootstrapOptions, build_bootstrap
+
+    options = BootstrapOptions(
+        ip=ip,
+        pod_name=pod,
+        namespace=namespace,
+        proxy_type=proxy_type,
+        labels=labels,
+        xds_address=f"127.0.0.1:{xds_port}",
+    )
+    envoy = EnvoyProcess(build_bootstrap(options), workdir, name=pod)
+    envoy.start()
+    return envoy
+
+
 class EnvoyProcess:
     """An Envoy subprocess with its own bootstrap file, log file and admin address."""
 

@@ -77,6 +77,19 @@ def subsets_rule(
     return _document("DestinationRule", name, namespace, *spec)
 
 
+def versioned_reviews(v1_ip: str, v2_ip: str) -> str:
+    """Service reviews with one workload per version and the DestinationRule naming them as
+    subsets v1 and v2."""
+    return "".join(
+        (
+            service("reviews", "reviews"),
+            workload_entry("reviews-v1", v1_ip, app="reviews", version="v1"),
+            workload_entry("reviews-v2", v2_ip, app="reviews", version="v2"),
+            subsets_rule("reviews"),
+        )
+    )
+
+
 def header_route(name: str, marked: str = "v2", default: str = "v1") -> str:
     """A VirtualService for host `name`: requests with `end-user: jason` go to subset
     `marked`, all others to `default` (Istio's bookinfo example)."""

@@ -172,7 +172,7 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
           - match: [{port: 9080, scheme: {exact: https}, foo: bar}]
             route: [{destination: {host: web}}]
           - match: [{foo: bar}, {uri: {prefix: /ok}}]
-            delegate: {name: other}
+            websocketUpgrade: true
             route: [{destination: {host: web}}]
         ---
         apiVersion: networking.istio.io/v1
@@ -198,7 +198,7 @@ def test_unsupported_parts_are_reported_and_fail_narrow() -> None:
     text = "\n".join(w.message for w in fc.warnings)  # type: ignore[attr-defined]
     assert "spec.http[0].match[0].foo is not supported; this match is dropped" in text
     assert "spec.http[0]: no match condition is usable; route ignored" in text
-    assert "spec.http[1].delegate is not supported; ignored" in text
+    assert "spec.http[1].websocketUpgrade is not supported; ignored" in text
 
 
 def test_conflicts_name_both_objects_and_the_outcome() -> None:

@@ -29,6 +29,7 @@ from control.model.gateway import MESH_GATEWAY
 from control.model.traffic import (
     MAX_DIRECT_RESPONSE_BODY,
     CorsPolicy,
+    Delegate,
     Destination,
     DirectResponse,
     Fault,
@@ -67,14 +68,23 @@ def convert(ctx: Context, domain: str) -> ConfigObject:
     spec = spec_of(ctx, formats.dns1123_subdomain)
     resolve = _Resolver(obj.namespace, domain)
     hosts: list[str] = []
-    for path, host in spec.get_strs("hosts", required=True):
+    for path, host in spec.get_strs("hosts"):
         check_host(spec, path, host)
         resolved = resolve(host)
         if resolved not in hosts:
             hosts.append(resolved)
+    # Istio: a VirtualService without hosts is a delegate, applied only through the roots
+    # that delegate to it, so whatever would bind it on its own is an error.
+    is_delegate = not hosts
+    if is_delegate:
+        for key in ("gateways", "tcp", "tls"):
+            if spec.has(key):
+                spec.fail(key, "must not be set in a delegate VirtualService (one without hosts)")
     gateways = _gateways(spec, "gateways", obj.namespace) or (MESH_GATEWAY,)
     http = tuple(
-        r for item in spec.get_maps("http") if (r := _http_route(item, resolve)) is not None
+        r
+        for item in spec.get_maps("http")
+        if (r := _http_route(item, resolve, is_delegate)) is not None
     )
     tcp = tuple(_tcp_route(item, resolve) for item in spec.get_maps("tcp"))
     tls = tuple(_tls_route(item, resolve, tuple(hosts)) for item in spec.get_maps("tls"))
@@ -122,8 +132,9 @@ def _gateways(f: Fields, key: str, namespace: str) -> tuple[str, ...]:
 # --- HTTP ------------------------------------------------------------------------------------
 
 
-def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
+def _http_route(f: Fields, resolve: _Resolver, in_delegate: bool) -> HttpRoute | None:
     name = f.get_str("name")
+    delegate = _delegate(f, resolve.namespace, in_delegate)
     matches: list[HttpMatch] = []
     items = f.get_maps("match")
     for item in items:
@@ -143,7 +154,7 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
             for other in ("route", "redirect", "directResponse", "fault", "rewrite"):
                 if other != action and f.has(other):
                     f.fail(action, f"cannot be combined with {other}")
-    if redirect is None and direct is None and not destinations:
+    if redirect is None and direct is None and not destinations and delegate is None:
         f.fail("route", "is required (or a redirect, or a directResponse)")
     mirror = None
     mirror_f = f.get_map("mirror")
@@ -171,9 +182,31 @@ def _http_route(f: Fields, resolve: _Resolver) -> HttpRoute | None:
         mirror=mirror,
         mirror_percent=mirror_percent,
         headers=_headers(f.get_map("headers")),
+        delegate=delegate,
     )
     f.finish()
     return route
+
+
+def _delegate(f: Fields, namespace: str, in_delegate: bool) -> Delegate | None:
+    """`delegate`, checked as Istio validates it: one level only, and a delegating route
+    has no action of its own (the delegate's routes bring theirs)."""
+    d = f.get_map("delegate")
+    if d is None:
+        return None
+    if in_delegate:
+        f.fail("delegate", "a delegate VirtualService's routes cannot delegate again")
+    for action in ("route", "redirect", "directResponse"):
+        if f.has(action):
+            f.fail(action, "cannot be combined with delegate (the delegate's routes act)")
+    name = d.get_str("name", required=True)
+    if problem := formats.dns1123_subdomain(name):
+        d.fail("name", f"{name!r} {problem}")
+    ns = d.get_str("namespace") or namespace
+    if problem := formats.dns1123_label(ns):
+        d.fail("namespace", f"{ns!r} {problem}")
+    d.finish()
+    return Delegate(name, ns)
 
 
 def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
