@@ -350,6 +350,13 @@ metadata: {name: far, namespace: default}
 spec: {address: "127.0.5.2", labels: {app: geo}, locality: eu-west/zone1/a}
 """
 GEO_CLA = "outbound|9080||geo.default.svc.cluster.local"
+FAILOVER = """
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: geo, namespace: default}
+spec: {host: geo, trafficPolicy: {outlierDetection: {consecutive5xxErrors: 1}}}
+"""
 
 
 def _client(ip: str, locality: str) -> Proxy:
@@ -366,16 +373,9 @@ def _assignment(ctx: GenContext, proxy: Proxy) -> tuple[dict[str, int], bytes]:
 
 
 def test_each_locality_gets_its_own_assignment_and_shares_it() -> None:
-    rule = textwrap.dedent(
-        """
-        ---
-        apiVersion: networking.istio.io/v1
-        kind: DestinationRule
-        metadata: {name: geo, namespace: default}
-        spec: {host: geo, trafficPolicy: {outlierDetection: {consecutive5xxErrors: 1}}}
-        """
+    ctx = GenContext(
+        MeshIndex(mesh_config(service("geo", "geo"), GEO, FAILOVER), []), ResourceCache()
     )
-    ctx = GenContext(MeshIndex(mesh_config(service("geo", "geo"), GEO, rule), []), ResourceCache())
     east, east_bytes = _assignment(ctx, _client("127.0.6.1", "us-east.zone1.a"))
     west, west_bytes = _assignment(ctx, _client("127.0.6.2", "eu-west.zone1.b"))
     assert east == {"us-east": 0, "eu-west": 1}
@@ -428,16 +428,7 @@ def test_distribute_turns_on_locality_weighted_balancing_on_the_cluster() -> Non
 
 
 def test_an_endpoint_change_patches_each_locality_assignment() -> None:
-    rule = textwrap.dedent(
-        """
-        ---
-        apiVersion: networking.istio.io/v1
-        kind: DestinationRule
-        metadata: {name: geo, namespace: default}
-        spec: {host: geo, trafficPolicy: {outlierDetection: {consecutive5xxErrors: 1}}}
-        """
-    )
-    cfg = mesh_config(service("geo", "geo"), GEO, rule)
+    cfg = mesh_config(service("geo", "geo"), GEO, FAILOVER)
     ctx = GenContext(MeshIndex(cfg, []), ResourceCache())
     east, west = _client("127.0.6.1", "us-east.zone1.a"), _client("127.0.6.2", "eu-west.zone1.b")
     for client in (east, west):
