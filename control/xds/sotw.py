@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 from google.protobuf.message import DecodeError
 
-from control.xds.cache import Resource, ResourceSet, View
+from control.xds.cache import Resource, ResourceSet, View, view_version
 from control.xds.state import (
     WILDCARD,
     RequestKind,
@@ -86,8 +86,10 @@ class _TypeState:
     # ACK). None: compared the slow way.
     names_wire: bytes | None = None
     legacy_wildcard: bool = False
-    # What the last response held.
+    # What the last response held: the whole view, and the part of it that went on the
+    # wire when only changed assignments were sent (None: all of it).
     sent: View | None = None
+    sent_part: View | None = None
     sent_nonce: str = ""
     acked_nonce: str = ""
     nack_message: str = ""
@@ -295,6 +297,7 @@ class SotwStream(StreamRules[_TypeState]):
         else:
             nonce = f"{body.nonce}.{self._nonces.next()}"
         st.sent = view
+        st.sent_part = part
         st.sent_nonce = nonce
         return SotwResponse(st.type_url, nonce, view, part)
 
@@ -314,7 +317,14 @@ class SotwStream(StreamRules[_TypeState]):
         sent = st.sent
         if sent is not None and view.version == sent.version:
             return None
-        if sent is None or nack_stands(st):
+        if sent is None:
+            return self._emit(st, view)
+        if nack_stands(st):
+            # Rule 4: a whole set holding just what the rejected part held (the client has
+            # since unsubscribed from the rest) would be rejected again unchanged.
+            rejected = st.sent_part
+            if rejected is not None and view_version(rejected.by_name) == view.version:
+                return None
             return self._emit(st, view)
         return self._emit(st, view, changed_part(sent, view))
 

@@ -666,6 +666,25 @@ _push_same = st.just(("push_same",))  # a push that changes nothing (other proxi
         ("push", {typeurls.CLUSTER: {"a": 2}, typeurls.ENDPOINT: {"b": 1}, typeurls.LISTENER: {}}),
     ],
 )
+# Found by this test: the client NACKed an endpoint push that carried only the changed
+# assignment (c) and unsubscribed from the rest (b) in the same request; the next push of an
+# unchanged config re-sent c as the whole set, the very content it had rejected.
+@example(
+    first=("push", {typeurls.CLUSTER: {}, typeurls.ENDPOINT: {"b": 1}, typeurls.LISTENER: {}}),
+    ops=[
+        ("req", typeurls.ENDPOINT, ["b", "c"], "last", None),
+        (
+            "push",
+            {
+                typeurls.CLUSTER: {},
+                typeurls.ENDPOINT: {"a": 1, "b": 1, "c": 1},
+                typeurls.LISTENER: {},
+            },
+        ),
+        ("req", typeurls.ENDPOINT, ["c"], "last", "bad"),
+        ("push_same",),
+    ],
+)
 def test_property_rules_2_3_4_random_interleavings(first: tuple, ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """Random requests (types, names incl. '*' and missing ones, the real last nonce, an older
     one, a bogus one or none, with or without error_detail) interleaved with random pushes:
