@@ -1,7 +1,7 @@
 """Warnings for VirtualServices and DestinationRules that compete or point at nothing.
 
 Each warning names both objects and says which one is used; the choice is the one MeshIndex
-makes (control/model/traffic.py: pick_virtual_service, pick_destination_rule), so what the
+makes (control/model/rule_lookup.py: pick_virtual_service, pick_destination_rule), so what the
 warning says is what the proxies get.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from control.model.traffic import DestinationRule, VirtualService, pick_destination_rule
+from control.model.rule_lookup import pick_destination_rule
+from control.model.traffic import DestinationRule, VirtualService
 from control.model.types import ConfigWarning, Labels, Service
 
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from control.model.gateway import MESH_GATEWAY
-from control.model.traffic import (
-    DestinationRule,
-    VirtualService,
-    bound_to,
+from control.model.rule_lookup import (
     pick_destination_rule,
     pick_selected_rule,
     pick_virtual_service,
     selects,
 )
+from control.model.traffic import DestinationRule, VirtualService, bound_to
 from control.model.types import Labels, MeshConfig, Service
 
 # Between a scope's namespace and the names of the selected DestinationRules (a namespace

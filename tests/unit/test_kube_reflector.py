@@ -7,7 +7,8 @@ import random
 import pytest
 
 from control.kube.reflector import Backoff, Next, Reflector, WatchError
-from control.kube.source import istio_resources, pod_workload
+from control.kube.source import istio_resources
+from control.kube.workloads import pod_workload
 from tests.support.kubeapi import pod
 
 

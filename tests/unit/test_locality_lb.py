@@ -28,7 +28,7 @@ from control.generate.locality_lb import (
     locality_matches,
 )
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE
-from control.kube.source import pod_workload
+from control.kube.workloads import pod_workload
 from control.model.index import MeshIndex
 from control.model.meshconfig import MeshSettings
 from control.model.proxy import Proxy, proxy_from_node

@@ -10,10 +10,6 @@ sidecar's workload labels, and at a gateway the router pod's own, as in Istio.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
-
 from control.config import formats
 from control.config.fields import Context, Fields
 from control.config.kinds.common import (
@@ -23,35 +19,35 @@ from control.config.kinds.common import (
     resolve_host,
     spec_of,
 )
+from control.config.kinds.http_actions import (
+    parse_cors,
+    parse_direct_response,
+    parse_fault,
+    parse_headers,
+    parse_redirect,
+    parse_retries,
+    parse_rewrite,
+    string_match,
+    string_match_at,
+)
 from control.config.manifest import format_path
 from control.config.objects import ConfigObject
 from control.model.gateway import MESH_GATEWAY
+from control.model.rule_lookup import host_matches
 from control.model.traffic import (
-    MAX_DIRECT_RESPONSE_BODY,
-    CorsPolicy,
     Delegate,
     Destination,
-    DirectResponse,
-    Fault,
     HeaderMatch,
-    HeaderOps,
     HttpMatch,
     HttpRoute,
-    MatchKind,
-    Redirect,
-    Retries,
-    Rewrite,
     StringMatch,
     TcpRoute,
     TlsRoute,
     VirtualService,
-    host_matches,
 )
 from control.model.types import labels_of
 
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
-
-_REDIRECT_CODES = (301, 302, 303, 307, 308)
 
 
 class _Resolver:
@@ -146,8 +142,8 @@ def _http_route(f: Fields, resolve: _Resolver, in_delegate: bool) -> HttpRoute |
         return None
     destinations = tuple(_destination(item, resolve) for item in f.get_maps("route"))
     _check_weights(f, destinations)
-    redirect = _redirect(f.get_map("redirect"))
-    direct = _direct_response(f.get_map("directResponse"))
+    redirect = parse_redirect(f.get_map("redirect"))
+    direct = parse_direct_response(f.get_map("directResponse"))
     # Istio's rules: a redirect or a direct response is the route's whole action.
     for action, present in (("redirect", redirect), ("directResponse", direct)):
         if present is not None:
@@ -174,14 +170,14 @@ def _http_route(f: Fields, resolve: _Resolver, in_delegate: bool) -> HttpRoute |
         destinations=destinations,
         redirect=redirect,
         direct_response=direct,
-        cors=_cors(f.get_map("corsPolicy")),
-        rewrite=_rewrite(f.get_map("rewrite")),
+        cors=parse_cors(f.get_map("corsPolicy")),
+        rewrite=parse_rewrite(f.get_map("rewrite")),
         timeout=f.get_duration("timeout"),
-        retries=_retries(f.get_map("retries")),
-        fault=_fault(f.get_map("fault")),
+        retries=parse_retries(f.get_map("retries")),
+        fault=parse_fault(f.get_map("fault")),
         mirror=mirror,
         mirror_percent=mirror_percent,
-        headers=_headers(f.get_map("headers")),
+        headers=parse_headers(f.get_map("headers")),
         delegate=delegate,
     )
     f.finish()
@@ -213,22 +209,22 @@ def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
     gateways = _gateways(f, "gateways", namespace)
     headers: list[HeaderMatch] = []
     for path, key, value in f.get_items("headers"):
-        headers.append(HeaderMatch(key.lower(), _string_match_at(f, path, value)))
+        headers.append(HeaderMatch(key.lower(), string_match_at(f, path, value)))
     for path, key, value in f.get_items("withoutHeaders"):
-        headers.append(HeaderMatch(key.lower(), _string_match_at(f, path, value), invert=True))
+        headers.append(HeaderMatch(key.lower(), string_match_at(f, path, value), invert=True))
     query: list[tuple[str, StringMatch]] = []
     for path, key, value in f.get_items("queryParams"):
-        sm = _string_match_at(f, path, value)
+        sm = string_match_at(f, path, value)
         if sm is None:
             f.ctx.fail(path, "needs exact, prefix or regex")
         query.append((key, sm))
     match = HttpMatch(
         name=f.get_str("name"),
-        uri=_string_match(f, "uri"),
+        uri=string_match(f, "uri"),
         ignore_uri_case=f.get_bool("ignoreUriCase"),
-        method=_string_match(f, "method"),
-        authority=_string_match(f, "authority"),
-        scheme=_string_match(f, "scheme"),
+        method=string_match(f, "method"),
+        authority=string_match(f, "authority"),
+        scheme=string_match(f, "scheme"),
         headers=tuple(headers),
         query_params=tuple(query),
         port=f.get_port("port"),
@@ -246,35 +242,10 @@ def _http_match(f: Fields, namespace: str) -> HttpMatch | None:
     return match
 
 
-def _string_match(f: Fields, key: str) -> StringMatch | None:
-    if f.raw(key) is None:
-        return None
-    return _string_match_at(f, f.at(key), f.raw(key))
-
-
-def _string_match_at(f: Fields, path: tuple[str | int, ...], value: object) -> StringMatch | None:
-    """An Istio StringMatch (`{exact: ..}`, `{prefix: ..}`, `{regex: ..}`); `{}` = presence."""
-    if not isinstance(value, dict):
-        f.ctx.fail(path, "must be a mapping with exact, prefix or regex")
-    if not value:
-        return None
-    if len(value) != 1 or next(iter(value)) not in ("exact", "prefix", "regex"):
-        f.ctx.fail(path, "must have exactly one of exact, prefix, regex")
-    kind, text = next(iter(value.items()))
-    if not isinstance(text, str):
-        f.ctx.fail((*path, kind), "must be a string")
-    if kind == "regex":
-        try:
-            re.compile(text)
-        except re.error as e:
-            f.ctx.fail((*path, kind), f"invalid regular expression: {e}")
-    return StringMatch(MatchKind(kind), text)
-
-
 def _destination(item: Fields, resolve: _Resolver) -> Destination:
     dest = _destination_fields(item.need_map("destination"), resolve)
     weight = item.get_int("weight", maximum=100)
-    headers = _headers(item.get_map("headers"))
+    headers = parse_headers(item.get_map("headers"))
     item.finish()
     return Destination(dest.host, dest.subset, dest.port, weight or 0, headers)
 
@@ -304,195 +275,6 @@ def _check_weights(f: Fields, destinations: tuple[Destination, ...]) -> None:
                 f"{format_path(f.at('route'))}: weights add up to {total}, not 100; "
                 "used as relative weights"
             )
-
-
-def _redirect(f: Fields | None) -> Redirect | None:
-    if f is None:
-        return None
-    code = f.get_int("redirectCode") or 301
-    if code not in _REDIRECT_CODES:
-        f.fail("redirectCode", f"must be one of {', '.join(map(str, _REDIRECT_CODES))}")
-    result = Redirect(
-        uri=f.get_str("uri"),
-        authority=f.get_str("authority"),
-        port=f.get_port("port"),
-        scheme=f.get_str("scheme"),
-        code=code,
-    )
-    f.finish()
-    return result
-
-
-def _direct_response(f: Fields | None) -> DirectResponse | None:
-    if f is None:
-        return None
-    status = f.get_int("status", required=True, minimum=200, maximum=599)
-    assert status is not None
-    body: str | bytes | None = None
-    b = f.get_map("body")
-    if b is not None:
-        if b.has("string") and b.has("bytes"):
-            b.fail(None, "takes one of string or bytes, not both")
-        size = 0
-        if b.has("string"):
-            body = b.get_str("string")
-            size = len(body.encode())
-        elif b.has("bytes"):
-            body = _base64(b, "bytes")
-            size = len(body)
-        if size > MAX_DIRECT_RESPONSE_BODY:
-            b.fail(
-                None,
-                f"is {size} bytes; the limit is {MAX_DIRECT_RESPONSE_BODY} (1 MiB, as Istio's)",
-            )
-        b.finish()
-    f.finish()
-    return DirectResponse(status, body)
-
-
-def _cors(f: Fields | None) -> CorsPolicy | None:
-    if f is None:
-        return None
-    origins = [
-        sm
-        for path, value in f.get_list("allowOrigins")
-        if (sm := _string_match_at(f, path, value)) is not None
-    ]
-    legacy = f.get_strs("allowOrigin")
-    if legacy:
-        if origins:
-            f.fail("allowOrigin", "cannot be combined with allowOrigins (its replacement)")
-        origins = [StringMatch(MatchKind.EXACT, origin) for _, origin in legacy]
-    max_age = f.get_duration("maxAge")
-    allow_credentials = f.raw("allowCredentials")
-    if allow_credentials is not None and not isinstance(allow_credentials, bool):
-        f.fail("allowCredentials", "must be true or false")
-    preflights = f.get_enum(
-        "unmatchedPreflights", ("UNSPECIFIED", "FORWARD", "IGNORE"), default="FORWARD"
-    )
-    policy = CorsPolicy(
-        allow_origins=tuple(origins),
-        allow_methods=tuple(v for _, v in f.get_strs("allowMethods")),
-        allow_headers=tuple(v for _, v in f.get_strs("allowHeaders")),
-        expose_headers=tuple(v for _, v in f.get_strs("exposeHeaders")),
-        max_age=None if max_age is None else int(max_age),
-        allow_credentials=allow_credentials,
-        forward_unmatched_preflights=preflights != "IGNORE",
-    )
-    f.finish()
-    return policy
-
-
-def _base64(f: Fields, key: str) -> bytes:
-    """A protobuf `bytes` field in YAML: base64, standard or URL-safe, padded or not, as
-    protojson reads it."""
-    text = f.get_str(key)
-    try:
-        raw = text.encode("ascii").replace(b"-", b"+").replace(b"_", b"/")
-        return base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
-    except (UnicodeEncodeError, binascii.Error):
-        f.fail(key, "is not base64")
-
-
-def _rewrite(f: Fields | None) -> Rewrite | None:
-    if f is None:
-        return None
-    regex = None
-    rr = f.get_map("uriRegexRewrite")
-    if rr is not None:
-        pattern = rr.get_str("match", required=True)
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            rr.fail("match", f"invalid regular expression: {e}")
-        regex = (pattern, rr.get_str("rewrite"))
-        rr.finish()
-    result = Rewrite(uri=f.get_str("uri"), authority=f.get_str("authority"), uri_regex=regex)
-    if result.uri and regex:
-        f.fail("uriRegexRewrite", "cannot be combined with uri")
-    f.finish()
-    return result
-
-
-def _retries(f: Fields | None) -> Retries | None:
-    if f is None:
-        return None
-    result = Retries(
-        attempts=f.get_int("attempts", maximum=1000) or 0,
-        per_try_timeout=f.get_duration("perTryTimeout", positive=True),
-        retry_on=f.get_str("retryOn"),
-    )
-    f.ignore("retryRemoteLocalities")
-    f.finish()
-    return result
-
-
-def _fault(f: Fields | None) -> Fault | None:
-    if f is None:
-        return None
-    fault = Fault()
-    delay = f.get_map("delay")
-    if delay is not None:
-        seconds = delay.get_duration("fixedDelay", positive=True)
-        if seconds is None:
-            delay.fail("fixedDelay", "is required")
-        percent = delay.get_percent("percentage")
-        if percent is None:
-            legacy = delay.get_int("percent", maximum=100)
-            percent = 100.0 if legacy is None else float(legacy)
-        delay.finish()
-        fault = Fault(delay=seconds, delay_percent=percent)
-    abort = f.get_map("abort")
-    if abort is not None:
-        status = abort.get_int("httpStatus", minimum=200, maximum=599)
-        if status is None:
-            abort.fail("httpStatus", "is required (grpcStatus is not supported)")
-        percent = abort.get_percent("percentage")
-        fault = Fault(
-            delay=fault.delay,
-            delay_percent=fault.delay_percent,
-            abort_status=status,
-            abort_percent=100.0 if percent is None else percent,
-        )
-        abort.finish()
-    f.finish()
-    return fault
-
-
-def _headers(f: Fields | None) -> HeaderOps:
-    if f is None:
-        return HeaderOps()
-    request = _header_ops(f.get_map("request"))
-    response = _header_ops(f.get_map("response"))
-    f.finish()
-    return HeaderOps(
-        request_set=request[0],
-        request_add=request[1],
-        request_remove=request[2],
-        response_set=response[0],
-        response_add=response[1],
-        response_remove=response[2],
-    )
-
-
-HeaderOpsPart = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[str, ...]]
-
-
-def _header_ops(f: Fields | None) -> HeaderOpsPart:
-    if f is None:
-        return (), (), ()
-
-    def pairs(key: str) -> tuple[tuple[str, str], ...]:
-        out: list[tuple[str, str]] = []
-        for path, name, value in f.get_items(key):
-            if not isinstance(value, str):
-                f.ctx.fail(path, "must be a string")
-            out.append((name.lower(), value))
-        return tuple(out)
-
-    result = (pairs("set"), pairs("add"), tuple(v.lower() for _, v in f.get_strs("remove")))
-    f.finish()
-    return result
 
 
 # --- TCP -------------------------------------------------------------------------------------
