@@ -20,6 +20,7 @@ from envoy.config.endpoint.v3.endpoint_components_pb2 import (
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from control.generate import locality_lb
 from control.generate.addresses import is_ip, socket_address
 from control.generate.context import GenContext
 from control.generate.grpc_targets import (
@@ -27,14 +28,6 @@ from control.generate.grpc_targets import (
     grpc_clusters,
 )
 from control.generate.load_assignment import EndpointKey, endpoint_keys, parse_locality
-from control.generate.locality_lb import (
-    ClientPlace,
-    Group,
-    LocalityLb,
-    client_groups,
-    cluster_locality_lb,
-    label_keys_of,
-)
 from control.generate.mesh_tls import grpc_upstream_socket
 from control.generate.plans import OutboundCluster
 from control.generate.resource_names import CLUSTER_TYPE, ENDPOINT_TYPE
@@ -66,11 +59,13 @@ def generate_endpoints(ctx: GenContext, proxy: Proxy) -> ResourceSet:
     mesh = ctx.index.mesh.locality_lb
     lbs = ctx.memo(
         ("grpc-eds-locality", id(found)),
-        lambda: tuple(cluster_locality_lb(mesh, c.policy) if c.eds else None for c in found),
+        lambda: tuple(
+            locality_lb.cluster_locality_lb(mesh, c.policy) if c.eds else None for c in found
+        ),
     )
-    label_keys = label_keys_of(lbs)
+    label_keys = locality_lb.label_keys_of(lbs)
     # With locality load balancing the set depends on where the client is, too.
-    client = None if label_keys is None else ClientPlace.of(proxy, label_keys)
+    client = None if label_keys is None else locality_lb.ClientPlace.of(proxy, label_keys)
     return ctx.memo(
         ("grpc-eds-set", id(found), client),
         lambda: ResourceSet(
@@ -84,7 +79,10 @@ def generate_endpoints(ctx: GenContext, proxy: Proxy) -> ResourceSet:
 
 
 def _memo_assignment(
-    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb | None, client: ClientPlace | None
+    ctx: GenContext,
+    cluster: OutboundCluster,
+    lb: locality_lb.LocalityLb | None,
+    client: locality_lb.ClientPlace | None,
 ) -> Resource:
     if lb is None or client is None:
         return ctx.memo(("grpc-eds", cluster.name), functools.partial(_assignment, ctx, cluster))
@@ -209,9 +207,12 @@ def _assignment(ctx: GenContext, cluster: OutboundCluster) -> Resource:
 
 
 def _client_assignment(
-    ctx: GenContext, cluster: OutboundCluster, lb: LocalityLb, client: ClientPlace
+    ctx: GenContext,
+    cluster: OutboundCluster,
+    lb: locality_lb.LocalityLb,
+    client: locality_lb.ClientPlace,
 ) -> Resource:
-    groups = client_groups(lb, client, cluster.endpoints)
+    groups = locality_lb.client_groups(lb, client, cluster.endpoints)
     return ctx.resource(
         ENDPOINT_TYPE,
         cluster.name,
@@ -272,7 +273,9 @@ def build_assignment(name: str, endpoints: tuple[EndpointKey, ...]) -> ClusterLo
     )
 
 
-def build_grouped_assignment(name: str, groups: tuple[Group, ...]) -> ClusterLoadAssignment:
+def build_grouped_assignment(
+    name: str, groups: tuple[locality_lb.Group, ...]
+) -> ClusterLoadAssignment:
     """Locality groups (locality_lb.Group) in the shape gRPC requires: every group carries a
     locality and a non-zero weight (gRPC drops a group without one; a group given none weighs
     its endpoints); an address appears once (gRPC rejects the whole assignment for a
