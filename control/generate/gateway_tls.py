@@ -66,7 +66,7 @@ class ServerSecrets:
 def server_secrets(tls: ServerTls) -> ServerSecrets:
     if tls.mode is ServerTlsMode.ISTIO_MUTUAL:
         return ServerSecrets(WORKLOAD_SECRET, ROOT_SECRET)
-    mutual = tls.mode is ServerTlsMode.MUTUAL
+    mutual = tls.mode in (ServerTlsMode.MUTUAL, ServerTlsMode.OPTIONAL_MUTUAL)
     if tls.credential_name:
         name = CREDENTIAL_PREFIX + tls.credential_name
         return ServerSecrets(name, name + CA_SUFFIX if mutual else "")
@@ -104,6 +104,7 @@ def server_socket(tls: ServerTls, alpn: tuple[str, ...]) -> TransportSocket:
             tls_maximum_protocol_version=_VERSIONS.get(
                 tls.max_protocol_version, TlsParameters.TLS_AUTO
             ),
+            cipher_suites=list(tls.cipher_suites),
         ),
         tls_certificate_sds_secret_configs=[gateway_secret(secrets.certificate)],
         alpn_protocols=list(alpn),
@@ -124,6 +125,9 @@ def server_socket(tls: ServerTls, alpn: tuple[str, ...]) -> TransportSocket:
         )
     context = DownstreamTlsContext(
         common_tls_context=common,
-        require_client_certificate=BoolValue(value=bool(secrets.ca)),
+        # OPTIONAL_MUTUAL verifies a client certificate when one is shown, asks for none.
+        require_client_certificate=BoolValue(
+            value=bool(secrets.ca) and tls.mode is not ServerTlsMode.OPTIONAL_MUTUAL
+        ),
     )
     return TransportSocket(name=TLS_SOCKET, typed_config=pack(context))

@@ -20,6 +20,8 @@ class ServerTlsMode(enum.StrEnum):
 
     SIMPLE = "SIMPLE"  # terminate TLS with the server's certificate
     MUTUAL = "MUTUAL"  # terminate TLS and require a client certificate from caCertificates
+    # Terminate TLS; a client certificate is verified against caCertificates if one is shown.
+    OPTIONAL_MUTUAL = "OPTIONAL_MUTUAL"
     PASSTHROUGH = "PASSTHROUGH"  # route by SNI without terminating
     ISTIO_MUTUAL = "ISTIO_MUTUAL"  # terminate with the router's mesh certificate, mesh clients only
 
@@ -39,6 +41,8 @@ class ServerTls:
     subject_alt_names: tuple[str, ...] = ()
     min_protocol_version: str = ""  # "" or TLSV1_0 .. TLSV1_3
     max_protocol_version: str = ""
+    # `cipherSuites` (BoringSSL names, TLS 1.2 and older), in order; (): Envoy's defaults.
+    cipher_suites: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,9 @@ from tests.support.testca import IssuedCert, TestCA
 
 pytestmark = pytest.mark.envoy
 
-HOSTS = ("one.example.com", "two.example.com", "m.example.com")
+HOSTS = ("one.example.com", "two.example.com", "m.example.com", "o.example.com")
+# The one cipher suite the OPTIONAL_MUTUAL server allows (TLS 1.2; the test CA's keys are EC).
+ALLOWED_CIPHER = "ECDHE-ECDSA-AES128-GCM-SHA256"
 
 
 def gateway_yaml() -> str:
@@ -58,6 +60,12 @@ def gateway_yaml() -> str:
         - port: {number: 9443, name: https-mutual, protocol: HTTPS}
           hosts: [m.example.com]
           tls: {mode: MUTUAL, credentialName: m-cert}
+        - port: {number: 9444, name: https-optional, protocol: HTTPS}
+          hosts: [o.example.com]
+          tls:
+            mode: OPTIONAL_MUTUAL
+            credentialName: o-cert
+            cipherSuites: [ECDHE-ECDSA-AES128-GCM-SHA256]
         """,
     ) + gw.doc(
         f"""
@@ -87,6 +95,7 @@ class Site:
             + secret_yaml("one-cert", self.certs["one"], namespace=gw.GATEWAY_NS)
             + secret_yaml("two-cert", self.certs["two"], namespace=gw.GATEWAY_NS)
             + secret_yaml("m-cert", self.certs["m"], namespace=gw.GATEWAY_NS, ca=self.ca.root_pem)
+            + secret_yaml("o-cert", self.certs["o"], namespace=gw.GATEWAY_NS, ca=self.ca.root_pem)
         )
         tmp = self.cfg / ".mesh.tmp"
         tmp.write_text(text)
@@ -99,7 +108,9 @@ async def running_site(tmp_path: Path) -> AsyncIterator[tuple[Site, gw.Router]]:
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     site = Site(cfg, ca, pod_ip())
-    site.certs = {name: ca.server_cert([f"{name}.example.com"]) for name in ("one", "two", "m")}
+    site.certs = {
+        name: ca.server_cert([f"{name}.example.com"]) for name in ("one", "two", "m", "o")
+    }
     site.write()
     app = EchoApp("alpha", site.alpha_ip, 8080)
     await app.start()
@@ -145,6 +156,33 @@ async def test_https_and_mutual_from_secrets_with_sni(tmp_path: Path) -> None:
         assert await gw.refused(
             router.ip, 9443, "m.example.com", gw.client_context(site.ca.root_pem, stranger)
         )
+
+
+async def test_optional_mutual_and_cipher_suites(tmp_path: Path) -> None:
+    async with running_site(tmp_path) as (site, router):
+        sni = "o.example.com"
+
+        def tls12(ciphers: str, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+            ctx = gw.client_context(site.ca.root_pem, cert)
+            ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # cipherSuites apply up to TLS 1.2
+            ctx.set_ciphers(ciphers)
+            return ctx
+
+        async def served(ctx: ssl.SSLContext) -> int | None:
+            return await gw.served_serial(router.ip, 9444, sni, ctx, "alpha")
+
+        # OPTIONAL_MUTUAL: served without a client certificate ...
+        plain = tls12(ALLOWED_CIPHER)
+        assert await eventually(lambda: served(plain), timeout=30, what="OPTIONAL_MUTUAL") == (
+            site.certs["o"].serial
+        )
+        # ... and with one from the Secret's CA; one from another CA is refused.
+        client = site.ca.client_cert("spiffe://example.com/client").write(tmp_path, "client")
+        assert await served(tls12(ALLOWED_CIPHER, client)) == site.certs["o"].serial
+        stranger = TestCA(name="stranger").client_cert("spiffe://x/y").write(tmp_path, "stranger")
+        assert await gw.refused(router.ip, 9444, sni, tls12(ALLOWED_CIPHER, stranger))
+        # cipherSuites: a client offering only another suite gets no handshake.
+        assert await gw.refused(router.ip, 9444, sni, tls12("ECDHE-ECDSA-AES256-GCM-SHA384"))
 
 
 async def test_rotating_a_secret_through_the_gateway_under_load(tmp_path: Path) -> None:

@@ -149,17 +149,42 @@ def test_invalid_servers_fail_with_file_and_line(server: str, line: int, message
 def test_unserved_tls_mode_is_reported_and_only_that_server_dropped() -> None:
     fc = load(
         _gateway_with(
-            "- port: {number: 443, protocol: HTTPS}\n  hosts: ['*']\n"
-            "  tls: {mode: OPTIONAL_MUTUAL, credentialName: c}\n"
+            "- port: {number: 443, protocol: TLS}\n  hosts: ['*']\n"
+            "  tls: {mode: AUTO_PASSTHROUGH}\n"
             "- port: {number: 80, protocol: HTTP}\n  hosts: ['*']\n"
         )
     )
     (gw,) = fc.objects[0].gateways  # type: ignore[attr-defined]
     assert [s.port for s in gw.servers] == [80]
     (warning,) = fc.warnings  # type: ignore[attr-defined]
-    assert "spec.servers[0].tls.mode: OPTIONAL_MUTUAL is not supported; server ignored" in str(
+    assert "spec.servers[0].tls.mode: AUTO_PASSTHROUGH is not supported; server ignored" in str(
         warning
     )
+
+
+def test_optional_mutual_and_cipher_suites() -> None:
+    fc = load(
+        _gateway_with(
+            "- port: {number: 443, protocol: HTTPS}\n  hosts: ['*']\n"
+            "  tls:\n    mode: OPTIONAL_MUTUAL\n    credentialName: c\n"
+            "    cipherSuites: [ECDHE-ECDSA-AES128-GCM-SHA256, NOT-A-CIPHER,"
+            " ECDHE-ECDSA-AES128-GCM-SHA256, AES256-SHA]\n"
+        )
+    )
+    (gw,) = fc.objects[0].gateways  # type: ignore[attr-defined]
+    (server,) = gw.servers
+    assert server.tls.mode is ServerTlsMode.OPTIONAL_MUTUAL
+    # Unknown names are dropped (Envoy would refuse the listener), repeats kept once.
+    assert server.tls.cipher_suites == ("ECDHE-ECDSA-AES128-GCM-SHA256", "AES256-SHA")
+    (warning,) = fc.warnings  # type: ignore[attr-defined]
+    assert "cipherSuites[1]: unknown cipher suite 'NOT-A-CIPHER'; ignored" in str(warning)
+    with pytest.raises(ConfigError, match="caCertificates: is required for OPTIONAL_MUTUAL"):
+        load(
+            _gateway_with(
+                "- port: {number: 443, protocol: HTTPS}\n  hosts: ['*']\n"
+                "  tls: {mode: OPTIONAL_MUTUAL, serverCertificate: /c, privateKey: /k}\n"
+            )
+        )
 
 
 def test_empty_selector_is_reported() -> None:

@@ -3,7 +3,7 @@
 Validation follows Istio's: HTTPS and TLS servers need `tls`; SIMPLE and MUTUAL need a
 certificate (`credentialName`, or `serverCertificate` and `privateKey` files), MUTUAL a CA too;
 ISTIO_MUTUAL names no certificate (the router's mesh certificate is used). A server that asks
-for something we do not serve (OPTIONAL_MUTUAL, AUTO_PASSTHROUGH, a protocol without a server
+for something we do not serve (AUTO_PASSTHROUGH, a protocol without a server
 here) is reported and left out, so the gateway serves less, never something else.
 """
 
@@ -21,7 +21,33 @@ from pilotfish_common.addresses import is_ip
 API_VERSIONS = ISTIO_NETWORKING_VERSIONS
 
 _TLS_MODES = tuple(m.value for m in ServerTlsMode)
-_UNSERVED_TLS_MODES = ("OPTIONAL_MUTUAL", "AUTO_PASSTHROUGH")
+_UNSERVED_TLS_MODES = ("AUTO_PASSTHROUGH",)
+# The cipher suites Envoy's TLS (BoringSSL) knows by these names, as Istio's validation
+# lists them: Envoy refuses a whole listener for one name it does not know.
+_CIPHER_SUITES = frozenset(
+    (
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        "ECDHE-ECDSA-AES128-SHA",
+        "ECDHE-RSA-AES128-SHA",
+        "ECDHE-ECDSA-AES256-SHA",
+        "ECDHE-RSA-AES256-SHA",
+        "AES128-GCM-SHA256",
+        "AES256-GCM-SHA384",
+        "AES128-SHA",
+        "AES256-SHA",
+        "DES-CBC3-SHA",
+        "ECDHE-PSK-AES128-CBC-SHA",
+        "ECDHE-PSK-AES256-CBC-SHA",
+        "ECDHE-PSK-CHACHA20-POLY1305",
+        "PSK-AES128-CBC-SHA",
+        "PSK-AES256-CBC-SHA",
+    )
+)
 _TLS_VERSIONS = ("TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3")
 _HOST_FORM = 'must be "host", "namespace/host", "./host" or "*/host" (host may be a wildcard)'
 # Server protocols a gateway listener can be (Istio also lists MONGO, served as TCP).
@@ -156,12 +182,20 @@ def _tls(f: Fields, protocol: Protocol) -> ServerTls | None:
         minimum
     ):
         f.fail("maxProtocolVersion", f"{maximum} is older than minProtocolVersion {minimum}")
-    for unsupported in ("cipherSuites", "verifyCertificateSpki", "verifyCertificateHash"):
+    ciphers: list[str] = []
+    for path, name in f.get_strs("cipherSuites"):
+        if name not in _CIPHER_SUITES:
+            # As Istio: an unknown name is dropped with a warning, the others kept.
+            f.ctx.warn(f"{format_path(path)}: unknown cipher suite {name!r}; ignored")
+        elif name not in ciphers:
+            ciphers.append(name)
+    for unsupported in ("verifyCertificateSpki", "verifyCertificateHash"):
         if f.has(unsupported):
             f.ctx.warn_unsupported(f.at(unsupported))
             f.ignore(unsupported)
     f.finish()
-    terminate = mode in (ServerTlsMode.SIMPLE, ServerTlsMode.MUTUAL)
+    mutual = mode in (ServerTlsMode.MUTUAL, ServerTlsMode.OPTIONAL_MUTUAL)
+    terminate = mode is ServerTlsMode.SIMPLE or mutual
     if mode is ServerTlsMode.ISTIO_MUTUAL and (credential or cert or key or ca):
         f.fail(
             "mode",
@@ -181,8 +215,8 @@ def _tls(f: Fields, protocol: Protocol) -> ServerTls | None:
                     None,
                     f"{mode} needs credentialName, or serverCertificate and privateKey",
                 )
-            if mode is ServerTlsMode.MUTUAL and not ca:
-                f.fail("caCertificates", "is required for MUTUAL (or use credentialName)")
+            if mutual and not ca:
+                f.fail("caCertificates", f"is required for {mode} (or use credentialName)")
     if mode is ServerTlsMode.PASSTHROUGH and (credential or cert or key):
         f.ctx.warn(
             f"{format_path(f.path)}: PASSTHROUGH does not terminate TLS; certificates ignored"
@@ -198,4 +232,5 @@ def _tls(f: Fields, protocol: Protocol) -> ServerTls | None:
         subject_alt_names=sans,
         min_protocol_version="" if minimum == "TLS_AUTO" else minimum,
         max_protocol_version="" if maximum == "TLS_AUTO" else maximum,
+        cipher_suites=tuple(ciphers),
     )
