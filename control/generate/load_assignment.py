@@ -20,6 +20,7 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 
 from control.generate.addresses import Upstream, is_ip, socket_address
 from control.generate.warn import warn_once
+from control.model.locality import split_locality
 from control.model.types import (
     Endpoint,
 )
@@ -44,8 +45,7 @@ _MTLS_METADATA.filter_metadata[TRANSPORT_SOCKET_MATCH].update(MTLS_ENDPOINT_LABE
 
 
 def parse_locality(value: str) -> Locality:
-    region, _, rest = value.partition("/")
-    zone, _, sub_zone = rest.partition("/")
+    region, zone, sub_zone = split_locality(value)
     return Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 

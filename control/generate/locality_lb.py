@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from control.generate.load_assignment import EndpointKey
+from control.generate.load_assignment import EndpointKey, endpoint_keys
 from control.model.locality import split_locality, with_topology_labels
 from control.model.proxy import Proxy
 from control.model.traffic import LocalityLbSetting, TrafficPolicy
@@ -60,8 +60,7 @@ def client_groups(
     lb: LocalityLb, client: ClientPlace, endpoints: tuple[Endpoint, ...]
 ) -> tuple[Group, ...]:
     """`assignment_groups` for a client as ClientPlace states it."""
-    keys = tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in endpoints)
-    return assignment_groups(lb, client.locality, dict(client.labels), endpoints, keys)
+    return assignment_groups(lb, client.locality, dict(client.labels), endpoints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +137,9 @@ def assignment_groups(
     client_locality: str,
     client_labels: Mapping[str, str],
     endpoints: tuple[Endpoint, ...],
-    keys: tuple[EndpointKey, ...],
 ) -> tuple[Group, ...]:
-    """The locality groups of one cluster's assignment for one client, in a stable order.
-    `keys` are the endpoints' EndpointKeys, in the same order as `endpoints`."""
+    """The locality groups of one cluster's assignment for one client, in a stable order."""
+    keys = endpoint_keys(endpoints)
     setting = lb.setting
     ranks = [0] * len(endpoints)
     if lb.label_keys and client_labels:

@@ -21,7 +21,12 @@ def locality_from_labels(labels: Mapping[str, str]) -> str:
     override = labels.get(LOCALITY_LABEL, "")
     if override:
         return "/".join(override.split(".")[:3])
-    parts = [labels.get(key, "") for key in TOPOLOGY_LABELS]
+    return join_locality(*(labels.get(key, "") for key in TOPOLOGY_LABELS))
+
+
+def join_locality(region: str, zone: str = "", subzone: str = "") -> str:
+    """`region/zone/subzone` without trailing empty parts."""
+    parts = [region, zone, subzone]
     while parts and not parts[-1]:
         parts.pop()
     return "/".join(parts)

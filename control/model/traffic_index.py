@@ -51,10 +51,10 @@ class TrafficIndex:
         self._dr_wild: list[DestinationRule] = []
         # Rules with a workload selector, by namespace: only that namespace's clients with
         # the labels see them (traffic_scope names the ones a client's labels select).
-        self._selected: dict[str, tuple[DestinationRule, ...]] = {}
+        self._selected: dict[str, list[DestinationRule]] = {}
         for dr in self.destination_rules:
             if dr.workload_selector is not None:
-                self._selected[dr.namespace] = (*self._selected.get(dr.namespace, ()), dr)
+                self._selected.setdefault(dr.namespace, []).append(dr)
             elif dr.host.startswith("*"):
                 self._dr_wild.append(dr)
             else:

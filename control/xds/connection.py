@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from control.ca.identity import Identity
+from control.model.locality import join_locality
 from control.model.proxy import NodeError, Proxy, proxy_from_node
 from control.xds.delta import DeltaStream
 from control.xds.sotw import SotwResponse, SotwStream
@@ -123,10 +124,7 @@ def proxy_of(first: DiscoveryRequest | DeltaDiscoveryRequest) -> Proxy:
 
 def node_locality(locality: Any) -> str:
     """An Envoy Node's locality as `region/zone/subzone`, without trailing empty parts."""
-    parts = [locality.region, locality.zone, locality.sub_zone]
-    while parts and not parts[-1]:
-        parts.pop()
-    return "/".join(parts)
+    return join_locality(locality.region, locality.zone, locality.sub_zone)
 
 
 def encode_response(resp: Any, control_plane: bytes) -> bytes:

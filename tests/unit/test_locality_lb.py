@@ -239,10 +239,9 @@ def _endpoints(*specs: tuple[str, str, dict[str, str]]) -> tuple[Endpoint, ...]:
 def _groups(
     lb: LocalityLb, client: str, eps: tuple[Endpoint, ...], **labels: str
 ) -> list[tuple[str, int, int, list[str]]]:
-    keys = tuple((e.address, e.port, e.weight, e.locality, e.mtls) for e in eps)
     return [
         (locality, priority, weight, [k[0] for k in members])
-        for locality, priority, weight, members in assignment_groups(lb, client, labels, eps, keys)
+        for locality, priority, weight, members in assignment_groups(lb, client, labels, eps)
     ]
 
 
